@@ -1,0 +1,11 @@
+"""Data: the default Shakespeare corpus, user text, .bin token shards, tokenizers and Grain pipelines."""
+from freeatten_jax.data.corpus import CorpusError, cache_root, shakespeare_files
+from freeatten_jax.data.pipeline import eval_windows, train_dataset, train_iterator
+from freeatten_jax.data.shards import Shard, ShardError, read_header, write_shard
+from freeatten_jax.data.sources import SOURCES, DataError, Splits, load_splits
+from freeatten_jax.data.tokenizer import TOKENIZERS
+
+
+def validation_windows(cfg_data, length: int, max_windows: int | None = None):
+    """Held-out int32 windows [W, length + 1] of the configured data (the same ones training evaluates on)."""
+    return eval_windows(load_splits(cfg_data).val, length, max_windows)

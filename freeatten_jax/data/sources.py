@@ -1,0 +1,75 @@
+"""Where the tokens come from: the default corpus, user text files, or .bin token shards.
+
+Every source yields a train and a validation list of 1-D token sequences. The split is deterministic:
+the last `val_fraction` of each text file or shard is held out (or the `val_path` shards, if given).
+"""
+import dataclasses
+import glob
+import pathlib
+
+import numpy as np
+
+from freeatten_jax.data import corpus, shards
+from freeatten_jax.data.tokenizer import TOKENIZERS
+
+GPT2_VOCAB = 50257  # the token ids in llm.c / modded-nanogpt FineWeb shards
+
+
+class DataError(ValueError):
+    """The data configuration points at nothing usable."""
+
+
+@dataclasses.dataclass
+class Splits:
+    train: list  # 1-D token sequences (np.ndarray or shards.Shard)
+    val: list
+    vocab_size: int  # tokens are in [0, vocab_size)
+    tokenizer: object | None  # encode/decode for text sources; None for pre-tokenized shards
+
+
+def _glob(pattern: str, field: str) -> list[pathlib.Path]:
+    paths = sorted(pathlib.Path(p) for p in glob.glob(str(pathlib.Path(pattern).expanduser())) if pathlib.Path(p).is_file())
+    if not pattern or not paths:
+        raise DataError(f"config.data.{field}={pattern!r} matches no file; set it to a glob of existing files")
+    return paths
+
+
+def _split_point(n: int, val_fraction: float) -> int:
+    return n - int(round(n * val_fraction))
+
+
+def _text_splits(paths, cfg, data_dir: pathlib.Path) -> Splits:
+    texts = [p.read_text(encoding="utf-8", errors="replace") for p in paths]
+    cut = [_split_point(len(t), cfg.val_fraction) for t in texts]
+    tok = TOKENIZERS[cfg.tokenizer](data_dir, cfg.bpe_vocab_size, [t[:c] for t, c in zip(texts, cut)])
+    train = np.concatenate([tok.encode(t[:c]) for t, c in zip(texts, cut)])
+    val = np.concatenate([tok.encode(t[c:]) for t, c in zip(texts, cut)])
+    return Splits([train], [val], tok.vocab_size, tok)
+
+
+def shakespeare(cfg) -> Splits:
+    files = corpus.shakespeare_files(cfg.cache_dir)
+    return _text_splits(files, cfg, files[0].parent.parent)
+
+
+def text(cfg) -> Splits:
+    paths = _glob(cfg.path, "path")
+    return _text_splits(paths, cfg, paths[0].parent)
+
+
+def bin_shards(cfg) -> Splits:
+    train = [shards.Shard(p) for p in _glob(cfg.path, "path")]
+    if cfg.val_path:
+        val = [shards.Shard(p) for p in _glob(cfg.val_path, "val_path")]
+    else:
+        cuts = [_split_point(len(s), cfg.val_fraction) for s in train]
+        train, val = [shards.Shard(s.path, 0, c) for s, c in zip(train, cuts)], [shards.Shard(s.path, c) for s, c in zip(train, cuts)]
+    return Splits(train, val, GPT2_VOCAB, None)
+
+
+SOURCES = {"shakespeare": shakespeare, "text": text, "bin": bin_shards}
+
+
+def load_splits(cfg_data) -> Splits:
+    """Train and validation tokens for `config.data`."""
+    return SOURCES[cfg_data.source](cfg_data)

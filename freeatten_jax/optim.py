@@ -1,0 +1,33 @@
+"""Optax optimiser: AdamW (b1 0.9, b2 0.95) with weight decay on matrices only, global-norm clipping,
+warm-up then a cosine or constant schedule. (Gradient accumulation happens in the train step.)"""
+import jax
+import optax
+
+
+def _cosine(cfg, steps: int):
+    return optax.warmup_cosine_decay_schedule(0.0, cfg.lr, cfg.warmup_steps, max(steps, cfg.warmup_steps + 1), cfg.lr * cfg.min_lr_ratio)
+
+
+def _constant(cfg, steps: int):
+    return optax.join_schedules([optax.linear_schedule(0.0, cfg.lr, cfg.warmup_steps), optax.constant_schedule(cfg.lr)], [cfg.warmup_steps])
+
+
+SCHEDULES = {"cosine": _cosine, "constant": _constant}
+
+
+def schedule(cfg_optim, steps: int) -> optax.Schedule:
+    """Learning rate per optimiser step (warm-up from 0, then `cfg_optim.schedule`)."""
+    return SCHEDULES[cfg_optim.schedule](cfg_optim, steps)
+
+
+def _matrices(params):
+    return jax.tree.map(lambda p: p.ndim > 1, params)
+
+
+def make(cfg_optim, steps: int) -> optax.GradientTransformation:
+    """Clip, then AdamW on the scheduled learning rate."""
+    return optax.chain(
+        optax.clip_by_global_norm(cfg_optim.clip_norm),
+        optax.adamw(schedule(cfg_optim, steps), b1=cfg_optim.b1, b2=cfg_optim.b2, eps=cfg_optim.eps,
+                    weight_decay=cfg_optim.weight_decay, mask=_matrices),
+    )
