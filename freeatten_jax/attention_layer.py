@@ -1,0 +1,201 @@
+"""`Attention`: a Flax NNX layer around `attention.attend` (any variant, GQA, RoPE, KV cache).
+
+Glossary: B batch, T new positions, S cache slots, E model width, H query heads,
+K key/value heads, D head dim.
+
+The variant, its options, the implementation and the RoPE theta are plain attributes: switching
+them at eval time (`set_attention`, `rope_theta`) changes no parameter. Only `ssmax` owns
+parameters beyond the projections: a learnable per-head `s` (and optionally `b`).
+"""
+import dataclasses
+import functools
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from freeatten_jax import attention
+from freeatten_jax.params import Init, param
+from freeatten_jax.rope import apply_rope
+
+LEARNED_OPTIONS = ("s", "b")  # ssmax options held as parameters, never passed by the user
+default_init = jax.nn.initializers.normal(0.02)
+
+
+def check_attention(variant: str, options: dict[str, Any]) -> None:
+    """Raises ValueError on an unknown variant or an option the variant does not take."""
+    if variant not in attention.VARIANTS:
+        raise ValueError(f"unknown attention variant {variant!r}; valid variants: {', '.join(attention.VARIANTS)}")
+    allowed = [name for name in attention.VARIANTS[variant].defaults if name not in LEARNED_OPTIONS]
+    unknown = sorted(set(options) - set(allowed))
+    if unknown:
+        raise ValueError(f"attention variant {variant!r} got unknown option(s) {unknown}; it accepts: {allowed or 'none'}")
+
+
+@functools.partial(
+    jax.tree_util.register_dataclass,
+    data_fields=["k_BSKD", "v_BSKD", "positions_BS", "segment_ids_BS", "length"],
+    meta_fields=[],
+)
+@dataclasses.dataclass(frozen=True)
+class KVCache:
+    """One layer's cache: rotated keys and values in S slots, their absolute positions and
+    segment ids, and `length`, the number of filled slots (slots at and after it are masked)."""
+
+    k_BSKD: jax.Array
+    v_BSKD: jax.Array
+    positions_BS: jax.Array  # int32
+    segment_ids_BS: jax.Array  # int32
+    length: jax.Array  # int32 scalar
+
+    @classmethod
+    def empty(cls, batch: int, max_len: int, num_kv_heads: int, head_dim: int, dtype) -> "KVCache":
+        kv_BSKD = jnp.zeros((batch, max_len, num_kv_heads, head_dim), dtype)
+        ids_BS = jnp.zeros((batch, max_len), jnp.int32)
+        return cls(kv_BSKD, kv_BSKD, ids_BS, ids_BS, jnp.zeros((), jnp.int32))
+
+    def append(self, k_BTKD, v_BTKD, positions_BT, segment_ids_BT) -> "KVCache":
+        """Writes T new entries at slot `length` (the caller keeps length + T <= S)."""
+        at = self.length
+        return KVCache(
+            jax.lax.dynamic_update_slice(self.k_BSKD, k_BTKD.astype(self.k_BSKD.dtype), (0, at, 0, 0)),
+            jax.lax.dynamic_update_slice(self.v_BSKD, v_BTKD.astype(self.v_BSKD.dtype), (0, at, 0, 0)),
+            jax.lax.dynamic_update_slice(self.positions_BS, positions_BT.astype(jnp.int32), (0, at)),
+            jax.lax.dynamic_update_slice(self.segment_ids_BS, segment_ids_BT.astype(jnp.int32), (0, at)),
+            at + k_BTKD.shape[1],
+        )
+
+    def filled_BS(self) -> jax.Array:
+        """True for slots holding a real key."""
+        slots_S = jnp.arange(self.k_BSKD.shape[1])
+        return jnp.broadcast_to(slots_S < self.length, self.positions_BS.shape)
+
+
+class Attention(nnx.Module):
+    """Causal self-attention: projections, RoPE, then `attention.attend` with the chosen variant.
+
+    ssmax_s_init: the initial per-head `s` of SSMax. The paper gives none; 1.0 applies the
+    length factor log N_i at full strength from the first step. `Transformer` passes
+    1 / log(training length) by default so that SSMax starts out as softmax at that length.
+    Parameters are annotated with logical axes ('embed', 'heads', 'kv_heads', 'head_dim') but
+    never sharded eagerly, so the layer builds with or without a mesh.
+    """
+
+    def __init__(
+        self,
+        d_model: int,
+        num_heads: int,
+        *,
+        rngs: nnx.Rngs,
+        num_kv_heads: int | None = None,
+        head_dim: int | None = None,
+        variant: str = "softmax",
+        options: dict[str, Any] | None = None,
+        implementation: str = "reference",
+        use_bias: bool = False,
+        rope_theta: float = 10_000.0,
+        ssmax_s_init: float = 1.0,
+        ssmax_bias: bool = False,
+        dtype=jnp.float32,
+        param_dtype=jnp.float32,
+        kernel_init: Init = default_init,
+        out_init: Init = default_init,
+    ):
+        num_kv_heads = num_kv_heads or num_heads
+        head_dim = head_dim or d_model // num_heads
+        if num_heads % num_kv_heads:
+            raise ValueError(f"num_heads {num_heads} must be a multiple of num_kv_heads {num_kv_heads}")
+        e, h, k, d = d_model, num_heads, num_kv_heads, head_dim
+        self.num_kv_heads, self.head_dim = k, d
+        self.dtype, self.implementation, self.rope_theta = dtype, implementation, float(rope_theta)
+        self.wq_EHD = param(rngs.params(), kernel_init, (e, h, d), ("embed", "heads", "head_dim"), param_dtype)
+        self.wk_EKD = param(rngs.params(), kernel_init, (e, k, d), ("embed", "kv_heads", "head_dim"), param_dtype)
+        self.wv_EKD = param(rngs.params(), kernel_init, (e, k, d), ("embed", "kv_heads", "head_dim"), param_dtype)
+        self.wo_HDE = param(rngs.params(), out_init, (h, d, e), ("heads", "head_dim", "embed"), param_dtype)
+        zeros = jax.nn.initializers.zeros
+        self.biases = nnx.data(None)
+        if use_bias:
+            self.biases = nnx.Dict(
+                q_HD=param(None, zeros, (h, d), ("heads", "head_dim"), param_dtype),
+                k_KD=param(None, zeros, (k, d), ("kv_heads", "head_dim"), param_dtype),
+                v_KD=param(None, zeros, (k, d), ("kv_heads", "head_dim"), param_dtype),
+                o_E=param(None, zeros, (e,), ("embed",), param_dtype),
+            )
+        self.s_H = self.b_H = nnx.data(None)
+        if variant == "ssmax":
+            self.s_H = param(None, jax.nn.initializers.constant(ssmax_s_init), (h,), ("heads",), param_dtype)
+            if ssmax_bias:
+                self.b_H = param(None, zeros, (h,), ("heads",), param_dtype)
+        self.variant, self.options = "softmax", ()
+        self.set_attention(variant, **(options or {}))
+
+    def set_attention(self, variant: str | None = None, **options) -> None:
+        """Switches the variant (default: keep it) and replaces its options, e.g. ('lssar', p=15)."""
+        variant = variant or self.variant
+        check_attention(variant, options)
+        if variant == "ssmax" and self.s_H is None:
+            raise ValueError("variant 'ssmax' needs the learnable s: build the layer with variant='ssmax'")
+        self.variant, self.options = variant, tuple(sorted(options.items()))
+
+    def init_cache(self, batch: int, max_len: int) -> KVCache:
+        """An empty cache of max_len slots in the compute dtype."""
+        return KVCache.empty(batch, max_len, self.num_kv_heads, self.head_dim, self.dtype)
+
+    def __call__(self, x_BTE, *, positions_BT=None, segment_ids_BT=None) -> jax.Array:
+        """Self-attention over x; positions default to 0..T-1; segment ids mask packed documents."""
+        b, t = x_BTE.shape[:2]
+        positions_BT = jnp.broadcast_to(jnp.arange(t) if positions_BT is None else positions_BT, (b, t))
+        q_BTHD, k_BTKD, v_BTKD = self._qkv(x_BTE, positions_BT)
+        segments = {} if segment_ids_BT is None else {"q_segment_ids": segment_ids_BT, "kv_segment_ids": segment_ids_BT}
+        out_BTHD = self._attend(q_BTHD, k_BTKD, v_BTKD, q_positions=positions_BT, kv_positions=positions_BT, **segments)
+        return self._project_out(out_BTHD)
+
+    def decode(self, x_BTE, cache: KVCache, *, positions_BT=None, segment_ids_BT=None) -> tuple[jax.Array, KVCache]:
+        """Appends T new positions to the cache and attends over every filled slot.
+
+        Positions default to length..length+T-1, so N_i is the query's absolute position + 1
+        (restarting per segment when segment ids are given, as in packed training).
+        """
+        b, t = x_BTE.shape[:2]
+        positions_BT = jnp.broadcast_to(cache.length + jnp.arange(t) if positions_BT is None else positions_BT, (b, t))
+        segment_ids_BT = jnp.zeros((b, t), jnp.int32) if segment_ids_BT is None else jnp.broadcast_to(segment_ids_BT, (b, t))
+        q_BTHD, k_BTKD, v_BTKD = self._qkv(x_BTE, positions_BT)
+        cache = cache.append(k_BTKD, v_BTKD, positions_BT, segment_ids_BT)
+        out_BTHD = self._attend(
+            q_BTHD,
+            cache.k_BSKD,
+            cache.v_BSKD,
+            q_positions=positions_BT,
+            kv_positions=cache.positions_BS,
+            q_segment_ids=segment_ids_BT,
+            kv_segment_ids=cache.segment_ids_BS,
+            kv_mask=cache.filled_BS(),
+        )
+        return self._project_out(out_BTHD), cache
+
+    def _qkv(self, x_BTE, positions_BT):
+        """Projected, biased and rotated q, k, v in the compute dtype."""
+        x_BTE = x_BTE.astype(self.dtype)
+        project = lambda w: jnp.einsum("BTE,END->BTND", x_BTE, w[...].astype(self.dtype))
+        q_BTHD, k_BTKD, v_BTKD = project(self.wq_EHD), project(self.wk_EKD), project(self.wv_EKD)
+        if self.biases is not None:
+            q_BTHD += self.biases["q_HD"][...].astype(self.dtype)
+            k_BTKD += self.biases["k_KD"][...].astype(self.dtype)
+            v_BTKD += self.biases["v_KD"][...].astype(self.dtype)
+        return apply_rope(q_BTHD, positions_BT, self.rope_theta), apply_rope(k_BTKD, positions_BT, self.rope_theta), v_BTKD
+
+    def _attend(self, q_BTHD, k_BSKD, v_BSKD, **mask):
+        learned = {}
+        if self.variant == "ssmax":
+            learned["s"] = self.s_H[...]
+            if self.b_H is not None:
+                learned["b"] = self.b_H[...]
+        return attention.attend(
+            q_BTHD, k_BSKD, v_BSKD, variant=self.variant, implementation=self.implementation,
+            **dict(self.options), **learned, **mask,
+        )
+
+    def _project_out(self, out_BTHD):
+        y_BTE = jnp.einsum("BTHD,HDE->BTE", out_BTHD, self.wo_HDE[...].astype(self.dtype))
+        return y_BTE if self.biases is None else y_BTE + self.biases["o_E"][...].astype(self.dtype)
