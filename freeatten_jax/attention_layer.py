@@ -51,9 +51,9 @@ class KVCache:
 
     @classmethod
     def empty(cls, batch: int, max_len: int, num_kv_heads: int, head_dim: int, dtype) -> "KVCache":
-        kv_BSKD = jnp.zeros((batch, max_len, num_kv_heads, head_dim), dtype)
-        ids_BS = jnp.zeros((batch, max_len), jnp.int32)
-        return cls(kv_BSKD, kv_BSKD, ids_BS, ids_BS, jnp.zeros((), jnp.int32))
+        kv = lambda: jnp.zeros((batch, max_len, num_kv_heads, head_dim), dtype)
+        ids = lambda: jnp.zeros((batch, max_len), jnp.int32)
+        return cls(kv(), kv(), ids(), ids(), jnp.zeros((), jnp.int32))  # distinct buffers: donatable
 
     def append(self, k_BTKD, v_BTKD, positions_BT, segment_ids_BT) -> "KVCache":
         """Writes T new entries at slot `length` (the caller keeps length + T <= S)."""
