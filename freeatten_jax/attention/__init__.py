@@ -8,10 +8,10 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from freeatten_jax.attention import reference
+from freeatten_jax.attention import blockwise, reference
 from freeatten_jax.attention.variants import VARIANTS, Mask, Variant, get_variant, variant_options
 
-IMPLEMENTATIONS = {"reference": reference.attend}
+IMPLEMENTATIONS = {"reference": reference.attend, "blockwise": blockwise.attend}
 
 __all__ = ["attend", "attention_weights", "make_mask", "Mask", "Variant", "VARIANTS", "IMPLEMENTATIONS"]
 

@@ -1,0 +1,253 @@
+"""Memory-efficient attention for every variant (SPEC §3): O(T) memory, custom VJP, block skipping.
+
+Glossary: B batch, T queries, S keys, H heads, K kv heads, G = H // K, D head dim, Q / C query /
+key block length, I / J number of query / key blocks. Forward: for each query block, stream the
+key blocks that may be visible (a rule per normalise kind, blockwise_rules.RULES). Backward: for
+each key block, stream the query blocks, recomputing scores; only the output and per-row
+statistics are saved. `prepare` runs outside the custom VJP, so autodiff carries its gradients.
+"""
+import dataclasses
+import functools
+import math
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from freeatten_jax.attention.blockwise_rules import RULES, Config
+from freeatten_jax.attention.variants import Mask, Variant
+
+_HIGHEST = jax.lax.Precision.HIGHEST
+BLOCK_Q, BLOCK_K = 512, 512  # defaults chosen with benchmarks/attention.py (see RESULTS.md)
+
+
+class Plan(NamedTuple):
+    """The blocked mask and which (query block, key block) pairs may hold a visible pair."""
+
+    q_mask: Mask  # arrays [I, B, Q]
+    kv_mask: Mask  # arrays [J, B, C]
+    n_IB11Q1: jax.Array  # N_i as float32
+    maybe_IJ: jax.Array  # bool: False only where the block is provably invisible
+    k_first_I: jax.Array  # first and one-past-last key block that query block i may see
+    k_end_I: jax.Array
+    q_first_J: jax.Array  # first and one-past-last query block that may see key block j
+    q_end_J: jax.Array
+
+
+def _blocks(x_BL, size: int, fill) -> jax.Array:
+    """[B, L] -> [L / size, B, size], padding the tail with `fill` (None: repeat the last entry)."""
+    pad = -x_BL.shape[1] % size
+    mode = dict(mode="edge") if fill is None else dict(constant_values=fill)
+    x_BL = jnp.pad(x_BL, ((0, 0), (0, pad)), **mode)
+    return x_BL.reshape(x_BL.shape[0], -1, size).transpose(1, 0, 2)
+
+
+def _kv_mask_blocks(mask: Mask, size: int) -> Mask:
+    """The key-side mask arrays as [J, B, C]; padding keys are invalid."""
+    return dataclasses.replace(
+        mask,
+        kv_positions=_blocks(mask.kv_positions, size, None),
+        kv_segment_ids=_blocks(mask.kv_segment_ids, size, None),
+        kv_valid=_blocks(mask.kv_valid, size, False),
+    )
+
+
+def _q_mask_blocks(mask: Mask, size: int) -> Mask:
+    """The query-side mask arrays as [I, B, Q]; padding queries repeat the last one."""
+    return dataclasses.replace(
+        mask, q_positions=_blocks(mask.q_positions, size, None), q_segment_ids=_blocks(mask.q_segment_ids, size, None)
+    )
+
+
+def _pair(q_mask: Mask, kv_mask: Mask, i, j) -> Mask:
+    """The mask of query block i against key block j ([B, Q, C] when visible() is called)."""
+    return dataclasses.replace(
+        q_mask,
+        q_positions=q_mask.q_positions[i],
+        q_segment_ids=q_mask.q_segment_ids[i],
+        kv_positions=kv_mask.kv_positions[j],
+        kv_segment_ids=kv_mask.kv_segment_ids[j],
+        kv_valid=kv_mask.kv_valid[j],
+    )
+
+
+def count_visible(mask: Mask, block_k: int = BLOCK_K) -> jax.Array:
+    """N_i = Σ_j M_ij as [B, T] int32, one key block at a time (never a T x S array)."""
+    kv_mask = _kv_mask_blocks(mask, block_k)
+
+    def add_block(n_BT, kv):
+        block = dataclasses.replace(mask, kv_positions=kv[0], kv_segment_ids=kv[1], kv_valid=kv[2])
+        return n_BT + jnp.sum(block.visible(), axis=-1, dtype=jnp.int32), None
+
+    kv = (kv_mask.kv_positions, kv_mask.kv_segment_ids, kv_mask.kv_valid)
+    n_BT, _ = jax.lax.scan(add_block, jnp.zeros(mask.q_positions.shape, jnp.int32), kv)
+    return n_BT
+
+
+def _range_stats(x_IBQ, valid_IBQ):
+    """Per-block min and max over the batch and the block's valid entries."""
+    big = jnp.iinfo(jnp.int32).max
+    low = jnp.min(jnp.where(valid_IBQ, x_IBQ, big), axis=(1, 2))
+    high = jnp.max(jnp.where(valid_IBQ, x_IBQ, -big), axis=(1, 2))
+    return low, high
+
+
+def _maybe_visible(q_mask: Mask, kv_mask: Mask) -> jax.Array:
+    """[I, J] bool; False only when positions, segments, padding or window rule out every pair."""
+    q_valid = jnp.ones(q_mask.q_positions.shape, bool)
+    q_lo, q_hi = _range_stats(q_mask.q_positions, q_valid)
+    qs_lo, qs_hi = _range_stats(q_mask.q_segment_ids, q_valid)
+    k_lo, k_hi = _range_stats(kv_mask.kv_positions, kv_mask.kv_valid)
+    ks_lo, ks_hi = _range_stats(kv_mask.kv_segment_ids, kv_mask.kv_valid)
+    q_lo, q_hi, qs_lo, qs_hi = (x[:, None] for x in (q_lo, q_hi, qs_lo, qs_hi))
+    maybe = jnp.any(kv_mask.kv_valid, axis=(1, 2))[None, :] & (ks_lo <= qs_hi) & (qs_lo <= ks_hi)
+    if q_mask.causal:
+        maybe &= k_lo <= q_hi
+    if q_mask.window is not None:
+        maybe &= (k_lo - q_hi < q_mask.window) & (q_lo - k_hi < q_mask.window)
+    return maybe
+
+
+def _span(maybe_XY):
+    """First and one-past-last True along Y for each X (0, 0 where none)."""
+    size = maybe_XY.shape[1]
+    first = jnp.argmax(maybe_XY, axis=1)
+    end = size - jnp.argmax(maybe_XY[:, ::-1], axis=1)
+    anything = jnp.any(maybe_XY, axis=1)
+    return jnp.where(anything, first, 0), jnp.where(anything, end, 0)
+
+
+def _plan(mask: Mask, n_BT, q_size: int, kv_size: int) -> Plan:
+    q_mask, kv_mask = _q_mask_blocks(mask, q_size), _kv_mask_blocks(mask, kv_size)
+    maybe_IJ = _maybe_visible(q_mask, kv_mask)
+    n_IB11Q1 = _blocks(n_BT, q_size, 0).astype(jnp.float32)[:, :, None, None, :, None]
+    return Plan(q_mask, kv_mask, n_IB11Q1, maybe_IJ, *_span(maybe_IJ), *_span(maybe_IJ.T))
+
+
+def _scores(q_BKGQD, k_BKCD):
+    return jnp.einsum("BKGQD,BKCD->BKGQC", q_BKGQD, k_BKCD, precision=_HIGHEST)
+
+
+def _visible(plan: Plan, i, j):
+    return _pair(plan.q_mask, plan.kv_mask, i, j).visible()[:, None, None]  # [B, 1, 1, Q, C]
+
+
+def _take(tree, i):
+    return jax.tree.map(lambda x: x[i], tree)
+
+
+def _forward(rule, cfg: Config, q_IBKGQD, k_JBKCD, v_JBKCD, plan: Plan):
+    """The rule's output [I, B, K, G, Q, D] and per-row statistics (each [I, B, K, G, Q, 1])."""
+    shape_BKGQ = q_IBKGQD.shape[1:-1]
+
+    def sweep(init, step, finish, rows_I=None):
+        def per_query_block(xs):
+            i, q_BKGQD, n, rows = xs
+
+            def visit(j, carry):
+                scores = _scores(q_BKGQD, k_JBKCD[j])
+                return step(carry, scores, _visible(plan, i, j), v_JBKCD[j], n, rows)
+
+            def body(j, carry):
+                return jax.lax.cond(plan.maybe_IJ[i, j], functools.partial(visit, j), lambda c: c, carry)
+
+            row0 = jnp.zeros((*shape_BKGQ, 1), jnp.float32)
+            acc0 = jnp.zeros((*shape_BKGQ, v_JBKCD.shape[-1]), jnp.float32)
+            carry = jax.lax.fori_loop(plan.k_first_I[i], plan.k_end_I[i], body, init(row0, acc0, rows))
+            return finish(carry, n)
+
+        index_I = jnp.arange(q_IBKGQD.shape[0])
+        return jax.lax.map(per_query_block, (index_I, q_IBKGQD, plan.n_IB11Q1, rows_I))
+
+    return rule.forward(sweep, cfg)
+
+
+def _backward(rule, cfg: Config, q_IBKGQD, k_JBKCD, v_JBKCD, plan: Plan, rows_I, dout_IBKGQD):
+    """dq, dk, dv by streaming query blocks per key block, recomputing each block's scores."""
+
+    def per_key_block(dq_IBKGQD, xs):
+        j, k_BKCD, v_BKCD = xs
+
+        def visit(i, carry):
+            dk_BKCD, dv_BKCD, dq_IBKGQD = carry
+            q_BKGQD, dout_BKGQD = q_IBKGQD[i], dout_IBKGQD[i]
+            dp = jnp.einsum("BKGQD,BKCD->BKGQC", dout_BKGQD, v_BKCD, precision=_HIGHEST)
+            w, ds = rule.grad_block(_scores(q_BKGQD, k_BKCD), _visible(plan, i, j), plan.n_IB11Q1[i], _take(rows_I, i), dp, cfg)
+            dv_BKCD += jnp.einsum("BKGQC,BKGQD->BKCD", w, dout_BKGQD, precision=_HIGHEST)
+            dk_BKCD += jnp.einsum("BKGQC,BKGQD->BKCD", ds, q_BKGQD, precision=_HIGHEST)
+            dq_BKGQD = jnp.einsum("BKGQC,BKCD->BKGQD", ds, k_BKCD, precision=_HIGHEST)
+            return dk_BKCD, dv_BKCD, dq_IBKGQD.at[i].add(dq_BKGQD)
+
+        def body(i, carry):
+            return jax.lax.cond(plan.maybe_IJ[i, j], functools.partial(visit, i), lambda c: c, carry)
+
+        carry = (jnp.zeros_like(k_BKCD), jnp.zeros_like(v_BKCD), dq_IBKGQD)
+        dk_BKCD, dv_BKCD, dq_IBKGQD = jax.lax.fori_loop(plan.q_first_J[j], plan.q_end_J[j], body, carry)
+        return dq_IBKGQD, (dk_BKCD, dv_BKCD)
+
+    index_J = jnp.arange(k_JBKCD.shape[0])
+    dq_IBKGQD, (dk_JBKCD, dv_JBKCD) = jax.lax.scan(per_key_block, jnp.zeros_like(q_IBKGQD), (index_J, k_JBKCD, v_JBKCD))
+    return dq_IBKGQD, dk_JBKCD, dv_JBKCD
+
+
+def _attention_core(rule, cfg_static):
+    """out = rule(q, k, v) with a custom VJP that saves only the output and per-row statistics."""
+
+    @jax.custom_vjp
+    def core(q, k, v, p, plan):
+        return _forward(rule, cfg_static._replace(p=p), q, k, v, plan)[0]
+
+    def core_fwd(q, k, v, p, plan):
+        out, rows = _forward(rule, cfg_static._replace(p=p), q, k, v, plan)
+        return out, (q, k, v, p, plan, out, rows)
+
+    def core_bwd(residuals, dout):
+        q, k, v, p, plan, out, rows = residuals
+        cfg = cfg_static._replace(p=p)
+        rows_I = rule.backward_rows(rows, out, dout, cfg)
+        dq, dk, dv = _backward(rule, cfg, q, k, v, plan, rows_I, dout)
+        return dq, dk, dv, None, None
+
+    core.defvjp(core_fwd, core_bwd)
+    return core
+
+
+def _static_power(p):
+    """p as an int when it is a known whole number (an exact, cheap integer power), else None."""
+    if isinstance(p, (int, float)) and float(p).is_integer() and 1 <= p <= 64:
+        return int(p)
+    return None
+
+
+def _block_size(length: int, block: int) -> int:
+    """A block size near `block` that splits `length` into equal blocks with little padding."""
+    count = math.ceil(length / block)
+    return min(block, -(-math.ceil(length / count) // 8) * 8)
+
+
+def attend(q_BTHD, k_BSKD, v_BSKD, *, variant: Variant, mask: Mask, opts, block_q: int = BLOCK_Q, block_k: int = BLOCK_K):
+    """o_i = Σ_j A_ij v_j without a T x S array; float32 math, output in q's dtype."""
+    kind = variant.normalise
+    if kind == "reweight" and opts.get("p") is None:
+        kind = "sum"  # re-weighting switched off: plain LSSA
+    (b, t, h, d), (s, kv_heads) = q_BTHD.shape, k_BSKD.shape[1:3]
+    q_size, kv_size = _block_size(t, block_q), _block_size(s, block_k)
+    n_BT = count_visible(mask, kv_size)
+    qp_BTHD, kp_BSKD = variant.prepare(q_BTHD, k_BSKD, n_BT, opts)
+
+    def q_blocks(x_BTHD):
+        x_BTKGD = jnp.pad(x_BTHD, ((0, 0), (0, -t % q_size), (0, 0), (0, 0))).reshape(b, -1, q_size, kv_heads, h // kv_heads, d)
+        return x_BTKGD.transpose(1, 0, 3, 4, 2, 5)  # [I, B, K, G, Q, D]
+
+    def kv_blocks(x_BSKD):
+        x_BSKD = jnp.pad(x_BSKD.astype(jnp.float32), ((0, 0), (0, -s % kv_size), (0, 0), (0, 0)))
+        return x_BSKD.reshape(b, -1, kv_size, kv_heads, d).transpose(1, 0, 3, 2, 4)  # [J, B, K, C, D]
+
+    p = opts.get("p")
+    cfg = Config(weight=variant.weight, p=None, static_power=_static_power(p))
+    core = _attention_core(RULES[kind], cfg)
+    p_arg = jax.lax.stop_gradient(jnp.asarray(0.0 if p is None else p, jnp.float32))
+    plan = _plan(mask, n_BT, q_size, kv_size)
+    out_IBKGQD = core(q_blocks(qp_BTHD), kv_blocks(kp_BSKD), kv_blocks(v_BSKD), p_arg, plan)
+    out_BTHD = out_IBKGQD.transpose(1, 0, 4, 2, 3, 5).reshape(b, -1, h, d)[:, :t]
+    return out_BTHD.astype(q_BTHD.dtype)
