@@ -1,0 +1,52 @@
+"""Shared training configuration; experiment files (softmax.py, lssar.py, ...) set the variant and size.
+
+Every field can be overridden on the command line, e.g. `--config.train.steps=200`.
+"""
+import ml_collections
+
+from configs import model_presets
+
+
+def get_config(variant: str = "softmax", size: str = "tiny") -> ml_collections.ConfigDict:
+    cfg = ml_collections.ConfigDict()
+    cfg.model = model_presets.model_config(size)
+    cfg.model.attention = variant
+    cfg.model.vocab_size = 0  # 0: the data's vocabulary (256 bytes, data.bpe_vocab_size, or 50257 for .bin shards)
+    cfg.mesh = model_presets.mesh_config()
+
+    cfg.data = ml_collections.ConfigDict()
+    cfg.data.source = "shakespeare"  # shakespeare (default corpus) | text (data.path glob) | bin (llm.c token shards)
+    cfg.data.path = ""  # glob of text files or .bin training shards
+    cfg.data.val_path = ""  # optional glob of .bin validation shards; else the last val_fraction of each file/shard
+    cfg.data.tokenizer = "byte"  # byte | bpe (text sources; .bin shards are already tokenized)
+    cfg.data.bpe_vocab_size = 4096
+    cfg.data.val_fraction = 0.05
+    cfg.data.cache_dir = ""  # default: $XDG_CACHE_HOME/freeatten_jax or ~/.cache/freeatten_jax
+    cfg.data.num_workers = 0  # grain worker processes (0: load in the training process)
+
+    cfg.optim = ml_collections.ConfigDict()
+    cfg.optim.lr = 3e-3
+    cfg.optim.schedule = "cosine"  # cosine | constant (after linear warm-up)
+    cfg.optim.warmup_steps = 100
+    cfg.optim.min_lr_ratio = 0.1  # cosine floor, as a fraction of lr
+    cfg.optim.b1 = 0.9
+    cfg.optim.b2 = 0.95
+    cfg.optim.eps = 1e-8
+    cfg.optim.weight_decay = 0.1  # matrices only
+    cfg.optim.clip_norm = 1.0
+
+    cfg.train = ml_collections.ConfigDict()
+    cfg.train.steps = 2000
+    cfg.train.batch_size = 32  # global, in sequences, per optimiser step
+    cfg.train.seq_len = 64  # the training length (eval extrapolates from it)
+    cfg.train.grad_accum_steps = 1  # micro-batches per step (batch_size must be divisible by it)
+    cfg.train.seed = 0
+    cfg.train.log_every = 50
+    cfg.train.eval_every = 250  # 0: only at the end
+    cfg.train.eval_windows = 64  # held-out windows of seq_len tokens per validation
+    cfg.train.checkpoint_every = 500
+
+    cfg.checkpoint = ml_collections.ConfigDict()
+    cfg.checkpoint.max_to_keep = 3
+    cfg.checkpoint.async_save = True
+    return cfg

@@ -1,0 +1,11 @@
+"""lssa attention.
+
+    python train.py --config=configs/lssa.py:tiny --workdir=runs/lssa-tiny
+    python train.py --config=configs/lssa.py:gpt2_small --workdir=runs/lssa-small --config.data.source=bin \
+        --config.data.path='fineweb10B/fineweb_train_*.bin' --config.data.val_path='fineweb10B/fineweb_val_*.bin'
+"""
+from configs import base
+
+
+def get_config(size: str = "tiny"):
+    return base.get_config("lssa", size)

@@ -1,0 +1,11 @@
+"""lssar attention.
+
+    python train.py --config=configs/lssar.py:tiny --workdir=runs/lssar-tiny
+    python train.py --config=configs/lssar.py:gpt2_small --workdir=runs/lssar-small --config.data.source=bin \
+        --config.data.path='fineweb10B/fineweb_train_*.bin' --config.data.val_path='fineweb10B/fineweb_val_*.bin'
+"""
+from configs import base
+
+
+def get_config(size: str = "tiny"):
+    return base.get_config("lssar", size)

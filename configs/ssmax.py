@@ -1,0 +1,11 @@
+"""ssmax attention.
+
+    python train.py --config=configs/ssmax.py:tiny --workdir=runs/ssmax-tiny
+    python train.py --config=configs/ssmax.py:gpt2_small --workdir=runs/ssmax-small --config.data.source=bin \
+        --config.data.path='fineweb10B/fineweb_train_*.bin' --config.data.val_path='fineweb10B/fineweb_val_*.bin'
+"""
+from configs import base
+
+
+def get_config(size: str = "tiny"):
+    return base.get_config("ssmax", size)

@@ -1,0 +1,194 @@
+"""The training loop: resume, steps, validation, logging, checkpoints, preemption and NaN handling."""
+import functools
+import signal
+import time
+
+import jax
+import numpy as np
+from absl import logging
+from jax.experimental import multihost_utils
+
+from freeatten_jax import config_check, data, model, optim, sharding, train_state, train_step
+from freeatten_jax.checkpoint import Checkpointer
+from freeatten_jax.metrics_writer import MetricsWriter
+
+
+class NonFiniteLossError(FloatingPointError):
+    """Training produced a NaN or Inf loss or gradient."""
+
+
+def resolve(cfg, splits: data.Splits):
+    """The config with data-dependent fields filled in (model.vocab_size 0 -> the data's)."""
+    cfg = cfg.copy_and_resolve_references()
+    if cfg.model.vocab_size == 0:
+        cfg.model.vocab_size = splits.vocab_size
+    elif cfg.model.vocab_size < splits.vocab_size:
+        raise config_check.ConfigError(f"config.model.vocab_size={cfg.model.vocab_size} is smaller than the data's "
+                                       f"vocabulary ({splits.vocab_size}); allowed: 0 (take the data's) or >= {splits.vocab_size}")
+    return cfg
+
+
+class _StopSignal:
+    """Turns SIGTERM/SIGINT into a request to save and stop; a second SIGINT interrupts at once."""
+
+    def __init__(self):
+        self.requested = False
+        self._previous = {s: signal.signal(s, self._handle) for s in (signal.SIGTERM, signal.SIGINT)}
+
+    def _handle(self, signum, frame):
+        if self.requested and signum == signal.SIGINT:
+            raise KeyboardInterrupt
+        self.requested = True
+        logging.warning("signal %d: saving a checkpoint, then stopping", signum)
+
+    def any_process(self) -> bool:
+        if jax.process_count() == 1:
+            return self.requested
+        return bool(multihost_utils.process_allgather(np.array(self.requested)).any())
+
+    def restore(self):
+        for s, handler in self._previous.items():
+            signal.signal(s, handler)
+
+
+def _eta(seconds: float) -> str:
+    minutes, seconds = divmod(int(seconds), 60)
+    return f"{minutes // 60}h{minutes % 60:02d}m" if minutes >= 60 else f"{minutes}m{seconds:02d}s"
+
+
+class Evaluator:
+    """Mean validation loss over the first `eval_windows` held-out windows of the training length."""
+
+    def __init__(self, cfg, splits, mesh, state_shardings, eval_def):
+        rules = cfg.mesh.rules
+        windows_WL = data.eval_windows(splits.val, cfg.train.seq_len, cfg.train.eval_windows)
+        batch = cfg.train.batch_size
+        pad = -len(windows_WL) % batch
+        self.tokens_NBL = np.concatenate([windows_WL, np.zeros((pad, windows_WL.shape[1]), np.int32)]).reshape(-1, batch, windows_WL.shape[1])
+        self.weights_NB = np.concatenate([np.ones(len(windows_WL), np.float32), np.zeros(pad, np.float32)]).reshape(-1, batch)
+        self.tokens_sharding = sharding.batch_sharding(mesh, rules, self.tokens_NBL.shape[1:])
+        self.weights_sharding = sharding.logical_spec(("batch",), self.weights_NB.shape[1:], mesh, rules)
+        self.weights_sharding = jax.sharding.NamedSharding(mesh, self.weights_sharding)
+        self.step = jax.jit(functools.partial(train_step.eval_step, graphdef=eval_def),
+                            in_shardings=(state_shardings, self.tokens_sharding, self.weights_sharding))
+
+    def __call__(self, state) -> float:
+        total = count = 0.0
+        for tokens_BL, weights_B in zip(self.tokens_NBL, self.weights_NB):
+            tokens = jax.make_array_from_callback(tokens_BL.shape, self.tokens_sharding, lambda i: tokens_BL[i])
+            weights = jax.make_array_from_callback(weights_B.shape, self.weights_sharding, lambda i: weights_B[i])
+            loss_sum, n = self.step(state, tokens, weights)
+            total, count = total + float(loss_sum), count + float(n)
+        return total / count
+
+
+def train_and_evaluate(cfg, workdir) -> list[dict]:
+    """Trains (resuming from WORKDIR's latest checkpoint if any); returns the metrics written this run."""
+    sharding.initialize_distributed()
+    config_check.validate(cfg)
+    splits = data.load_splits(cfg.data)
+    cfg = resolve(cfg, splits)
+    model.validate(cfg.model)
+    mesh = sharding.make_mesh(cfg.mesh)
+    rules, steps = cfg.mesh.rules, cfg.train.steps
+    hosts, batch = jax.process_count(), cfg.train.batch_size
+    replicas = mesh.shape["data"] * mesh.shape["fsdp"]
+    if batch % hosts or batch % replicas:
+        raise config_check.ConfigError(f"config.train.batch_size={batch} must be divisible by the {hosts} processes "
+                                       f"and the {replicas} data-parallel devices (mesh data x fsdp)")
+    train_iter = data.train_iterator(splits.train, cfg.train.seq_len, batch // hosts, seed=cfg.train.seed,
+                                     process_index=jax.process_index(), process_count=hosts, num_workers=cfg.data.num_workers)
+    ckpt = Checkpointer(workdir, cfg.checkpoint)
+    state, state_shardings, tx = train_state.create(cfg, mesh, steps)
+    if (start := ckpt.latest_step()) is not None:
+        state = ckpt.restore(start, train_state.abstract_state(cfg, mesh, steps)[0], train_iter)
+        logging.info("resumed from step %d", start)
+    start = start or 0
+    train_def, eval_def = train_state.graphdefs(cfg)
+    batch_shape = (batch, cfg.train.seq_len + 1)
+    step_fn = jax.jit(
+        functools.partial(train_step.train_step, graphdef=train_def, tx=tx, schedule=optim.schedule(cfg.optim, steps),
+                          accum_steps=cfg.train.grad_accum_steps),
+        in_shardings=(state_shardings, sharding.batch_sharding(mesh, rules, batch_shape)),
+        out_shardings=(state_shardings, None),
+        donate_argnums=0,
+    )
+    writer = MetricsWriter(workdir, start)
+    stop = _StopSignal()
+    try:
+        with sharding.use_mesh(mesh, rules):
+            evaluate = Evaluator(cfg, splits, mesh, state_shardings, eval_def)
+            return _loop(cfg, state, start, step_fn, evaluate, train_iter, ckpt, writer, stop, mesh)
+    finally:
+        stop.restore()
+        ckpt.wait()
+        ckpt.close()
+        writer.close()
+        if hasattr(train_iter, "close"):
+            train_iter.close()
+
+
+def _loop(cfg, state, start, step_fn, evaluate, train_iter, ckpt, writer, stop, mesh):
+    t = cfg.train
+    tokens_per_step = t.batch_size * t.seq_len
+    written = []
+    timer = [start, time.perf_counter()]  # (step, time) rates are measured from
+    log = print if jax.process_index() == 0 else (lambda *a, **k: None)
+    log(f"training {cfg.model.attention} for steps {start + 1}..{t.steps}: {jax.device_count()} devices, "
+        f"mesh {dict(mesh.shape)}, batch {t.batch_size} x {t.seq_len} tokens", flush=True)
+
+    def finish(step, metrics, state):
+        """Checks a step's metrics, then logs / validates / checkpoints as scheduled (state: after the step)."""
+        metrics = jax.device_get(metrics)
+        if not metrics["finite"]:
+            raise NonFiniteLossError(f"step {step}: loss {float(metrics['loss'])}, grad norm {float(metrics['grad_norm'])}: "
+                                     f"not finite; stopped without saving (last good checkpoint: step {ckpt.latest_step()})")
+        row = {}
+        if step % t.log_every == 0 or step == t.steps:
+            row = {"loss": float(metrics["loss"]), "grad_norm": float(metrics["grad_norm"]), "lr": float(metrics["lr"])}
+            if step > timer[0]:
+                row["tokens_per_sec"] = (step - timer[0]) * tokens_per_step / (time.perf_counter() - timer[1])
+        if _evaluates(t, step):
+            row["val_loss"] = evaluate(state)
+        if row:
+            writer.write(step, row)
+            written.append({"step": step, **row})
+            log(_progress_line(t, step, row, metrics["lr"]), flush=True)
+        if step % t.checkpoint_every == 0 or step == t.steps:
+            ckpt.save(step, state, train_iter, cfg)
+        if row or step % t.checkpoint_every == 0:
+            timer[:] = step, time.perf_counter()
+
+    pending = None  # (step, metrics) of a step whose bookkeeping needs no state: checked one step late
+    for step in range(start + 1, t.steps + 1):
+        tokens = sharding.host_local_batch_to_global(next(train_iter), mesh, cfg.mesh.rules)
+        state, metrics = step_fn(state, tokens)
+        if step == start + 1:  # exclude compilation from the rates
+            jax.block_until_ready(metrics)
+            timer[:] = step, time.perf_counter()
+        if pending is not None:
+            finish(*pending, None)
+        stopping = stop.any_process()
+        pending = (step, metrics)
+        if _evaluates(t, step) or step % t.checkpoint_every == 0 or step == t.steps or stopping:
+            finish(step, metrics, state)
+            pending = None
+        if stopping:
+            if step % t.checkpoint_every and step != t.steps:
+                ckpt.save(step, state, train_iter, cfg)
+            log(f"stopped at step {step}; rerun the same command to resume", flush=True)
+            break
+    return written
+
+
+def _evaluates(t, step: int) -> bool:
+    return bool((t.eval_every and step % t.eval_every == 0) or step == t.steps)
+
+
+def _progress_line(t, step: int, row: dict, lr: float) -> str:
+    parts = [f"step {step}/{t.steps}"]
+    parts += [f"{name} {row[key]:.4f}" for key, name in (("loss", "loss"), ("val_loss", "val")) if key in row]
+    if "tokens_per_sec" in row:
+        rate = row["tokens_per_sec"]
+        parts += [f"{rate:,.0f} tok/s", f"lr {lr:.2e}", f"ETA {_eta((t.steps - step) * t.batch_size * t.seq_len / rate)}"]
+    return " | ".join(parts)

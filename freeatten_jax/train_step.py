@@ -1,0 +1,53 @@
+"""Pure step functions: `train_step(state, tokens_BL) -> (state, metrics)` and the validation loss sums.
+
+Glossary: B batch, L = T + 1 window (inputs tokens[:, :-1], targets tokens[:, 1:]), T length, V vocab,
+A gradient-accumulation micro-batches.
+"""
+import jax
+import jax.numpy as jnp
+import optax
+from flax import nnx
+
+
+def _losses(model, tokens_BL):
+    """Next-token cross-entropy per position [B, T]."""
+    return optax.softmax_cross_entropy_with_integer_labels(model(tokens_BL[:, :-1]), tokens_BL[:, 1:])
+
+
+def _grad_step(graphdef, params, rest, tokens_BL):
+    """(mean loss, gradients, the model's updated non-parameter state) for one micro-batch.
+
+    The model is merged here and differentiated with nnx.value_and_grad: its lifted remat cannot run
+    under a bare jax.grad.
+    """
+    model = nnx.merge(graphdef, params, rest, copy=True)  # fresh variables at this trace level (inside scan)
+    loss_fn = lambda m: _losses(m, tokens_BL).mean()
+    loss, grads = nnx.value_and_grad(loss_fn, argnums=nnx.DiffState(0, nnx.Param))(model)
+    return loss, grads, nnx.state(model, nnx.Not(nnx.Param))
+
+
+def train_step(state, tokens_BL, *, graphdef, tx, schedule, accum_steps: int):
+    """One optimiser step on the mean loss of A micro-batches of B / A windows each."""
+    params = state["params"]
+    tokens_ABL = tokens_BL.reshape(accum_steps, -1, tokens_BL.shape[-1])
+
+    def micro_step(carry, tokens_bL):
+        grads_sum, loss_sum, rest = carry
+        loss, grads, rest = _grad_step(graphdef, params, rest, tokens_bL)
+        return (jax.tree.map(jnp.add, grads_sum, grads), loss_sum + loss, rest), None
+
+    zeros = jax.tree.map(jnp.zeros_like, params)
+    (grads, loss, rest), _ = jax.lax.scan(micro_step, (zeros, jnp.zeros((), jnp.float32), state["rest"]), tokens_ABL)
+    grads = jax.tree.map(lambda g: g / accum_steps, grads)
+    loss = loss / accum_steps
+    updates, opt_state = tx.update(grads, state["opt_state"], params)
+    new_state = {"params": optax.apply_updates(params, updates), "rest": rest, "opt_state": opt_state, "step": state["step"] + 1}
+    grad_norm = optax.global_norm(grads)
+    metrics = {"loss": loss, "grad_norm": grad_norm, "lr": schedule(state["step"]), "finite": jnp.isfinite(loss) & jnp.isfinite(grad_norm)}
+    return new_state, metrics
+
+
+def eval_step(state, tokens_BL, weights_B, *, graphdef):
+    """(sum of weighted token losses, number of weighted tokens) for a batch of validation windows."""
+    losses_BT = _losses(nnx.merge(graphdef, state["params"], state["rest"]), tokens_BL)
+    return jnp.sum(losses_BT * weights_B[:, None]), jnp.sum(weights_B) * losses_BT.shape[1]
