@@ -7,6 +7,17 @@ import ml_collections
 from configs import model_presets
 
 
+# Per-size training settings (the papers' for the GPT-2-sized models, SPEC §5).
+TRAINING = {
+    "tiny": {},
+    "gpt2_small": {"train.seq_len": 1024, "train.batch_size": 512, "train.steps": 18865, "optim.lr": 6e-4, "optim.warmup_steps": 1000,
+                   "data.source": "bin", "train.log_every": 10, "train.eval_every": 500, "train.checkpoint_every": 500},
+    "ssmax_162m": {"train.seq_len": 1024, "train.batch_size": 2048, "train.steps": 20000, "optim.lr": 6e-4, "optim.warmup_steps": 1000,
+                   "optim.schedule": "constant", "data.source": "bin", "train.log_every": 10, "train.eval_every": 500,
+                   "train.checkpoint_every": 500},
+}
+
+
 def get_config(variant: str = "softmax", size: str = "tiny") -> ml_collections.ConfigDict:
     cfg = ml_collections.ConfigDict()
     cfg.model = model_presets.model_config(size)
@@ -45,6 +56,9 @@ def get_config(variant: str = "softmax", size: str = "tiny") -> ml_collections.C
     cfg.train.eval_every = 250  # 0: only at the end
     cfg.train.eval_windows = 64  # held-out windows of seq_len tokens per validation
     cfg.train.checkpoint_every = 500
+
+    cfg.model.max_len = cfg.train.get_ref("seq_len")  # the training length (sets SSMax's initial s)
+    cfg.update_from_flattened_dict(TRAINING[size])
 
     cfg.checkpoint = ml_collections.ConfigDict()
     cfg.checkpoint.max_to_keep = 3
