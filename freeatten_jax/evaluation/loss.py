@@ -1,0 +1,32 @@
+"""Next-token loss on held-out windows: mean, over the last training-length positions, and per position.
+
+Glossary: W windows, L = T + 1 window tokens (inputs and shifted targets), T positions, V vocab.
+"""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from flax import nnx
+
+
+@jax.jit
+def _losses(graphdef, state, tokens_WL):
+    logits_WTV = nnx.merge(graphdef, state)(tokens_WL[:, :-1])
+    return optax.softmax_cross_entropy_with_integer_labels(logits_WTV, tokens_WL[:, 1:])
+
+
+def token_losses(model, windows_WL: np.ndarray, tokens_per_batch: int = 16384) -> np.ndarray:
+    """Per-position losses [W, T] in float32, in batches of about tokens_per_batch tokens."""
+    graphdef, state = nnx.split(model)
+    batch = max(1, tokens_per_batch // windows_WL.shape[1])
+    parts = [np.asarray(_losses(graphdef, state, jnp.asarray(windows_WL[i : i + batch]))) for i in range(0, len(windows_WL), batch)]
+    return np.concatenate(parts)
+
+
+def summarise(losses_WT: np.ndarray, train_len: int) -> dict:
+    """Mean loss over all positions and over the last train_len positions of each window."""
+    return {
+        "loss": float(losses_WT.mean()),
+        "loss_last_train_len": float(losses_WT[:, -train_len:].mean()),
+        "windows": int(losses_WT.shape[0]),
+    }

@@ -1,0 +1,103 @@
+"""Writes the suite's results: results.json, CSV files and report.md (tables and the plots)."""
+import csv
+import json
+import pathlib
+
+import numpy as np
+
+from freeatten_jax.evaluation import plots
+
+
+def label(run: dict) -> str:
+    """How a run is named in tables and legends: checkpoint name, variant and switch."""
+    switch = "" if run["switch"] == "none" else f" [{run['switch']}]"
+    return f"{run['name']} ({run['variant']}){switch}"
+
+
+def _write_csv(path: pathlib.Path, header: list[str], rows: list[list]) -> None:
+    with path.open("w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(header)
+        writer.writerows(rows)
+
+
+def _md_table(header: list[str], rows: list[list]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def _fmt(x: float | None) -> str:
+    return "n/a" if x is None or not np.isfinite(x) else f"{x:.3f}"
+
+
+def write_csvs(out: pathlib.Path, runs: list[dict]) -> None:
+    _write_csv(out / "loss_vs_length.csv",
+               ["run", "checkpoint", "step", "variant", "switch", "length", "multiplier", "loss", "loss_last_train_len", "windows"],
+               [[label(r), r["workdir"], r["step"], r["variant"], r["switch"], x["length"], x["multiplier"], x["loss"],
+                 x["loss_last_train_len"], x["windows"]] for r in runs for x in r["lengths"]])
+    _write_csv(out / "per_position.csv", ["run", "position", "loss"],
+               [[label(r), i, v] for r in runs for i, v in enumerate(r["per_position"])])
+    _write_csv(out / "passkey.csv", ["run", "length", "depth", "accuracy", "mean_key_loglik", "mean_key_rank", "keys"],
+               [[label(r), c["length"], c["depth"], c["accuracy"], c["mean_key_loglik"], c["mean_key_rank"], c["keys"]]
+                for r in runs for c in r["passkey"]])
+    _write_csv(out / "attention.csv", ["run", "layer", "head", "n_from", "entropy", "max_weight"],
+               [[label(r), layer, head, n, ent[head][u], mx[head][u]] for r in runs
+                for layer, (ent, mx) in enumerate(zip(r["attention"]["entropy"], r["attention"]["max_weight"]))
+                for head in range(len(ent)) for u, n in enumerate(r["attention"]["n_from"])])
+    _write_csv(out / "needle_mass.csv", ["run", "layer", "head", "mass"],
+               [[label(r), layer, head, m] for r in runs for layer, row in enumerate(r["needle_mass"]) for head, m in enumerate(row)])
+    ssmax = [r for r in runs if r["ssmax_s"] is not None]
+    _write_csv(out / "ssmax_s.csv", ["run", "layer", "head", "s"],
+               [[label(r), layer, head, s] for r in ssmax for layer, row in enumerate(r["ssmax_s"]) for head, s in enumerate(row)])
+
+
+def markdown(runs: list[dict], settings: dict, figures: dict[str, str]) -> str:
+    multipliers = settings["multipliers"]
+    mult_header = [f"{m}x" for m in multipliers]
+    by_mult = lambda r, key: [_fmt(next((x[key] for x in r["lengths"] if x["multiplier"] == m), None)) for m in multipliers]
+    checkpoints = _md_table(
+        ["run", "checkpoint", "step", "variant", "switch", "train length", "RoPE theta"],
+        [[label(r), r["workdir"], r["step"], r["variant"], r["switch"], r["train_len"], f"{r['rope_theta']:g}"] for r in runs],
+    )
+    windows = ", ".join(f"{x['length']}: {x['windows']}" for x in runs[0]["lengths"]) if runs else ""
+    lengths = sorted({c["length"] for r in runs for c in r["passkey"]})
+    passkey = _md_table(
+        ["run", *[str(n) for n in lengths], "mean rank of true key"],
+        [[label(r), *[_fmt(np.mean([c["accuracy"] for c in r["passkey"] if c["length"] == n])) for n in lengths],
+          _fmt(np.mean([c["mean_key_rank"] for c in r["passkey"]]) if r["passkey"] else None)] for r in runs],
+    )
+    n_from = runs[0]["attention"]["n_from"] if runs else []
+    entropy = _md_table(
+        ["run", *[f"N>={n}" for n in n_from]],
+        [[label(r), *[_fmt(float(np.mean(np.asarray(r["attention"]["entropy"])[:, :, u]))) for u in range(len(n_from))]] for r in runs],
+    )
+    parts = [
+        "# Length-extrapolation report",
+        "## Checkpoints\n\n" + checkpoints,
+        f"## Loss vs length (mean next-token loss, nats; windows per length: {windows})\n\n"
+        + _md_table(["run", *mult_header], [[label(r), *by_mult(r, "loss")] for r in runs]),
+        "## Loss over the last training-length positions of each window\n\n"
+        + _md_table(["run", *mult_header], [[label(r), *by_mult(r, "loss_last_train_len")] for r in runs]),
+        f"## Passkey retrieval (greedy exact match by prompt length, mean over depths {settings['passkey_depths']} "
+        f"and {settings['passkey_keys']} keys; rank among {settings['passkey_candidates']} candidate keys)\n\n" + passkey,
+        "## Attention entropy (nats, mean over layers and heads) by visible keys N_i at the longest length\n\n" + entropy,
+        "## Attention mass of the final query on the needle (mean over layers, heads and prompts)\n\n"
+        + _md_table(["run", "mass"], [[label(r), _fmt(float(np.mean(r["needle_mass"]))) if r["needle_mass"] else "n/a"] for r in runs]),
+    ]
+    ssmax = [r for r in runs if r["ssmax_s"] is not None]
+    if ssmax:
+        parts.append("## Learned SSMax s (mean over heads, per layer)\n\n" + _md_table(
+            ["run", *[f"layer {i}" for i in range(len(ssmax[0]["ssmax_s"]))]],
+            [[label(r), *[_fmt(float(np.mean(row))) for row in r["ssmax_s"]]] for r in ssmax]))
+    parts.append("## Plots\n\n" + "\n".join(f"![{name}]({path})" for name, path in figures.items()))
+    return "\n\n".join(parts) + "\n"
+
+
+def write(out: pathlib.Path, runs: list[dict], settings: dict) -> None:
+    """All outputs of the suite into `out`."""
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "results.json").write_text(json.dumps({"settings": settings, "runs": runs}, indent=1))
+    write_csvs(out, runs)
+    figures = plots.write_all(out, runs, label)
+    (out / "report.md").write_text(markdown(runs, settings, figures))

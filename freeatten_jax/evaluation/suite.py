@@ -1,0 +1,169 @@
+"""Runs the extrapolation suite (SPEC §7) over checkpoints x eval-time switches and writes the report.
+
+Glossary: W windows, L window tokens, C candidate keys, T prompt tokens.
+"""
+import dataclasses
+import json
+import pathlib
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+from tqdm import tqdm
+
+from freeatten_jax import checkpoint, data, generate
+from freeatten_jax.evaluation import attention_stats, loss, passkey, report, switches
+
+
+@dataclasses.dataclass(frozen=True)
+class Settings:
+    multipliers: tuple[int, ...] = (1, 2, 4, 8, 16)  # evaluation lengths, in training lengths
+    max_windows: int = 16  # held-out windows per length (fewer if the data runs out)
+    passkey_depths: tuple[float, ...] = (0.1, 0.5, 0.9)
+    passkey_keys: int = 3  # random keys per (length, depth) cell
+    passkey_candidates: int = 10  # the true key and 9 random ones, ranked by likelihood
+    analysis_windows: int = 1  # windows of the longest length for the entropy analysis
+    implementation: str = "auto"  # attention implementation used at every length
+    seed: int = 0
+
+
+class _Splits:
+    """Held-out data per data config, loaded once."""
+
+    def __init__(self):
+        self._cache = {}
+
+    def __call__(self, cfg_data) -> data.Splits:
+        key = json.dumps(cfg_data.to_dict(), sort_keys=True)
+        if key not in self._cache:
+            self._cache[key] = data.load_splits(cfg_data)
+        return self._cache[key]
+
+
+def _windows(splits: data.Splits, length: int, max_windows: int, multiplier: int) -> np.ndarray:
+    available = sum(len(s) for s in splits.val)
+    if available < length + 1:
+        raise ValueError(
+            f"evaluation length {length} ({multiplier}x the training length) needs {length + 1} held-out tokens; "
+            f"the validation split has {available}: use smaller --multipliers or more validation data"
+        )
+    return data.eval_windows(splits.val, length, max_windows)
+
+
+@jax.jit
+def _token_log_probs(graphdef, state, tokens_CL):
+    """log p(token_l | tokens_<l) for l >= 1: [C, L - 1]."""
+    logits_CLV = nnx.merge(graphdef, state)(tokens_CL[:, :-1])
+    log_probs_CLV = jax.nn.log_softmax(logits_CLV, axis=-1)
+    return jnp.take_along_axis(log_probs_CLV, tokens_CL[:, 1:, None], axis=-1)[..., 0]
+
+
+def _key_log_likelihoods(model, prompt_T: np.ndarray, candidates: list[np.ndarray]) -> np.ndarray:
+    """Total log-likelihood of each candidate key's tokens after the prompt: [C]."""
+    graphdef, state = nnx.split(model)
+    totals = np.zeros(len(candidates))
+    for size in sorted({len(c) for c in candidates}):  # candidates of one token length form one batch
+        index = [i for i, c in enumerate(candidates) if len(c) == size]
+        tokens_CL = np.stack([np.concatenate([prompt_T, candidates[i]]) for i in index]).astype(np.int32)
+        log_probs = np.asarray(_token_log_probs(graphdef, state, jnp.asarray(tokens_CL)))
+        totals[index] = log_probs[:, len(prompt_T) - 1 :].sum(-1)
+    return totals
+
+
+def _passkey_lengths(tokenizer, lengths: list[int]) -> list[int]:
+    """The evaluation lengths long enough to hold the needle and the question."""
+    usable = []
+    for n in lengths:
+        try:
+            passkey.build_prompt(tokenizer, n, 0.5, "12345")
+            usable.append(n)
+        except ValueError:
+            pass
+    return usable
+
+
+def _passkey(model, tokenizer, lengths: list[int], settings: Settings, rng, progress) -> tuple[list[dict], list]:
+    """(grid cells, needle-mass [layers, H] for each prompt at the longest length)."""
+    cells, masses = [], []
+    for length in lengths:
+        for depth in settings.passkey_depths:
+            hits, logliks, ranks = [], [], []
+            for key in passkey.random_keys(rng, settings.passkey_keys):
+                prompt_T, needle = passkey.build_prompt(tokenizer, length, depth, key)
+                key_tokens = np.asarray(tokenizer.encode(" " + key), np.int32)
+                out = generate.generate(model, prompt_T[None], len(key_tokens) + 1, temperature=0.0)
+                hits.append(passkey.exact_match(tokenizer, np.asarray(out[0, length:]), key))
+                others = [k for k in passkey.random_keys(rng, settings.passkey_candidates * 2) if k != key]
+                candidates = [key_tokens] + [np.asarray(tokenizer.encode(" " + k), np.int32) for k in others[: settings.passkey_candidates - 1]]
+                totals = _key_log_likelihoods(model, prompt_T, candidates)
+                logliks.append(float(totals[0]))
+                ranks.append(int(1 + np.sum(totals[1:] > totals[0])))
+                if length == lengths[-1]:
+                    masses.append(attention_stats.needle_mass(model, jnp.asarray(prompt_T[None]), needle))
+            cells.append({"length": length, "depth": depth, "accuracy": float(np.mean(hits)), "mean_key_loglik": float(np.mean(logliks)),
+                          "mean_key_rank": float(np.mean(ranks)), "keys": len(hits)})
+            progress.update(1)
+    return cells, masses
+
+
+def evaluate(workdir: str, switch: switches.Switch, settings: Settings, splits_of, progress) -> dict:
+    """Every measurement for one checkpoint under one switch."""
+    model, cfg, step = checkpoint.load_model(workdir)
+    switches.apply(model, cfg, switch)
+    for block in model.blocks:
+        block.attn.implementation = settings.implementation
+    train_len = cfg.train.seq_len
+    splits = splits_of(cfg.data)
+    run = {"name": pathlib.Path(workdir).name, "workdir": str(workdir), "step": int(step), "variant": cfg.model.attention,
+           "switch": switch.label, "train_len": train_len, "rope_theta": float(model.blocks[0].attn.rope_theta), "lengths": []}
+    longest = None
+    for m in settings.multipliers:
+        windows_WL = _windows(splits, m * train_len, settings.max_windows, m)
+        losses_WT = loss.token_losses(model, windows_WL)
+        run["lengths"].append({"length": m * train_len, "multiplier": m, **loss.summarise(losses_WT, train_len)})
+        run["per_position"] = losses_WT.mean(0).tolist()
+        longest = windows_WL
+        progress.update(1)
+    tokens_BT = jnp.asarray(longest[: settings.analysis_windows, :-1])
+    entropy, max_weight, n_from = attention_stats.entropy_and_max(model, tokens_BT)
+    run["attention"] = {"entropy": entropy.tolist(), "max_weight": max_weight.tolist(), "n_from": n_from.tolist()}
+    progress.update(1)
+    run["passkey"], masses, run["needle_mass"] = [], [], []
+    if splits.tokenizer is not None:
+        lengths = _passkey_lengths(splits.tokenizer, [x["length"] for x in run["lengths"]])
+        run["passkey"], masses = _passkey(model, splits.tokenizer, lengths, settings, np.random.default_rng(settings.seed), progress)
+    if masses:
+        run["needle_mass"] = np.mean(masses, axis=0).tolist()
+    s = attention_stats.ssmax_s(model)
+    run["ssmax_s"] = None if s is None else s.tolist()
+    return run
+
+
+def _saved_config(workdir: str):
+    """The config saved with the latest checkpoint; a clear error if there is none."""
+    ckpt = checkpoint.Checkpointer(workdir, read_only=True)
+    try:
+        step = ckpt.latest_step()
+        if step is None:
+            raise FileNotFoundError(f"{workdir}: no checkpoint found (expected {pathlib.Path(workdir) / 'checkpoints'}); train it first")
+        return ckpt.config(step)
+    finally:
+        ckpt.close()
+
+
+def run_suite(workdirs: list[str], switch_texts: list[str], settings: Settings, out: str) -> list[dict]:
+    """Evaluates each checkpoint as trained and under each applicable switch; writes the report to `out`."""
+    parsed = [switches.parse(t) for t in switch_texts]
+    configs = {w: _saved_config(w) for w in workdirs}
+    jobs = [(w, s) for w in workdirs for s in [switches.NONE, *parsed] if switches.applicable(configs[w], s)]
+    if not jobs:
+        raise ValueError("nothing to evaluate")
+    per_job = len(settings.multipliers) + 1 + len(settings.multipliers) * len(settings.passkey_depths)
+    runs, splits_of = [], _Splits()
+    with tqdm(total=len(jobs) * per_job, desc="eval", unit="task") as progress:
+        for workdir, switch in jobs:
+            progress.set_postfix_str(f"{pathlib.Path(workdir).name} [{switch.label}]")
+            runs.append(evaluate(workdir, switch, settings, splits_of, progress))
+    report.write(pathlib.Path(out), runs, {**dataclasses.asdict(settings), "switches": switch_texts, "workdirs": list(workdirs)})
+    return runs

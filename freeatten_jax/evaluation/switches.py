@@ -1,0 +1,67 @@
+"""Eval-time switches (no retraining): LSSAR re-weighting p, RoPE theta, SSMax s.
+
+A switch is written `key=value[,key=value]`, e.g. `p=15`, `p=off`, `rope_theta=50x`, `s=0.3`.
+"""
+import dataclasses
+
+import jax.numpy as jnp
+
+REWEIGHTABLE = ("lssa", "lssar")
+
+
+@dataclasses.dataclass(frozen=True)
+class Switch:
+    label: str  # as given, or "none" for the checkpoint as trained
+    settings: tuple[tuple[str, str], ...] = ()
+
+
+def _p(model, cfg, value: str) -> None:
+    """Re-weighting p on an LSSA or LSSAR checkpoint; `off` gives plain LSSA."""
+    if cfg.model.attention not in REWEIGHTABLE:
+        raise ValueError(f"switch p applies to lssa/lssar checkpoints, not {cfg.model.attention!r}")
+    model.set_attention("lssar", p=None if value == "off" else float(value))
+
+
+def _rope_theta(model, cfg, value: str) -> None:
+    """A RoPE base, absolute (500000) or relative to the trained one (50x)."""
+    theta = cfg.model.rope_theta * float(value[:-1]) if value.endswith("x") else float(value)
+    model.set_rope_theta(theta)
+
+
+def _s(model, cfg, value: str) -> None:
+    """Overrides the learned SSMax s of every layer and head."""
+    if cfg.model.attention != "ssmax":
+        raise ValueError(f"switch s applies to ssmax checkpoints, not {cfg.model.attention!r}")
+    for block in model.blocks:
+        block.attn.s_H[...] = jnp.full_like(block.attn.s_H[...], float(value))
+
+
+APPLY = {"p": _p, "rope_theta": _rope_theta, "s": _s}
+NONE = Switch("none")
+
+
+def parse(text: str) -> Switch:
+    """`p=15,rope_theta=50x` -> Switch; unknown keys or malformed items raise ValueError."""
+    settings = []
+    for item in text.split(","):
+        key, sep, value = item.partition("=")
+        if not sep or not value:
+            raise ValueError(f"switch item {item!r} is not key=value (in {text!r})")
+        if key not in APPLY:
+            raise ValueError(f"unknown switch {key!r} in {text!r}; valid switches: {', '.join(APPLY)}")
+        if value != "off" or key != "p":
+            float(value[:-1] if key == "rope_theta" and value.endswith("x") else value)  # ValueError if not a number
+        settings.append((key, value))
+    return Switch(text, tuple(settings))
+
+
+def apply(model, cfg, switch: Switch) -> None:
+    """Applies the switch to a freshly loaded model (in place)."""
+    for key, value in switch.settings:
+        APPLY[key](model, cfg, value)
+
+
+def applicable(cfg, switch: Switch) -> bool:
+    """Whether every setting of the switch makes sense for this checkpoint's variant."""
+    needs = {"p": REWEIGHTABLE, "s": ("ssmax",)}
+    return all(cfg.model.attention in needs.get(key, (cfg.model.attention,)) for key, _ in switch.settings)
