@@ -1,0 +1,130 @@
+"""The transformer: parameter counts of the paper presets, config validation, packing, causality,
+dropout, remat, dtypes and the eval-time attention / RoPE switches."""
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from configs.model_presets import model_config
+from freeatten_jax.model import Transformer, validate
+
+
+def _cfg(**overrides):
+    cfg = model_config("tiny")
+    cfg.update(num_layers=1, d_model=32, num_heads=4, mlp_dim=64, vocab_size=50, max_len=16)
+    cfg.update(overrides)
+    return cfg
+
+
+forward = nnx.jit(lambda model, tokens: model(tokens))
+
+
+def _tokens(seed=0, b=2, t=12):
+    return jax.random.randint(jax.random.key(seed), (b, t), 0, 50)
+
+
+def _param_count(cfg):
+    abstract = nnx.eval_shape(lambda: Transformer(cfg, rngs=nnx.Rngs(0)))  # shapes only: nothing allocated
+    return sum(math.prod(x.shape) for x in jax.tree.leaves(nnx.state(abstract, nnx.Param)))
+
+
+@pytest.mark.parametrize("size, paper", [("gpt2_small", 124e6), ("ssmax_162m", 162e6)])
+def test_paper_presets_parameter_counts(size, paper):
+    count = _param_count(model_config(size))
+    assert abs(count - paper) / paper < 0.01, count
+
+
+def test_tied_embeddings_share_the_table():
+    assert _param_count(_cfg(tie_embeddings=False)) - _param_count(_cfg()) == 50 * 32
+
+
+@pytest.mark.parametrize(
+    "field, value, allowed",
+    [("mlp", "relu2", "gelu, swiglu"), ("attention", "flash", "softmax"), ("norm", "batchnorm", "layernorm, rmsnorm"),
+     ("remat", "some", "none, dots, full"), ("dtype", "float16", "float32, bfloat16"), ("vocab_size", 0, "positive")],
+)
+def test_validate_names_field_and_allowed_values(field, value, allowed):
+    with pytest.raises(ValueError, match=rf"model\.{field} = .*allowed: .*{allowed}") as info:
+        validate(_cfg(**{field: value}))
+    assert "\n" not in str(info.value)
+
+
+def test_validate_rejects_inconsistent_shapes_and_options():
+    with pytest.raises(ValueError, match="num_kv_heads = 3 must divide num_heads = 4"):
+        validate(_cfg(num_kv_heads=3))
+    with pytest.raises(ValueError, match="unknown option.*'q'"):
+        validate(_cfg(attention="lssar", attention_options={"q": 1.0}))
+    validate(_cfg(attention="lssar", attention_options={"p": 3.0}, num_kv_heads=2))
+
+
+def test_ssmax_s_init_default_makes_the_factor_one_at_training_length():
+    model = Transformer(_cfg(attention="ssmax"), rngs=nnx.Rngs(0))
+    np.testing.assert_allclose(model.blocks[0].attn.s_H[...] * math.log(16), 1.0, rtol=1e-6)
+    model = Transformer(_cfg(attention="ssmax", ssmax_s_init=0.5), rngs=nnx.Rngs(0))
+    np.testing.assert_array_equal(model.blocks[0].attn.s_H[...], 0.5)
+
+
+@pytest.mark.parametrize("variant", ["softmax", "lssar"])
+def test_causal_and_packing_aware(variant):
+    """Future tokens never change past logits; a packed row equals its documents run separately."""
+    model = Transformer(_cfg(attention=variant, mlp="swiglu", norm="rmsnorm", use_bias=True), rngs=nnx.Rngs(0))
+    packed_forward = nnx.jit(lambda m, t, p, s: m(t, positions_BT=p, segment_ids_BT=s))
+    tokens = _tokens()
+    changed = tokens.at[:, 8:].set((tokens[:, 8:] + 1) % 50)
+    np.testing.assert_array_equal(forward(model, tokens)[:, :8], forward(model, changed)[:, :8])
+    segments = jnp.array([[0] * 5 + [1] * 7] * 2)
+    positions = jnp.array([list(range(5)) + list(range(7))] * 2)
+    packed = packed_forward(model, tokens, positions, segments)
+    np.testing.assert_allclose(packed[:, :5], forward(model, tokens[:, :5]), atol=1e-5)
+    np.testing.assert_allclose(packed[:, 5:], forward(model, tokens[:, 5:]), atol=1e-5)
+
+
+def test_bf16_compute_keeps_fp32_params_and_logits():
+    model = Transformer(_cfg(dtype="bfloat16"), rngs=nnx.Rngs(0))
+    logits = forward(model, _tokens())
+    assert logits.dtype == jnp.float32 and logits.shape == (2, 12, 50)
+    assert {p.dtype for p in jax.tree.leaves(nnx.state(model, nnx.Param))} == {jnp.dtype(jnp.float32)}
+    f32 = Transformer(_cfg(), rngs=nnx.Rngs(0))
+    np.testing.assert_allclose(logits, forward(f32, _tokens()), atol=5e-2)
+
+
+def test_dropout_follows_train_and_eval():
+    model = Transformer(_cfg(dropout=0.5), rngs=nnx.Rngs(0, dropout=1))
+    plain = Transformer(_cfg(), rngs=nnx.Rngs(0, dropout=1))  # same streams: same init
+    tokens = _tokens()
+    first, second = forward(model, tokens), forward(model, tokens)
+    assert not np.allclose(first, second)
+    model.eval()
+    np.testing.assert_allclose(forward(model, tokens), forward(plain, tokens), atol=1e-6)
+    model.train()
+    assert not np.allclose(forward(model, tokens), forward(plain, tokens))
+
+
+def test_remat_policies_give_the_same_gradients():
+    tokens = _tokens()
+    loss = lambda m: jnp.mean(jax.nn.log_softmax(m(tokens))[..., 0])
+    grads = {
+        remat: nnx.jit(nnx.grad(loss))(Transformer(_cfg(remat=remat, attention="ssmax", num_layers=2), rngs=nnx.Rngs(0)))
+        for remat in ("none", "full")
+    }
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-6), grads["none"], grads["full"])
+
+
+def test_set_attention_and_rope_theta_at_eval_time():
+    """An LSSA model switched to lssar(p=15) and theta 1e5 equals one built that way; params unchanged."""
+    model = Transformer(_cfg(attention="lssa"), rngs=nnx.Rngs(0))
+    tokens = _tokens()
+    base = forward(model, tokens)
+    model.set_attention("lssar", p=15.0)
+    model.set_rope_theta(1e5)
+    built = Transformer(_cfg(attention="lssar", attention_options={"p": 15.0}, rope_theta=1e5), rngs=nnx.Rngs(0))
+    switched = forward(model, tokens)
+    np.testing.assert_allclose(switched, forward(built, tokens), atol=1e-6)
+    assert not np.allclose(switched, base, atol=1e-4)
+    with pytest.raises(ValueError, match="unknown attention variant"):
+        model.set_attention("flash")
+    with pytest.raises(ValueError, match="unknown implementation"):
+        model.set_attention(implementation="magic")
