@@ -8,6 +8,7 @@ import functools
 import jax
 import jax.numpy as jnp
 import numpy as np
+from flax import nnx
 
 from freeatten_jax import attention
 
@@ -20,6 +21,19 @@ def layers_qkv(model, tokens_BT):
         q_BTHD, k_BTKD, v_BTKD = block.attn._qkv(block.attn_norm(x_BTE), positions_BT)
         yield block.attn, q_BTHD, k_BTKD, v_BTKD
         x_BTE = block(x_BTE, positions_BT, None)
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def _layers_qk(graphdef, state, tokens_BT):
+    """(q_BTHD, k_BTKD) of every layer, in one compiled program."""
+    return tuple((q, k) for _, q, k, _ in layers_qkv(nnx.merge(graphdef, state), tokens_BT))
+
+
+def _layers(model, tokens_BT):
+    """[(attention layer, q_BTHD, k_BTKD)] for each layer."""
+    graphdef, state = nnx.split(model)
+    qk = _layers_qk(graphdef, state, tokens_BT)
+    return [(block.attn, q, k) for block, (q, k) in zip(model.blocks, qk)]
 
 
 def _layer_options(layer) -> dict:
@@ -47,7 +61,7 @@ def entropy_and_max(model, tokens_BT, chunk: int = 256) -> tuple[np.ndarray, np.
     bucket_T = np.floor(np.log2(np.arange(1, t + 1))).astype(int)
     buckets = np.arange(bucket_T.max() + 1)
     entropies, maxima = [], []
-    for layer, q_BTHD, k_BTKD, _ in layers_qkv(model, tokens_BT):
+    for layer, q_BTHD, k_BTKD in _layers(model, tokens_BT):
         ent_HT, max_HT = [], []
         for start in range(0, t, chunk):
             w_BHRS = row_weights(layer, q_BTHD, k_BTKD, start, min(start + chunk, t))
@@ -63,7 +77,7 @@ def needle_mass(model, tokens_1T, needle: slice) -> np.ndarray:
     """Attention mass of the last query on the needle tokens, per layer and head: [layers, H]."""
     t = tokens_1T.shape[1]
     masses = []
-    for layer, q_BTHD, k_BTKD, _ in layers_qkv(model, tokens_1T):
+    for layer, q_BTHD, k_BTKD in _layers(model, tokens_1T):
         w_BHRS = row_weights(layer, q_BTHD, k_BTKD, t - 1, t)
         masses.append(np.asarray(w_BHRS[0, :, 0, needle.start : needle.stop].sum(-1)))
     return np.stack(masses)

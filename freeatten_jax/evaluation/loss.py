@@ -18,9 +18,11 @@ def _losses(graphdef, state, tokens_WL):
 def token_losses(model, windows_WL: np.ndarray, tokens_per_batch: int = 16384) -> np.ndarray:
     """Per-position losses [W, T] in float32, in batches of about tokens_per_batch tokens."""
     graphdef, state = nnx.split(model)
-    batch = max(1, tokens_per_batch // windows_WL.shape[1])
-    parts = [np.asarray(_losses(graphdef, state, jnp.asarray(windows_WL[i : i + batch]))) for i in range(0, len(windows_WL), batch)]
-    return np.concatenate(parts)
+    count = len(windows_WL)
+    batch = min(count, max(1, tokens_per_batch // windows_WL.shape[1]))
+    padded_WL = np.concatenate([windows_WL, np.zeros((-count % batch, windows_WL.shape[1]), windows_WL.dtype)])  # one shape: one compile
+    parts = [np.asarray(_losses(graphdef, state, jnp.asarray(padded_WL[i : i + batch]))) for i in range(0, count, batch)]
+    return np.concatenate(parts)[:count]
 
 
 def summarise(losses_WT: np.ndarray, train_len: int) -> dict:

@@ -1,0 +1,102 @@
+"""The extrapolation suite end to end on tiny checkpoints trained here."""
+import csv
+import json
+
+import numpy as np
+import pytest
+
+from configs import base
+from freeatten_jax import train_lib
+from freeatten_jax.evaluation import suite, switches
+
+WORDS = "the of and to in is that it with as for was on be by at this from or an which king lord love sweet night".split()
+
+
+def _config(variant, text_glob):
+    cfg = base.get_config(variant, "tiny")
+    cfg.model.update(num_layers=2, d_model=32, num_heads=2, mlp_dim=64)
+    cfg.data.update(source="text", path=text_glob, val_fraction=0.1)
+    cfg.train.update(steps=12, batch_size=8, seq_len=32, log_every=6, eval_every=12, eval_windows=6, checkpoint_every=12)
+    cfg.optim.warmup_steps = 2
+    cfg.checkpoint.async_save = False
+    return cfg
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """{variant: (workdir, final training metrics)} for tiny lssa and ssmax runs on the same text."""
+    root = tmp_path_factory.mktemp("eval")
+    rng = np.random.default_rng(0)
+    (root / "text.txt").write_text(" ".join(rng.choice(WORDS, size=9000)) + "\n")
+    runs = {}
+    for variant in ("lssa", "ssmax"):
+        workdir = root / variant
+        metrics = train_lib.train_and_evaluate(_config(variant, str(root / "text.txt")), str(workdir))
+        runs[variant] = (str(workdir), metrics[-1])
+    return runs
+
+
+SETTINGS = suite.Settings(implementation="blockwise", multipliers=(1, 2, 8), max_windows=6, passkey_depths=(0.2, 0.8), passkey_keys=1, passkey_candidates=4)
+
+
+@pytest.mark.slow
+def test_suite_writes_every_output(trained, tmp_path):
+    workdirs = [trained["lssa"][0], trained["ssmax"][0]]
+    runs = suite.run_suite(workdirs, ["p=15", "p=off", "rope_theta=50x", "s=0.5"], SETTINGS, str(tmp_path))
+    labels = [(r["variant"], r["switch"]) for r in runs]
+    assert labels == [("lssa", "none"), ("lssa", "p=15"), ("lssa", "p=off"), ("lssa", "rope_theta=50x"),
+                      ("ssmax", "none"), ("ssmax", "rope_theta=50x"), ("ssmax", "s=0.5")]
+    results = json.loads((tmp_path / "results.json").read_text())
+    assert len(results["runs"]) == len(runs)
+    for name in ("loss_vs_length", "per_position", "passkey", "attention", "needle_mass", "ssmax_s"):
+        with (tmp_path / f"{name}.csv").open() as f:
+            rows = list(csv.DictReader(f))
+        assert rows, name
+    for name in ("loss_vs_length", "per_position", "passkey", "entropy_vs_n"):
+        png = (tmp_path / f"{name}.png").read_bytes()
+        assert png.startswith(b"\x89PNG") and len(png) > 1000
+    report = (tmp_path / "report.md").read_text()
+    for heading in ("Loss vs length", "Passkey retrieval", "Attention entropy", "Learned SSMax s", "loss_vs_length.png"):
+        assert heading in report
+    for r in runs:
+        assert [x["length"] for x in r["lengths"]] == [32, 64, 256]
+        assert all(np.isfinite(x["loss"]) and x["windows"] > 0 for x in r["lengths"])
+        assert len(r["per_position"]) == 256
+        assert {c["length"] for c in r["passkey"]} == {256}
+        assert len(r["needle_mass"]) == 2
+    assert runs[4]["ssmax_s"] is not None and runs[0]["ssmax_s"] is None
+    # the s override reaches every head of every layer
+    assert np.allclose(runs[6]["ssmax_s"], 0.5) and not np.allclose(runs[4]["ssmax_s"], 0.5)
+
+
+@pytest.mark.slow
+def test_loss_at_1x_equals_training_validation_loss(trained, tmp_path):
+    workdir, final = trained["lssa"]
+    settings = suite.Settings(multipliers=(1,), max_windows=6, passkey_depths=())
+    run = suite.run_suite([workdir], [], settings, str(tmp_path))[0]
+    assert run["lengths"][0]["windows"] == 6
+    assert run["lengths"][0]["loss"] == pytest.approx(final["val_loss"], rel=1e-5)
+
+
+@pytest.mark.slow
+def test_reweighting_switch_changes_lssa_and_off_reproduces_it(trained, tmp_path):
+    settings = suite.Settings(multipliers=(1, 2, 8), max_windows=4, passkey_depths=())
+    none, p15, off = suite.run_suite([trained["lssa"][0]], ["p=15", "p=off"], settings, str(tmp_path))
+    losses = lambda r: [x["loss"] for x in r["lengths"]]
+    assert losses(off) == losses(none) and off["per_position"] == none["per_position"]
+    assert off["attention"] == none["attention"]
+    assert all(a != b for a, b in zip(losses(p15), losses(none)))
+
+
+def test_switch_parsing_and_errors(trained, tmp_path):
+    assert switches.parse("p=15,rope_theta=50x").settings == (("p", "15"), ("rope_theta", "50x"))
+    with pytest.raises(ValueError, match="valid switches: p, rope_theta, s"):
+        switches.parse("temperature=2")
+    with pytest.raises(ValueError, match="key=value"):
+        switches.parse("p")
+    with pytest.raises(ValueError):
+        switches.parse("p=fifteen")
+    with pytest.raises(FileNotFoundError, match="no checkpoint"):
+        suite.run_suite([str(tmp_path / "empty")], [], SETTINGS, str(tmp_path / "out"))
+    with pytest.raises(ValueError, match="held-out tokens"):
+        suite.run_suite([trained["lssa"][0]], [], suite.Settings(multipliers=(1, 4096)), str(tmp_path / "out"))
