@@ -17,10 +17,14 @@ flags.mark_flags_as_required(["config", "workdir"])
 def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+    import jax
+
     from freeatten_jax import train_lib
     from freeatten_jax.config_check import ConfigError
-    from freeatten_jax.data import CorpusError, DataError, ShardError
+    from freeatten_jax.data import CorpusError, DataError, ShardError, cache_root
 
+    # Compiled programs are cached on disk, so resuming or rerunning a run starts faster.
+    jax.config.update("jax_compilation_cache_dir", str(cache_root(_CONFIG.value.data.cache_dir) / "jax_compilation_cache"))
     try:
         train_lib.train_and_evaluate(_CONFIG.value, _WORKDIR.value)
     except (ConfigError, CorpusError, DataError, ShardError, train_lib.NonFiniteLossError) as e:

@@ -28,6 +28,13 @@ def resolve(cfg, splits: data.Splits):
     return cfg
 
 
+def _mesh_devices(shape):
+    """A single process may use fewer devices than it has: all of them for a -1 in the shape, else the first ones."""
+    if -1 in shape or jax.process_count() > 1:
+        return jax.devices()
+    return jax.devices()[: int(np.prod(shape))]
+
+
 class _StopSignal:
     """Turns SIGTERM/SIGINT into a request to save and stop; a second SIGINT interrupts at once."""
 
@@ -89,7 +96,7 @@ def train_and_evaluate(cfg, workdir) -> list[dict]:
     splits = data.load_splits(cfg.data)
     cfg = resolve(cfg, splits)
     model.validate(cfg.model)
-    mesh = sharding.make_mesh(cfg.mesh)
+    mesh = sharding.make_mesh(cfg.mesh, _mesh_devices(cfg.mesh.shape))
     rules, steps = cfg.mesh.rules, cfg.train.steps
     hosts, batch = jax.process_count(), cfg.train.batch_size
     replicas = mesh.shape["data"] * mesh.shape["fsdp"]
@@ -134,7 +141,7 @@ def _loop(cfg, state, start, step_fn, evaluate, train_iter, ckpt, writer, stop, 
     written = []
     timer = [start, time.perf_counter()]  # (step, time) rates are measured from
     log = print if jax.process_index() == 0 else (lambda *a, **k: None)
-    log(f"training {cfg.model.attention} for steps {start + 1}..{t.steps}: {jax.device_count()} devices, "
+    log(f"training {cfg.model.attention} for steps {start + 1}..{t.steps}: {mesh.devices.size} devices, "
         f"mesh {dict(mesh.shape)}, batch {t.batch_size} x {t.seq_len} tokens", flush=True)
 
     def finish(step, metrics, state):

@@ -1,0 +1,166 @@
+"""Training: resume equivalence, SIGTERM save, NaN stop, every variant learns, accumulation, meshes, CLI."""
+import json
+import os
+import signal
+import subprocess
+import sys
+
+import jax
+import numpy as np
+import pytest
+from flax import nnx
+
+import configs.base
+from freeatten_jax import checkpoint, data, sharding, train_lib, train_state, train_step
+from freeatten_jax.metrics_writer import read_metrics
+
+@pytest.fixture(scope="module", autouse=True)
+def compilation_cache(tmp_path_factory):
+    """Reruns of the same tiny run (resume tests) load their programs instead of compiling again."""
+    from jax.experimental.compilation_cache import compilation_cache as cc
+
+    names = ("jax_compilation_cache_dir", "jax_persistent_cache_min_compile_time_secs", "jax_persistent_cache_min_entry_size_bytes")
+    saved = [getattr(jax.config, name) for name in names]
+    for name, value in zip(names, (str(tmp_path_factory.mktemp("jax_cache")), 0, 0)):
+        jax.config.update(name, value)
+    cc.reset_cache()
+    yield
+    for name, value in zip(names, saved):
+        jax.config.update(name, value)
+    cc.reset_cache()
+
+
+WORDS = "the king queen lord lady sword crown love death night day speak hear what thou thee art good ill".split()
+
+
+@pytest.fixture(scope="module")
+def text_glob(tmp_path_factory):
+    """A small pseudo-English corpus with learnable structure (word spellings, spaces, line breaks)."""
+    root = tmp_path_factory.mktemp("text")
+    rng = np.random.default_rng(0)
+    for name in ("a", "b"):
+        lines = [" ".join(rng.choice(WORDS, rng.integers(4, 9))) + "." for _ in range(600)]
+        (root / f"{name}.txt").write_text("\n".join(lines))
+    return str(root / "*.txt")
+
+
+def tiny_config(variant, text_glob, **overrides):
+    cfg = configs.base.get_config(variant, "tiny")
+    cfg.update_from_flattened_dict({
+        "model.num_layers": 1, "model.d_model": 32, "model.num_heads": 2, "model.mlp_dim": 64,
+        "data.source": "text", "data.path": text_glob,
+        "train.seq_len": 16, "train.batch_size": 8, "train.steps": 6, "train.log_every": 1, "train.eval_every": 3,
+        "train.eval_windows": 16, "train.checkpoint_every": 100,
+        "optim.lr": 1e-2, "optim.warmup_steps": 2, "mesh.shape": (1, 1, 1),
+        **overrides,
+    })
+    return cfg
+
+
+def _losses(workdir):
+    return {m["step"]: m["loss"] for m in read_metrics(workdir)}
+
+
+class _SigtermAtBatch:
+    """Sends SIGTERM to this process while the training loop fetches batch `n` (a simulated preemption)."""
+
+    def __init__(self, n):
+        self.n, self.calls, self.inner = n, 0, sharding.host_local_batch_to_global
+
+    def __call__(self, *args):
+        self.calls += 1
+        if self.calls == self.n:
+            os.kill(os.getpid(), signal.SIGTERM)
+        return self.inner(*args)
+
+
+@pytest.mark.parametrize("variant", ["softmax", "lssar"])
+def test_preempted_and_resumed_run_matches_an_uninterrupted_one(variant, text_glob, tmp_path, monkeypatch):
+    cfg = tiny_config(variant, text_glob)
+    train_lib.train_and_evaluate(cfg, tmp_path / "straight")
+    monkeypatch.setattr(sharding, "host_local_batch_to_global", _SigtermAtBatch(3))
+    first = train_lib.train_and_evaluate(cfg, tmp_path / "resumed")
+    assert [m["step"] for m in first] == [1, 2, 3]  # SIGTERM during step 3: step 3 finishes, is saved, the run stops
+    assert checkpoint.Checkpointer(tmp_path / "resumed").latest_step() == 3
+    monkeypatch.undo()
+    second = train_lib.train_and_evaluate(cfg, tmp_path / "resumed")
+    assert [m["step"] for m in second] == [4, 5, 6]
+    straight, resumed = read_metrics(tmp_path / "straight"), read_metrics(tmp_path / "resumed")
+    assert [m["step"] for m in resumed] == list(range(1, 7))
+    for a, b in zip(straight, resumed):
+        assert (a["loss"], a.get("val_loss")) == (b["loss"], b.get("val_loss")), (a, b)
+    assert straight[-1]["loss"] < straight[0]["loss"]
+
+
+def test_nan_stops_with_a_clear_message_and_keeps_the_last_good_checkpoint(text_glob, tmp_path):
+    cfg = tiny_config("softmax", text_glob, **{"train.steps": 4, "train.checkpoint_every": 2})
+    train_lib.train_and_evaluate(cfg, tmp_path)
+    cfg = tiny_config("softmax", text_glob, **{"train.steps": 8, "train.checkpoint_every": 2, "optim.lr": 1e38,
+                                               "optim.warmup_steps": 0, "optim.schedule": "constant"})
+    with pytest.raises(train_lib.NonFiniteLossError, match=r"not finite; stopped without saving \(last good checkpoint: step 4\)"):
+        train_lib.train_and_evaluate(cfg, tmp_path)
+    assert checkpoint.Checkpointer(tmp_path).latest_step() == 4
+    model, _, step = checkpoint.load_model(tmp_path)
+    assert step == 4 and all(np.isfinite(x).all() for x in jax.tree.leaves(nnx.state(model, nnx.Param)))
+
+
+@pytest.mark.parametrize("variant", ["softmax", "ssmax", "lssa", "lssar", "sigmoid", "relu"])
+def test_every_variant_lowers_the_validation_loss(variant, text_glob, tmp_path):
+    cfg = tiny_config(variant, text_glob, **{"train.steps": 40, "train.log_every": 10, "train.eval_every": 10})
+    metrics = train_lib.train_and_evaluate(cfg, tmp_path)
+    val = [m["val_loss"] for m in metrics if "val_loss" in m]
+    assert len(val) == 4 and val[-1] < min(val[:-1]) and val[-1] < np.log(256) - 2.5, val
+
+
+def test_load_model_rebuilds_the_trained_model_for_eval(text_glob, tmp_path):
+    cfg = tiny_config("lssa", text_glob, **{"train.steps": 3})
+    metrics = train_lib.train_and_evaluate(cfg, tmp_path)
+    model, saved_cfg, step = checkpoint.load_model(tmp_path)
+    assert step == 3 and saved_cfg.model.attention == "lssa" and saved_cfg.model.vocab_size == 256
+    windows = data.validation_windows(saved_cfg.data, saved_cfg.train.seq_len, saved_cfg.train.eval_windows)
+    logits = model(windows[:, :-1])
+    loss = -jax.nn.log_softmax(logits)[np.arange(len(windows))[:, None], np.arange(16), windows[:, 1:]].mean()
+    np.testing.assert_allclose(float(loss), metrics[-1]["val_loss"], rtol=1e-5)
+
+
+def test_gradient_accumulation_matches_one_big_batch(text_glob):
+    cfg = tiny_config("softmax", text_glob, **{"model.vocab_size": 256})
+    mesh = sharding.make_mesh(cfg.mesh, jax.devices()[:1])
+    tokens = data.train_dataset(data.load_splits(cfg.data).train, 16, 8, seed=0)[0]
+    train_def, _ = train_state.graphdefs(cfg)
+    results = []
+    for accum in (1, 4):
+        state, _, tx = train_state.create(cfg, mesh, 6)
+        step = jax.jit(lambda s, t: train_step.train_step(s, t, graphdef=train_def, tx=tx, schedule=lambda n: 0.0, accum_steps=accum))
+        results.append(step(state, tokens))
+    (s1, m1), (s4, m4) = results
+    np.testing.assert_allclose(m1["loss"], m4["loss"], rtol=1e-5)
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6), s1["params"], s4["params"])
+
+
+def test_sharded_mesh_gives_the_same_losses(text_glob, tmp_path):
+    losses = {}
+    for shape in ((1, 1, 1), (2, 2, 2)):
+        cfg = tiny_config("lssar", text_glob, **{"train.steps": 3, "mesh.shape": shape})
+        losses[shape] = [m["loss"] for m in train_lib.train_and_evaluate(cfg, tmp_path / str(shape))]
+    np.testing.assert_allclose(losses[(1, 1, 1)], losses[(2, 2, 2)], rtol=1e-5)
+
+
+def test_train_py_command_line_writes_metrics_and_resumes(text_glob, tmp_path):
+    args = [sys.executable, "train.py", "--config=configs/lssar.py:tiny", f"--workdir={tmp_path}",
+            "--config.model.num_layers=1", "--config.model.d_model=32", "--config.model.num_heads=2", "--config.model.mlp_dim=64",
+            "--config.data.source=text", f"--config.data.path={text_glob}", "--config.train.seq_len=16",
+            "--config.train.batch_size=8", "--config.train.log_every=2", "--config.train.eval_every=4",
+            "--config.train.checkpoint_every=2", "--config.mesh.shape=(1,1,1)", f"--config.data.cache_dir={tmp_path / 'cache'}"]
+    first = subprocess.run([*args, "--config.train.steps=4"], capture_output=True, text=True, timeout=300)
+    assert first.returncode == 0, first.stderr[-2000:]
+    assert "step 4/4 | loss" in first.stdout and "tok/s" in first.stdout and "ETA" in first.stdout
+    second = subprocess.run([*args, "--config.train.steps=6"], capture_output=True, text=True, timeout=300)
+    assert second.returncode == 0, second.stderr[-2000:]
+    assert "steps 5..6" in second.stdout
+    lines = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [m["step"] for m in lines] == [2, 4, 6] and all("loss" in m for m in lines)
+    assert [("val_loss" in m) for m in lines] == [False, True, True]
+    assert list((tmp_path / "tensorboard").glob("events.out.tfevents.*"))
+    saved = json.loads(next((tmp_path / "checkpoints" / "6" / "config").glob("*")).read_text())
+    assert saved["model"]["attention"] == "lssar" and saved["train"]["steps"] == 6
