@@ -38,7 +38,7 @@ def get_config(variant: str = "softmax", size: str = "tiny") -> ml_collections.C
     cfg.optim = ml_collections.ConfigDict()
     cfg.optim.lr = 3e-3
     cfg.optim.schedule = "cosine"  # cosine | constant (after linear warm-up)
-    cfg.optim.warmup_steps = 100
+    cfg.optim.warmup_steps = 50
     cfg.optim.min_lr_ratio = 0.1  # cosine floor, as a fraction of lr
     cfg.optim.b1 = 0.9
     cfg.optim.b2 = 0.95
@@ -47,15 +47,15 @@ def get_config(variant: str = "softmax", size: str = "tiny") -> ml_collections.C
     cfg.optim.clip_norm = 1.0
 
     cfg.train = ml_collections.ConfigDict()
-    cfg.train.steps = 2000
+    cfg.train.steps = 300
     cfg.train.batch_size = 32  # global, in sequences, per optimiser step
     cfg.train.seq_len = 64  # the training length (eval extrapolates from it)
     cfg.train.grad_accum_steps = 1  # micro-batches per step (batch_size must be divisible by it)
     cfg.train.seed = 0
-    cfg.train.log_every = 50
-    cfg.train.eval_every = 250  # 0: only at the end
+    cfg.train.log_every = 25
+    cfg.train.eval_every = 50  # 0: only at the end
     cfg.train.eval_windows = 64  # held-out windows of seq_len tokens per validation
-    cfg.train.checkpoint_every = 500
+    cfg.train.checkpoint_every = 100
 
     cfg.model.max_len = cfg.train.get_ref("seq_len")  # the training length (sets SSMax's initial s)
     cfg.update_from_flattened_dict(TRAINING[size])

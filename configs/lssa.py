@@ -1,4 +1,4 @@
-"""lssa attention.
+"""LSSA (Gao et al., arXiv 2501.13428): L1-normalised softplus(log d * log N_i * cos(q, k)).
 
     python train.py --config=configs/lssa.py:tiny --workdir=runs/lssa-tiny
     python train.py --config=configs/lssa.py:gpt2_small --workdir=runs/lssa-small --config.data.source=bin \

@@ -1,4 +1,4 @@
-"""lssar attention.
+"""LSSAR (Gao et al., arXiv 2501.13428): LSSA followed by re-weighting relu(N_i A - 1)^p, p = 15.
 
     python train.py --config=configs/lssar.py:tiny --workdir=runs/lssar-tiny
     python train.py --config=configs/lssar.py:gpt2_small --workdir=runs/lssar-small --config.data.source=bin \

@@ -1,4 +1,4 @@
-"""relu attention.
+"""ReLU attention baseline: relu(q.k / sqrt(d)) / N_i, no normalisation.
 
     python train.py --config=configs/relu.py:tiny --workdir=runs/relu-tiny
     python train.py --config=configs/relu.py:gpt2_small --workdir=runs/relu-small --config.data.source=bin \

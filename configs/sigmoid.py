@@ -1,4 +1,4 @@
-"""sigmoid attention.
+"""Sigmoid attention baseline: sigmoid(q.k / sqrt(d) - log N_i), no normalisation.
 
     python train.py --config=configs/sigmoid.py:tiny --workdir=runs/sigmoid-tiny
     python train.py --config=configs/sigmoid.py:gpt2_small --workdir=runs/sigmoid-small --config.data.source=bin \

@@ -1,4 +1,4 @@
-"""softmax attention.
+"""Standard softmax attention (the baseline).
 
     python train.py --config=configs/softmax.py:tiny --workdir=runs/softmax-tiny
     python train.py --config=configs/softmax.py:gpt2_small --workdir=runs/softmax-small --config.data.source=bin \

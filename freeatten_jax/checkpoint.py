@@ -8,7 +8,7 @@ import jax
 import ml_collections
 import orbax.checkpoint as ocp
 
-from freeatten_jax import train_state
+from freeatten_jax import optim, train_state
 
 ITEMS = ("state", "data", "config")
 
@@ -70,7 +70,7 @@ def load_model(workdir, step: int | None = None, mesh=None):
     cfg = ckpt.config(step)
     mesh = mesh or jax.make_mesh((1, 1, 1), ("data", "fsdp", "tensor"), devices=jax.devices()[:1],
                                  axis_types=(jax.sharding.AxisType.Auto,) * 3)
-    abstract, _ = train_state.abstract_state(cfg, mesh, cfg.train.steps)
+    abstract, _ = train_state.abstract_state(cfg, mesh, optim.make(cfg.optim, cfg.train.steps))
     restored = ckpt.manager.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract)))["state"]
     ckpt.close()
     _, eval_def = train_state.graphdefs(cfg)

@@ -106,11 +106,13 @@ def train_and_evaluate(cfg, workdir) -> list[dict]:
     train_iter = data.train_iterator(splits.train, cfg.train.seq_len, batch // hosts, seed=cfg.train.seed,
                                      process_index=jax.process_index(), process_count=hosts, num_workers=cfg.data.num_workers)
     ckpt = Checkpointer(workdir, cfg.checkpoint)
-    state, state_shardings, tx = train_state.create(cfg, mesh, steps)
+    tx = optim.make(cfg.optim, steps)
+    abstract, state_shardings = train_state.abstract_state(cfg, mesh, tx)
     if (start := ckpt.latest_step()) is not None:
-        state = ckpt.restore(start, train_state.abstract_state(cfg, mesh, steps)[0], train_iter)
+        state = ckpt.restore(start, abstract, train_iter)
         logging.info("resumed from step %d", start)
-    start = start or 0
+    else:
+        state, start = train_state.create(cfg, mesh, tx, state_shardings), 0
     train_def, eval_def = train_state.graphdefs(cfg)
     batch_shape = (batch, cfg.train.seq_len + 1)
     step_fn = jax.jit(
@@ -140,6 +142,7 @@ def _loop(cfg, state, start, step_fn, evaluate, train_iter, ckpt, writer, stop, 
     tokens_per_step = t.batch_size * t.seq_len
     written = []
     timer = [start, time.perf_counter()]  # (step, time) rates are measured from
+    began = timer[1]
     log = print if jax.process_index() == 0 else (lambda *a, **k: None)
     log(f"training {cfg.model.attention} for steps {start + 1}..{t.steps}: {mesh.devices.size} devices, "
         f"mesh {dict(mesh.shape)}, batch {t.batch_size} x {t.seq_len} tokens", flush=True)
@@ -158,6 +161,7 @@ def _loop(cfg, state, start, step_fn, evaluate, train_iter, ckpt, writer, stop, 
         if _evaluates(t, step):
             row["val_loss"] = evaluate(state)
         if row:
+            row["elapsed_sec"] = time.perf_counter() - began  # since this process started training (incl. compiling)
             writer.write(step, row)
             written.append({"step": step, **row})
             log(_progress_line(t, step, row, metrics["lr"]), flush=True)
@@ -195,7 +199,8 @@ def _evaluates(t, step: int) -> bool:
 def _progress_line(t, step: int, row: dict, lr: float) -> str:
     parts = [f"step {step}/{t.steps}"]
     parts += [f"{name} {row[key]:.4f}" for key, name in (("loss", "loss"), ("val_loss", "val")) if key in row]
+    parts += [f"lr {lr:.2e}", f"elapsed {_eta(row['elapsed_sec'])}"]
     if "tokens_per_sec" in row:
         rate = row["tokens_per_sec"]
-        parts += [f"{rate:,.0f} tok/s", f"lr {lr:.2e}", f"ETA {_eta((t.steps - step) * t.batch_size * t.seq_len / rate)}"]
+        parts += [f"{rate:,.0f} tok/s", f"ETA {_eta((t.steps - step) * t.batch_size * t.seq_len / rate)}"]
     return " | ".join(parts)

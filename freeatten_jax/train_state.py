@@ -8,7 +8,7 @@ import jax.numpy as jnp
 from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec
 
-from freeatten_jax import optim, sharding
+from freeatten_jax import sharding
 from freeatten_jax.model import Transformer
 
 
@@ -45,24 +45,18 @@ def shardings(abstract, mesh, rules):
     return jax.tree.map(one, abstract, is_leaf=lambda x: isinstance(x, nnx.Variable))
 
 
-def create(cfg, mesh, steps: int):
-    """(state, its shardings, optax transform): a fresh state built directly in its shardings."""
-    tx = optim.make(cfg.optim, steps)
-    rules = cfg.mesh.rules
-    abstract = jax.eval_shape(lambda: _init(cfg, tx)[1])
-    state_shardings = shardings(abstract, mesh, rules)
-    with sharding.use_mesh(mesh, rules):
-        state = jax.jit(lambda: _init(cfg, tx)[1], out_shardings=state_shardings)()
-    return state, state_shardings, tx
-
-
-def abstract_state(cfg, mesh, steps: int):
-    """(ShapeDtypeStructs with shardings, shardings): the restore target for a checkpoint."""
-    tx = optim.make(cfg.optim, steps)
+def abstract_state(cfg, mesh, tx):
+    """(ShapeDtypeStructs carrying their shardings, the shardings): no array is created."""
     abstract = jax.eval_shape(lambda: _init(cfg, tx)[1])
     state_shardings = shardings(abstract, mesh, cfg.mesh.rules)
     to_struct = lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s)
     return jax.tree.map(to_struct, abstract, state_shardings), state_shardings
+
+
+def create(cfg, mesh, tx, state_shardings):
+    """A fresh state, every array created directly in its sharding."""
+    with sharding.use_mesh(mesh, cfg.mesh.rules):
+        return jax.jit(lambda: _init(cfg, tx)[1], out_shardings=state_shardings)()
 
 
 def model_of(graphdef, state) -> nnx.Module:

@@ -11,7 +11,7 @@ import pytest
 from flax import nnx
 
 import configs.base
-from freeatten_jax import checkpoint, data, sharding, train_lib, train_state, train_step
+from freeatten_jax import checkpoint, data, optim, sharding, train_lib, train_state, train_step
 from freeatten_jax.metrics_writer import read_metrics
 
 @pytest.fixture(scope="module", autouse=True)
@@ -130,7 +130,8 @@ def test_gradient_accumulation_matches_one_big_batch(text_glob):
     train_def, _ = train_state.graphdefs(cfg)
     results = []
     for accum in (1, 4):
-        state, _, tx = train_state.create(cfg, mesh, 6)
+        tx = optim.make(cfg.optim, 6)
+        state = train_state.create(cfg, mesh, tx, train_state.abstract_state(cfg, mesh, tx)[1])
         step = jax.jit(lambda s, t: train_step.train_step(s, t, graphdef=train_def, tx=tx, schedule=lambda n: 0.0, accum_steps=accum))
         results.append(step(state, tokens))
     (s1, m1), (s4, m4) = results
