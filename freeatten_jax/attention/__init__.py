@@ -8,10 +8,10 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from freeatten_jax.attention import blockwise, reference
+from freeatten_jax.attention import auto, blockwise, reference
 from freeatten_jax.attention.variants import VARIANTS, Mask, Variant, get_variant, variant_options
 
-IMPLEMENTATIONS = {"reference": reference.attend, "blockwise": blockwise.attend}
+IMPLEMENTATIONS = {"reference": reference.attend, "blockwise": blockwise.attend, "auto": auto.attend}
 
 __all__ = ["attend", "attention_weights", "make_mask", "Mask", "Variant", "VARIANTS", "IMPLEMENTATIONS"]
 
@@ -88,7 +88,7 @@ def _split(q, k, v, variant: str, causal: bool, options: dict[str, Any]):
     return spec, mask, variant_options(variant, variant_args), options
 
 
-def attend(q, k, v, *, variant: str, causal: bool = True, implementation: str = "reference", **options) -> jax.Array:
+def attend(q, k, v, *, variant: str, causal: bool = True, implementation: str = "auto", **options) -> jax.Array:
     """Attention output [B, T, H, D] in q's dtype (normalisation in float32).
 
     options: the variant's own (`s`, `b` for ssmax; `p` for lssar, None = off), the mask's

@@ -124,8 +124,8 @@ def _plan(mask: Mask, n_BT, q_size: int, kv_size: int) -> Plan:
     return Plan(q_mask, kv_mask, n_IB11Q1, maybe_IJ, *_span(maybe_IJ), *_span(maybe_IJ.T))
 
 
-def _scores(q_BKGQD, k_BKCD):
-    return jnp.einsum("BKGQD,BKCD->BKGQC", q_BKGQD, k_BKCD, precision=_HIGHEST)
+def _scores(q_BKGQD, kt_BKDC):
+    return jnp.einsum("BKGQD,BKDC->BKGQC", q_BKGQD, kt_BKDC, precision=_HIGHEST)
 
 
 def _visible(plan: Plan, i, j):
@@ -136,7 +136,7 @@ def _take(tree, i):
     return jax.tree.map(lambda x: x[i], tree)
 
 
-def _forward(rule, cfg: Config, q_IBKGQD, k_JBKCD, v_JBKCD, plan: Plan):
+def _forward(rule, cfg: Config, q_IBKGQD, kt_JBKDC, v_JBKCD, plan: Plan):
     """The rule's output [I, B, K, G, Q, D] and per-row statistics (each [I, B, K, G, Q, 1])."""
     shape_BKGQ = q_IBKGQD.shape[1:-1]
 
@@ -145,7 +145,7 @@ def _forward(rule, cfg: Config, q_IBKGQD, k_JBKCD, v_JBKCD, plan: Plan):
             i, q_BKGQD, n, rows = xs
 
             def visit(j, carry):
-                scores = _scores(q_BKGQD, k_JBKCD[j])
+                scores = _scores(q_BKGQD, kt_JBKDC[j])
                 return step(carry, scores, _visible(plan, i, j), v_JBKCD[j], n, rows)
 
             def body(j, carry):
@@ -162,51 +162,58 @@ def _forward(rule, cfg: Config, q_IBKGQD, k_JBKCD, v_JBKCD, plan: Plan):
     return rule.forward(sweep, cfg)
 
 
-def _backward(rule, cfg: Config, q_IBKGQD, k_JBKCD, v_JBKCD, plan: Plan, rows_I, dout_IBKGQD):
-    """dq, dk, dv by streaming query blocks per key block, recomputing each block's scores."""
+def _t(x):
+    """Swap the last two axes ([.., Q, D] <-> [.., D, Q]): every matmul below then needs no transpose."""
+    return jnp.swapaxes(x, -1, -2)
+
+
+def _backward(rule, cfg: Config, q_IBKGQD, kt_JBKDC, v_JBKCD, plan: Plan, rows_I, dout_IBKGQD):
+    """dq, dk^T, dv by streaming query blocks per key block, recomputing each block's scores."""
+    qt_IBKDGQ, dout_t_IBKDGQ = (jnp.moveaxis(x, -1, -3) for x in (q_IBKGQD, dout_IBKGQD))
 
     def per_key_block(dq_IBKGQD, xs):
-        j, k_BKCD, v_BKCD = xs
+        j, kt_BKDC, k_BKCD, vt_BKDC = xs
 
         def visit(i, carry):
-            dk_BKCD, dv_BKCD, dq_IBKGQD = carry
-            q_BKGQD, dout_BKGQD = q_IBKGQD[i], dout_IBKGQD[i]
-            dp = jnp.einsum("BKGQD,BKCD->BKGQC", dout_BKGQD, v_BKCD, precision=_HIGHEST)
-            w, ds = rule.grad_block(_scores(q_BKGQD, k_BKCD), _visible(plan, i, j), plan.n_IB11Q1[i], _take(rows_I, i), dp, cfg)
-            dv_BKCD += jnp.einsum("BKGQC,BKGQD->BKCD", w, dout_BKGQD, precision=_HIGHEST)
-            dk_BKCD += jnp.einsum("BKGQC,BKGQD->BKCD", ds, q_BKGQD, precision=_HIGHEST)
+            dkt_BKDC, dvt_BKDC, dq_IBKGQD = carry
+            dp = jnp.einsum("BKGQD,BKDC->BKGQC", dout_IBKGQD[i], vt_BKDC, precision=_HIGHEST)
+            scores = _scores(q_IBKGQD[i], kt_BKDC)
+            w, ds = rule.grad_block(scores, _visible(plan, i, j), plan.n_IB11Q1[i], _take(rows_I, i), dp, cfg)
+            dvt_BKDC += jnp.einsum("BKDGQ,BKGQC->BKDC", dout_t_IBKDGQ[i], w, precision=_HIGHEST)
+            dkt_BKDC += jnp.einsum("BKDGQ,BKGQC->BKDC", qt_IBKDGQ[i], ds, precision=_HIGHEST)
             dq_BKGQD = jnp.einsum("BKGQC,BKCD->BKGQD", ds, k_BKCD, precision=_HIGHEST)
-            return dk_BKCD, dv_BKCD, dq_IBKGQD.at[i].add(dq_BKGQD)
+            return dkt_BKDC, dvt_BKDC, dq_IBKGQD.at[i].add(dq_BKGQD)
 
         def body(i, carry):
             return jax.lax.cond(plan.maybe_IJ[i, j], functools.partial(visit, i), lambda c: c, carry)
 
-        carry = (jnp.zeros_like(k_BKCD), jnp.zeros_like(v_BKCD), dq_IBKGQD)
-        dk_BKCD, dv_BKCD, dq_IBKGQD = jax.lax.fori_loop(plan.q_first_J[j], plan.q_end_J[j], body, carry)
-        return dq_IBKGQD, (dk_BKCD, dv_BKCD)
+        carry = (jnp.zeros_like(kt_BKDC), jnp.zeros_like(vt_BKDC), dq_IBKGQD)
+        dkt_BKDC, dvt_BKDC, dq_IBKGQD = jax.lax.fori_loop(plan.q_first_J[j], plan.q_end_J[j], body, carry)
+        return dq_IBKGQD, (dkt_BKDC, dvt_BKDC)
 
-    index_J = jnp.arange(k_JBKCD.shape[0])
-    dq_IBKGQD, (dk_JBKCD, dv_JBKCD) = jax.lax.scan(per_key_block, jnp.zeros_like(q_IBKGQD), (index_J, k_JBKCD, v_JBKCD))
-    return dq_IBKGQD, dk_JBKCD, dv_JBKCD
+    index_J = jnp.arange(kt_JBKDC.shape[0])
+    xs = (index_J, kt_JBKDC, _t(kt_JBKDC), _t(v_JBKCD))
+    dq_IBKGQD, (dkt_JBKDC, dvt_JBKDC) = jax.lax.scan(per_key_block, jnp.zeros_like(q_IBKGQD), xs)
+    return dq_IBKGQD, dkt_JBKDC, _t(dvt_JBKDC)
 
 
 def _attention_core(rule, cfg_static):
     """out = rule(q, k, v) with a custom VJP that saves only the output and per-row statistics."""
 
     @jax.custom_vjp
-    def core(q, k, v, p, plan):
-        return _forward(rule, cfg_static._replace(p=p), q, k, v, plan)[0]
+    def core(q, kt, v, p, plan):
+        return _forward(rule, cfg_static._replace(p=p), q, kt, v, plan)[0]
 
-    def core_fwd(q, k, v, p, plan):
-        out, rows = _forward(rule, cfg_static._replace(p=p), q, k, v, plan)
-        return out, (q, k, v, p, plan, out, rows)
+    def core_fwd(q, kt, v, p, plan):
+        out, rows = _forward(rule, cfg_static._replace(p=p), q, kt, v, plan)
+        return out, (q, kt, v, p, plan, out, rows)
 
     def core_bwd(residuals, dout):
-        q, k, v, p, plan, out, rows = residuals
+        q, kt, v, p, plan, out, rows = residuals
         cfg = cfg_static._replace(p=p)
         rows_I = rule.backward_rows(rows, out, dout, cfg)
-        dq, dk, dv = _backward(rule, cfg, q, k, v, plan, rows_I, dout)
-        return dq, dk, dv, None, None
+        dq, dkt, dv = _backward(rule, cfg, q, kt, v, plan, rows_I, dout)
+        return dq, dkt, dv, None, None
 
     core.defvjp(core_fwd, core_bwd)
     return core
@@ -225,8 +232,10 @@ def _block_size(length: int, block: int) -> int:
     return min(block, -(-math.ceil(length / count) // 8) * 8)
 
 
-def attend(q_BTHD, k_BSKD, v_BSKD, *, variant: Variant, mask: Mask, opts, block_q: int = BLOCK_Q, block_k: int = BLOCK_K):
+def attend(q_BTHD, k_BSKD, v_BSKD, *, variant: Variant, mask: Mask, opts, block_q: int = BLOCK_Q, block_k: int = BLOCK_K, **unknown):
     """o_i = Σ_j A_ij v_j without a T x S array; float32 math, output in q's dtype."""
+    if unknown:
+        raise ValueError(f"unknown option(s) {sorted(unknown)}; implementation 'blockwise' takes block_q, block_k")
     kind = variant.normalise
     if kind == "reweight" and opts.get("p") is None:
         kind = "sum"  # re-weighting switched off: plain LSSA
@@ -248,6 +257,6 @@ def attend(q_BTHD, k_BSKD, v_BSKD, *, variant: Variant, mask: Mask, opts, block_
     core = _attention_core(RULES[kind], cfg)
     p_arg = jax.lax.stop_gradient(jnp.asarray(0.0 if p is None else p, jnp.float32))
     plan = _plan(mask, n_BT, q_size, kv_size)
-    out_IBKGQD = core(q_blocks(qp_BTHD), kv_blocks(kp_BSKD), kv_blocks(v_BSKD), p_arg, plan)
+    out_IBKGQD = core(q_blocks(qp_BTHD), _t(kv_blocks(kp_BSKD)), kv_blocks(v_BSKD), p_arg, plan)
     out_BTHD = out_IBKGQD.transpose(1, 0, 4, 2, 3, 5).reshape(b, -1, h, d)[:, :t]
     return out_BTHD.astype(q_BTHD.dtype)

@@ -1,0 +1,75 @@
+"""implementation="auto": the fastest correct path for the platform, variant and size.
+
+Glossary: B batch, T queries, S keys, H heads, K kv heads, D head dim. The rule:
+1. GPU, a softmax-normalised variant (softmax, ssmax), bfloat16/float16 inputs, T == S, no window,
+   D <= 256 and a multiple of 8: cuDNN flash attention (jax.nn.dot_product_attention) on the prepared
+   q, which already carries 1/sqrt(D) and ssmax's s log N_i + b. Whether the mask is plain (one
+   segment, no padding, query and key positions equal and increasing) is only known at run time, so
+   a lax.cond takes cuDNN when it is and the blockwise path otherwise.
+2. Otherwise the reference while B·H·T·S is at most REFERENCE_MAX_SCORES for the platform (it is the
+   faster path there), and blockwise above (O(T) memory; faster on CPU from T ~ 1024 at 12 heads).
+"""
+import jax
+import jax.numpy as jnp
+
+from freeatten_jax.attention import blockwise, reference
+from freeatten_jax.attention.variants import Mask, Variant
+
+# Largest B·H·T·S (score elements) for which the reference is chosen. CPU: measured with
+# benchmarks/attention.py (blockwise is faster from T = 1024 at 12 heads). GPU/TPU: not measured
+# here; the limit keeps the reference's float32 score tensors near 1 GiB.
+REFERENCE_MAX_SCORES = {"cpu": 12 * 512 * 512, "gpu": 2**28, "tpu": 2**28}
+_FUSED_DTYPES = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
+
+
+def _plain(mask: Mask) -> jax.Array:
+    """True when the mask is what the fused kernel's is_causal flag expresses (one segment, no padding)."""
+    segment = mask.q_segment_ids[:, :1]
+    plain = jnp.all(mask.q_segment_ids == segment) & jnp.all(mask.kv_segment_ids == segment) & jnp.all(mask.kv_valid)
+    if mask.causal:
+        increasing = jnp.all(mask.q_positions[:, 1:] > mask.q_positions[:, :-1])
+        plain &= jnp.all(mask.q_positions == mask.kv_positions) & increasing
+    return plain
+
+
+def fused_softmax(q_BTHD, k_BSKD, v_BSKD, *, variant: Variant, mask: Mask, opts, implementation: str = "cudnn"):
+    """Softmax/ssmax through jax.nn.dot_product_attention, valid for a plain mask with T == S."""
+    t, s = q_BTHD.shape[1], k_BSKD.shape[1]
+    n_BT = jnp.arange(1, t + 1)[None, :] if mask.causal else jnp.full((1, t), s)
+    qp_BTHD, kp_BSKD = variant.prepare(q_BTHD, k_BSKD, jnp.broadcast_to(n_BT, q_BTHD.shape[:2]), opts)
+    dtype = q_BTHD.dtype
+    out_BTHD = jax.nn.dot_product_attention(
+        qp_BTHD.astype(dtype), kp_BSKD.astype(dtype), v_BSKD.astype(dtype), scale=1.0, is_causal=mask.causal, implementation=implementation
+    )
+    return out_BTHD.astype(dtype)
+
+
+def fused_or_blockwise(q_BTHD, k_BSKD, v_BSKD, *, variant: Variant, mask: Mask, opts, implementation: str = "cudnn"):
+    """The fused kernel when the mask turns out plain at run time, else the blockwise path."""
+
+    def fused(q, k, v):
+        return fused_softmax(q, k, v, variant=variant, mask=mask, opts=opts, implementation=implementation)
+
+    def fallback(q, k, v):
+        return blockwise.attend(q, k, v, variant=variant, mask=mask, opts=opts)
+
+    return jax.lax.cond(_plain(mask), fused, fallback, q_BTHD, k_BSKD, v_BSKD)
+
+
+def choose(q_BTHD, k_BSKD, *, variant: Variant, mask: Mask, platform: str | None = None) -> str:
+    """The implementation the rule picks: "fused", "reference" or "blockwise"."""
+    platform = platform or jax.default_backend()
+    (b, t, h, d), s = q_BTHD.shape, k_BSKD.shape[1]
+    fusable = variant.normalise == "softmax" and q_BTHD.dtype in _FUSED_DTYPES and t == s and mask.window is None
+    if platform == "gpu" and fusable and d <= 256 and d % 8 == 0:
+        return "fused"
+    return "reference" if b * h * t * s <= REFERENCE_MAX_SCORES.get(platform, 2**28) else "blockwise"
+
+
+def attend(q_BTHD, k_BSKD, v_BSKD, *, variant: Variant, mask: Mask, opts, **unknown):
+    """Attention output [B, T, H, D] through the implementation `choose` picks."""
+    if unknown:
+        raise ValueError(f"unknown option(s) {sorted(unknown)}; implementation 'auto' takes none")
+    implementations = {"fused": fused_or_blockwise, "reference": reference.attend, "blockwise": blockwise.attend}
+    name = choose(q_BTHD, k_BSKD, variant=variant, mask=mask)
+    return implementations[name](q_BTHD, k_BSKD, v_BSKD, variant=variant, mask=mask, opts=opts)
