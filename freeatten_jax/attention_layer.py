@@ -93,6 +93,7 @@ class Attention(nnx.Module):
         variant: str = "softmax",
         options: dict[str, Any] | None = None,
         implementation: str = "reference",
+        implementation_options: dict[str, Any] | None = None,
         use_bias: bool = False,
         rope_theta: float = 10_000.0,
         ssmax_s_init: float = 1.0,
@@ -108,7 +109,9 @@ class Attention(nnx.Module):
             raise ValueError(f"num_heads {num_heads} must be a multiple of num_kv_heads {num_kv_heads}")
         e, h, k, d = d_model, num_heads, num_kv_heads, head_dim
         self.num_kv_heads, self.head_dim = k, d
-        self.dtype, self.implementation, self.rope_theta = dtype, implementation, float(rope_theta)
+        self.dtype, self.rope_theta = dtype, float(rope_theta)
+        self.implementation, self.implementation_options = implementation, ()
+        self.set_implementation(implementation, **(implementation_options or {}))
         self.wq_EHD = param(rngs.params(), kernel_init, (e, h, d), ("embed", "heads", "head_dim"), param_dtype)
         self.wk_EKD = param(rngs.params(), kernel_init, (e, k, d), ("embed", "kv_heads", "head_dim"), param_dtype)
         self.wv_EKD = param(rngs.params(), kernel_init, (e, k, d), ("embed", "kv_heads", "head_dim"), param_dtype)
@@ -137,6 +140,12 @@ class Attention(nnx.Module):
         if variant == "ssmax" and self.s_H is None:
             raise ValueError("variant 'ssmax' needs the learnable s: build the layer with variant='ssmax'")
         self.variant, self.options = variant, tuple(sorted(options.items()))
+
+    def set_implementation(self, implementation: str, **options) -> None:
+        """How attention is computed (attention.IMPLEMENTATIONS), with its options, e.g. block sizes."""
+        if implementation not in attention.IMPLEMENTATIONS:
+            raise ValueError(f"unknown implementation {implementation!r}; valid: {', '.join(attention.IMPLEMENTATIONS)}")
+        self.implementation, self.implementation_options = implementation, tuple(sorted(options.items()))
 
     def init_cache(self, batch: int, max_len: int) -> KVCache:
         """An empty cache of max_len slots in the compute dtype."""
@@ -193,7 +202,7 @@ class Attention(nnx.Module):
                 learned["b"] = self.b_H[...]
         return attention.attend(
             q_BTHD, k_BSKD, v_BSKD, variant=self.variant, implementation=self.implementation,
-            **dict(self.options), **learned, **mask,
+            **dict(self.options), **dict(self.implementation_options), **learned, **mask,
         )
 
     def _project_out(self, out_BTHD):

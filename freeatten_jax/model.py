@@ -220,16 +220,18 @@ class Transformer(nnx.Module):
             new_cache.append(layer_cache)
         return self._logits(x_BTE), tuple(new_cache)
 
-    def set_attention(self, variant: str | None = None, *, implementation: str | None = None, **options) -> None:
+    def set_attention(self, variant: str | None = None, **options) -> None:
         """Eval-time switch in every layer, no parameter changes: e.g. ('lssar', p=15) on an LSSA model.
 
         The variant defaults to the current one; options replace the current ones.
         """
-        if implementation is not None and implementation not in attention.IMPLEMENTATIONS:
-            raise ValueError(f"unknown implementation {implementation!r}; valid: {', '.join(attention.IMPLEMENTATIONS)}")
         for block in self.blocks:
             block.attn.set_attention(variant, **options)
-            block.attn.implementation = implementation or block.attn.implementation
+
+    def set_implementation(self, implementation: str, **options) -> None:
+        """How every layer computes attention, e.g. ('blockwise', block_q=256, block_k=256)."""
+        for block in self.blocks:
+            block.attn.set_implementation(implementation, **options)
 
     def set_rope_theta(self, theta: float) -> None:
         """Eval-time RoPE base override (e.g. 50x the training theta, as in the SSMax paper)."""

@@ -127,4 +127,4 @@ def test_set_attention_and_rope_theta_at_eval_time():
     with pytest.raises(ValueError, match="unknown attention variant"):
         model.set_attention("flash")
     with pytest.raises(ValueError, match="unknown implementation"):
-        model.set_attention(implementation="magic")
+        model.set_implementation("magic")

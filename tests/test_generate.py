@@ -1,0 +1,116 @@
+"""KV-cache decoding: chunked prefill + one token at a time equals the full forward pass for every
+variant (so N_i follows the absolute cache position), also with packed documents; sampling."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from configs.model_presets import model_config
+from freeatten_jax import attention
+from freeatten_jax.generate import generate, prefill, sample
+from freeatten_jax.model import Transformer
+
+VARIANTS = list(attention.VARIANTS)
+PROMPT, CHUNK, STEPS = 16, 8, 8  # a prompt of two chunks, then single-token steps
+IMPLEMENTATION_OPTIONS = {"reference": {}, "blockwise": {"block_q": 8, "block_k": 8}}  # blocks shorter than the prompt
+IMPLEMENTATIONS = [name for name in IMPLEMENTATION_OPTIONS if name in attention.IMPLEMENTATIONS]
+
+
+def _cfg(variant="softmax", num_layers=1):
+    cfg = model_config("tiny")
+    cfg.update(num_layers=num_layers, d_model=32, num_heads=4, num_kv_heads=2, mlp_dim=64, vocab_size=50, max_len=16)
+    cfg.update(attention=variant, use_bias=True)
+    return cfg
+
+
+def _models(implementation):
+    models = [Transformer(_cfg(variant), rngs=nnx.Rngs(0)) for variant in VARIANTS]
+    for model in models:
+        model.set_implementation(implementation, **IMPLEMENTATION_OPTIONS[implementation])
+    return models
+
+
+@nnx.jit
+def _full(models, tokens, positions, segments):
+    return [m(tokens, positions_BT=positions, segment_ids_BT=segments) for m in models]
+
+
+@nnx.jit
+def _incremental(models, tokens, positions, segments):
+    """Prefill PROMPT tokens in chunks of CHUNK, then decode one token per step (a scan)."""
+    take = lambda x, part: None if x is None else x[:, part]
+    outputs = []
+    for model in models:
+        cache = model.init_cache(tokens.shape[0], PROMPT + STEPS)
+        part = slice(0, PROMPT)
+        logits, cache = prefill(model, tokens[:, part], cache, chunk=CHUNK, positions_BT=take(positions, part),
+                                segment_ids_BT=take(segments, part))
+
+        def step(cache, xs):
+            token, position, segment = xs
+            step_logits, cache = model.decode(token[:, None], cache, positions_BT=position, segment_ids_BT=segment)
+            return cache, step_logits[:, 0]
+
+        rest = lambda x: None if x is None else jnp.swapaxes(x[:, PROMPT:, None], 0, 1)
+        _, step_logits = jax.lax.scan(step, cache, (rest(tokens)[..., 0], rest(positions), rest(segments)))
+        outputs.append(jnp.concatenate([logits, jnp.swapaxes(step_logits, 0, 1)], axis=1))
+    return outputs
+
+
+def _tokens(b=2):
+    return jax.random.randint(jax.random.key(7), (b, PROMPT + STEPS), 0, 50)
+
+
+@pytest.mark.parametrize("implementation", IMPLEMENTATIONS)
+def test_incremental_decoding_equals_full_forward(implementation):
+    """Row 0 is one document at positions 0..23. Row 1 packs two: document 1 ends at position 2,
+    document 2 restarts at 0 and continues through the prompt into the steps, so N_i must restart
+    with it in the cache exactly as in the packed forward pass and as for the document alone."""
+    models, tokens = _models(implementation), _tokens()
+    segments = jnp.array([[0] * 24, [0] * 3 + [1] * 21])
+    positions = jnp.array([list(range(24)), list(range(3)) + list(range(21))])
+    full = _full(models, tokens, positions, segments)
+    incremental = _incremental(models, tokens, positions, segments)
+    alone = _full(models, tokens[1:, 3:], None, None)  # document 2 on its own, default positions
+    for variant, f, i, a in zip(VARIANTS, full, incremental, alone):
+        np.testing.assert_allclose(i, f, atol=2e-5, err_msg=variant)
+        np.testing.assert_allclose(i[1:, 3:], a, atol=2e-5, err_msg=variant)
+
+
+def test_sample_greedy_top_k_and_temperature():
+    logits = jnp.array([[0.0, 3.0, 1.0, 2.9], [5.0, -1.0, 4.0, 0.0]])
+    np.testing.assert_array_equal(sample(logits, jax.random.key(0), 0.0, None), [1, 0])
+    keys = jax.random.split(jax.random.key(0), 200)
+    top2 = jnp.stack([sample(logits, k, 1.0, 2) for k in keys])
+    assert set(np.asarray(top2[:, 0]).tolist()) == {1, 3} and set(np.asarray(top2[:, 1]).tolist()) == {0, 2}
+    for k in keys[:20]:
+        np.testing.assert_array_equal(sample(logits, k, 1.0, 1), [1, 0])  # top-1 is greedy
+    cold = jnp.stack([sample(logits, k, 0.01, None) for k in keys[:50]])
+    hot = jnp.stack([sample(logits, k, 100.0, None) for k in keys])
+    assert np.all(np.asarray(cold) == [1, 0]) and len(set(np.asarray(hot[:, 0]).tolist())) == 4
+
+
+def test_generate_greedy_follows_the_model_and_sampling_is_seeded():
+    model = Transformer(_cfg("lssar", num_layers=2), rngs=nnx.Rngs(0))  # one cache per layer
+    prompt = _tokens()[:, :PROMPT]
+    greedy = generate(model, prompt, 6, temperature=0.0, prefill_chunk=CHUNK)
+    assert greedy.shape == (2, PROMPT + 6)
+    np.testing.assert_array_equal(greedy[:, :PROMPT], prompt)
+    logits = nnx.jit(lambda m, t: m(t))(model, greedy[:, :-1])
+    np.testing.assert_array_equal(jnp.argmax(logits[:, PROMPT - 1 :], axis=-1), greedy[:, PROMPT:])
+    a, b, c = (generate(model, prompt, 6, temperature=2.0, seed=s) for s in (1, 1, 2))
+    np.testing.assert_array_equal(a, b)
+    assert not np.array_equal(a, c)
+
+
+def test_generate_uses_eval_mode_without_changing_the_callers_model():
+    cfg = _cfg("ssmax")
+    cfg.dropout = 0.5
+    model = Transformer(cfg, rngs=nnx.Rngs(0))
+    prompt = _tokens()[:, :4]
+    first, second = generate(model, prompt, 3, temperature=0.0), generate(model, prompt, 3, temperature=0.0)
+    np.testing.assert_array_equal(first, second)  # no dropout while generating
+    assert model.blocks[0].dropout.deterministic is False  # the caller's model is still training
+    with pytest.raises(ValueError, match="max_new_tokens"):
+        generate(model, prompt, 0)
