@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from freeatten_jax import attention
-from freeatten_jax.attention import blockwise
+from freeatten_jax.attention import auto, blockwise, reference
 
 TOLERANCE = {jnp.float32: 1e-4, jnp.bfloat16: 2e-2}
 BLOCKS = dict(block_q=16, block_k=8)  # several blocks, and lengths below are not multiples of them
@@ -194,3 +194,54 @@ def test_memory_is_linear_and_far_below_reference():
     reference_2k = _temp_bytes("reference", 2048)
     assert blockwise_2k * 8 < reference_2k, (blockwise_2k, reference_2k)
     assert blockwise_4k < 2.2 * blockwise_2k, (blockwise_2k, blockwise_4k)
+
+
+def test_auto_rule():
+    """auto: reference for small score tensors, blockwise for large, cuDNN only for fusable softmax on GPU."""
+    variants = attention.VARIANTS
+    shape = lambda t, dtype=jnp.float32: jax.ShapeDtypeStruct((1, t, 12, 64), dtype)  # noqa: E731
+    small, large, huge = shape(64), shape(4096), shape(16384)
+    small_bf16, large_bf16 = shape(64, jnp.bfloat16), shape(4096, jnp.bfloat16)
+
+    def choose(q, variant, platform, **mask_options):
+        mask = attention.make_mask(q.shape[0], q.shape[1], q.shape[1], **mask_options)
+        return auto.choose(q, q, variant=variants[variant], mask=mask, platform=platform)
+
+    assert choose(small, "lssar", "cpu") == "reference"
+    assert choose(large, "lssar", "cpu") == "blockwise"
+    assert choose(large_bf16, "ssmax", "gpu") == "fused"
+    assert choose(small_bf16, "softmax", "gpu") == "fused"
+    assert choose(large, "softmax", "gpu") == "reference"  # float32: cuDNN refuses it
+    assert choose(huge, "softmax", "gpu") == choose(huge, "lssar", "tpu") == "blockwise"
+    assert choose(large_bf16, "lssa", "gpu") == "reference"
+    assert choose(large_bf16, "softmax", "gpu", window=128) == "reference"
+    assert choose(large_bf16, "softmax", "cpu") == "blockwise"
+
+
+@pytest.mark.parametrize("packed", [False, True])
+def test_fused_path_prescales_ssmax_and_falls_back(packed):
+    """The GPU route (run here with the xla kernel): ssmax by query pre-scaling, values and gradients
+    equal to the reference; a packed mask is detected at run time and takes the blockwise path."""
+    q, k, v, g = _inputs(_key("fused", str(packed)), 2, 24, 24, 4, 2, 16, jnp.bfloat16)
+    mask = attention.make_mask(2, 24, 24, q_segment_ids=jnp.array([[0] * 10 + [1] * 14] * 2) if packed else None)
+    spec = attention.VARIANTS["ssmax"]
+
+    def run(implementation, q, k, v, s):
+        opts = attention.variant_options("ssmax", {"s": s, "b": 0.2})
+        if implementation == "fused":
+            return auto.fused_or_blockwise(q, k, v, variant=spec, mask=mask, opts=opts, implementation="xla")
+        return reference.attend(q, k, v, variant=spec, mask=mask, opts=opts)
+
+    def value_and_grads(q, k, v, g, s):
+        return [jax.vjp(functools.partial(run, name), q, k, v, s) for name in ("fused", "reference")]
+
+    s = jnp.linspace(0.5, 1.5, 4)
+    (out, vjp), (out_ref, vjp_ref) = _fast_jit(lambda *a: [(o, f(a[3])) for o, f in value_and_grads(*a)], q, k, v, g, s)
+    _assert_close(out, out_ref, 2e-2, "output")
+    for got, want in zip(vjp, vjp_ref):
+        _assert_close(got, want, 3e-2, "grad")
+
+
+def test_default_implementation_is_auto():
+    q, k, v, _ = _inputs(_key("default"), 1, 16, 16, 2, 1, 8)
+    np.testing.assert_array_equal(attention.attend(q, k, v, variant="lssa"), attention.attend(q, k, v, variant="lssa", implementation="reference"))
