@@ -152,8 +152,8 @@ def main():
     parser.add_argument("--variants", type=lambda s: s.split(","), default=list(attention.VARIANTS))
     parser.add_argument("--implementations", type=lambda s: s.split(","), default=["reference", "blockwise"])
     parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--block-q", type=int, default=attention.blockwise.BLOCK_Q)
-    parser.add_argument("--block-k", type=int, default=attention.blockwise.BLOCK_K)
+    parser.add_argument("--block-q", type=int, default=None, help="blockwise query block (default: the platform's)")
+    parser.add_argument("--block-k", type=int, default=None, help="blockwise key block (default: the platform's)")
     parser.add_argument("--max-temp-gb", type=float, default=8.0, help="skip runs whose compiled temp memory is larger")
     parser.add_argument("--quick", action="store_true", help="T=2048, blockwise only, nothing written")
     parser.add_argument("--rss-check", action="store_true", help="LSSAR fwd+bwd at --rss-length in a fresh process")
@@ -164,7 +164,8 @@ def main():
     if args.rss_child:
         return rss_child(args.rss_length, args.block_q, args.block_k)
     if args.rss_check:
-        command = [sys.executable, __file__, "--rss-child", f"--rss-length={args.rss_length}", f"--block-q={args.block_q}", f"--block-k={args.block_k}"]
+        blocks = [f"--block-q={args.block_q}"] * bool(args.block_q) + [f"--block-k={args.block_k}"] * bool(args.block_k)
+        command = [sys.executable, __file__, "--rss-child", f"--rss-length={args.rss_length}", *blocks]
         result = subprocess.run(command, capture_output=True, text=True, check=True)
         print(f"blockwise LSSAR fwd+bwd, T={args.rss_length}, H={HEADS}, D={HEAD_DIM}: {result.stdout.strip()}")
         return None

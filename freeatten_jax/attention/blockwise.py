@@ -18,7 +18,9 @@ from freeatten_jax.attention.blockwise_rules import RULES, Config
 from freeatten_jax.attention.variants import Mask, Variant
 
 _HIGHEST = jax.lax.Precision.HIGHEST
-BLOCK_Q, BLOCK_K = 512, 512  # defaults chosen with benchmarks/attention.py (see RESULTS.md)
+# Default (query, key) block sizes. CPU: measured with benchmarks/attention.py (256 x 128 was best or
+# tied at T = 2048 and 4096); GPU/TPU: not measured here, large blocks keep loop overhead low.
+BLOCKS = {"cpu": (256, 128), "gpu": (512, 1024), "tpu": (512, 1024)}
 
 
 class Plan(NamedTuple):
@@ -71,7 +73,7 @@ def _pair(q_mask: Mask, kv_mask: Mask, i, j) -> Mask:
     )
 
 
-def count_visible(mask: Mask, block_k: int = BLOCK_K) -> jax.Array:
+def count_visible(mask: Mask, block_k: int) -> jax.Array:
     """N_i = Σ_j M_ij as [B, T] int32, one key block at a time (never a T x S array)."""
     kv_mask = _kv_mask_blocks(mask, block_k)
 
@@ -232,10 +234,12 @@ def _block_size(length: int, block: int) -> int:
     return min(block, -(-math.ceil(length / count) // 8) * 8)
 
 
-def attend(q_BTHD, k_BSKD, v_BSKD, *, variant: Variant, mask: Mask, opts, block_q: int = BLOCK_Q, block_k: int = BLOCK_K, **unknown):
+def attend(q_BTHD, k_BSKD, v_BSKD, *, variant: Variant, mask: Mask, opts, block_q: int | None = None, block_k: int | None = None, **unknown):
     """o_i = Σ_j A_ij v_j without a T x S array; float32 math, output in q's dtype."""
     if unknown:
         raise ValueError(f"unknown option(s) {sorted(unknown)}; implementation 'blockwise' takes block_q, block_k")
+    default_q, default_k = BLOCKS.get(jax.default_backend(), BLOCKS["gpu"])
+    block_q, block_k = block_q or default_q, block_k or default_k
     kind = variant.normalise
     if kind == "reweight" and opts.get("p") is None:
         kind = "sum"  # re-weighting switched off: plain LSSA
