@@ -196,3 +196,12 @@ def test_multi_process_detection(environ, multi, monkeypatch):
     assert sharding.is_multi_process(environ) is multi
     assert sharding.initialize_distributed(environ) is multi
     assert len(calls) == int(multi)
+
+
+def test_host_local_batch_becomes_the_global_sharded_batch():
+    mesh = _mesh((2, 2, 2))
+    local = np.arange(8 * 16, dtype=np.int32).reshape(8, 16)
+    batch = sharding.host_local_batch_to_global(local, mesh, RULES)  # one process: its rows are the batch
+    np.testing.assert_array_equal(batch, local)
+    assert batch.sharding.is_equivalent_to(sharding.batch_sharding(mesh, RULES, (8, 16)), 2)
+    assert {s.data.shape for s in batch.addressable_shards} == {(2, 16)}
