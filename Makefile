@@ -1,9 +1,15 @@
-# `make test` is the project's test command; `.ci/run` calls it.
+# `make test` is the project's test command (`.ci/run` calls it); `make demo` is the quickstart.
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: install test
+DEMO_VARIANTS := softmax ssmax lssa lssar
+DEMO_RUNS := runs/demo
+DEMO_REPORT := reports/demo
+DEMO_TRAIN_FLAGS := --config.train.steps=200 --config.train.eval_every=100 --config.train.checkpoint_every=100
+DEMO_EVAL_FLAGS := --switch=p=15 --max_windows=8 --passkey_keys=2
+
+.PHONY: install test demo
 
 $(VENV)/.installed: pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -13,4 +19,15 @@ $(VENV)/.installed: pyproject.toml constraints.txt
 install: $(VENV)/.installed
 
 test: $(VENV)/.installed
-	$(PY) -m pytest -q -n 2 --durations=10
+	$(PY) -m pytest -q -n 2 --dist loadfile --durations=15
+
+# Each run resumes from its last checkpoint if interrupted; a finished run is marked and not redone.
+$(DEMO_RUNS)/%/finished: $(VENV)/.installed
+	$(PY) train.py --config=configs/$*.py:tiny --workdir=$(DEMO_RUNS)/$* $(DEMO_TRAIN_FLAGS)
+	touch $@
+
+$(DEMO_REPORT)/report.md: $(foreach v,$(DEMO_VARIANTS),$(DEMO_RUNS)/$(v)/finished)
+	$(PY) eval.py $(foreach v,$(DEMO_VARIANTS),--workdir=$(DEMO_RUNS)/$(v)) $(DEMO_EVAL_FLAGS) --out=$(DEMO_REPORT)
+
+demo: $(DEMO_REPORT)/report.md
+	@echo "demo report: $(DEMO_REPORT)/report.md"
