@@ -22,7 +22,7 @@ test: $(VENV)/.installed
 	$(PY) -m pytest -q -n 2 --dist loadfile --durations=15
 
 # Each run resumes from its last checkpoint if interrupted; a finished run is marked and not redone.
-$(DEMO_RUNS)/%/finished: $(VENV)/.installed
+$(DEMO_RUNS)/%/finished: | $(VENV)/.installed
 	$(PY) train.py --config=configs/$*.py:tiny --workdir=$(DEMO_RUNS)/$* $(DEMO_TRAIN_FLAGS)
 	touch $@
 

@@ -131,7 +131,8 @@ def _scores(q_BKGQD, kt_BKDC):
 
 
 def _visible(plan: Plan, i, j):
-    return _pair(plan.q_mask, plan.kv_mask, i, j).visible()[:, None, None]  # [B, 1, 1, Q, C]
+    """M for query block i and key block j as [B, 1, 1, Q, C]."""
+    return _pair(plan.q_mask, plan.kv_mask, i, j).visible()[:, None, None]
 
 
 def _take(tree, i):
@@ -147,8 +148,8 @@ def _forward(rule, cfg: Config, q_IBKGQD, kt_JBKDC, v_JBKCD, plan: Plan):
             i, q_BKGQD, n, rows = xs
 
             def visit(j, carry):
-                scores = _scores(q_BKGQD, kt_JBKDC[j])
-                return step(carry, scores, _visible(plan, i, j), v_JBKCD[j], n, rows)
+                scores_BKGQC = _scores(q_BKGQD, kt_JBKDC[j])
+                return step(carry, scores_BKGQC, _visible(plan, i, j), v_JBKCD[j], n, rows)
 
             def body(j, carry):
                 return jax.lax.cond(plan.maybe_IJ[i, j], functools.partial(visit, j), lambda c: c, carry)
@@ -178,12 +179,13 @@ def _backward(rule, cfg: Config, q_IBKGQD, kt_JBKDC, v_JBKCD, plan: Plan, rows_I
 
         def visit(i, carry):
             dkt_BKDC, dvt_BKDC, dq_IBKGQD = carry
-            dp = jnp.einsum("BKGQD,BKDC->BKGQC", dout_IBKGQD[i], vt_BKDC, precision=_HIGHEST)
-            scores = _scores(q_IBKGQD[i], kt_BKDC)
-            w, ds = rule.grad_block(scores, _visible(plan, i, j), plan.n_IB11Q1[i], _take(rows_I, i), dp, cfg)
-            dvt_BKDC += jnp.einsum("BKDGQ,BKGQC->BKDC", dout_t_IBKDGQ[i], w, precision=_HIGHEST)
-            dkt_BKDC += jnp.einsum("BKDGQ,BKGQC->BKDC", qt_IBKDGQ[i], ds, precision=_HIGHEST)
-            dq_BKGQD = jnp.einsum("BKGQC,BKCD->BKGQD", ds, k_BKCD, precision=_HIGHEST)
+            dp_BKGQC = jnp.einsum("BKGQD,BKDC->BKGQC", dout_IBKGQD[i], vt_BKDC, precision=_HIGHEST)
+            scores_BKGQC = _scores(q_IBKGQD[i], kt_BKDC)
+            visible = _visible(plan, i, j)
+            w_BKGQC, ds_BKGQC = rule.grad_block(scores_BKGQC, visible, plan.n_IB11Q1[i], _take(rows_I, i), dp_BKGQC, cfg)
+            dvt_BKDC += jnp.einsum("BKDGQ,BKGQC->BKDC", dout_t_IBKDGQ[i], w_BKGQC, precision=_HIGHEST)
+            dkt_BKDC += jnp.einsum("BKDGQ,BKGQC->BKDC", qt_IBKDGQ[i], ds_BKGQC, precision=_HIGHEST)
+            dq_BKGQD = jnp.einsum("BKGQC,BKCD->BKGQD", ds_BKGQC, k_BKCD, precision=_HIGHEST)
             return dkt_BKDC, dvt_BKDC, dq_IBKGQD.at[i].add(dq_BKGQD)
 
         def body(i, carry):
@@ -234,33 +236,37 @@ def _block_size(length: int, block: int) -> int:
     return min(block, -(-math.ceil(length / count) // 8) * 8)
 
 
-def attend(q_BTHD, k_BSKD, v_BSKD, *, variant: Variant, mask: Mask, opts, block_q: int | None = None, block_k: int | None = None, **unknown):
-    """o_i = Σ_j A_ij v_j without a T x S array; float32 math, output in q's dtype."""
+def _query_blocks(x_BTHD, size: int, kv_heads: int):
+    """[B, T, H, D] -> [I, B, K, G, Q, D], zero-padding T to a multiple of `size`."""
+    b, t, h, d = x_BTHD.shape
+    x_BTHD = jnp.pad(x_BTHD, ((0, 0), (0, -t % size), (0, 0), (0, 0)))
+    return x_BTHD.reshape(b, -1, size, kv_heads, h // kv_heads, d).transpose(1, 0, 3, 4, 2, 5)
+
+
+def _key_blocks(x_BSKD, size: int):
+    """[B, S, K, D] -> [J, B, K, C, D] in float32, zero-padding S to a multiple of `size`."""
+    b, s, kv_heads, d = x_BSKD.shape
+    x_BSKD = jnp.pad(x_BSKD.astype(jnp.float32), ((0, 0), (0, -s % size), (0, 0), (0, 0)))
+    return x_BSKD.reshape(b, -1, size, kv_heads, d).transpose(1, 0, 3, 2, 4)
+
+
+def attend(q_BTHD, k_BSKD, v_BSKD, *, variant: Variant, mask: Mask, opts, block_q=None, block_k=None, **unknown):
+    """o_i = Σ_j A_ij v_j without a T x S array; float32 math, output in q's dtype.
+
+    block_q, block_k: query and key block lengths (default BLOCKS for the platform)."""
     if unknown:
         raise ValueError(f"unknown option(s) {sorted(unknown)}; implementation 'blockwise' takes block_q, block_k")
     default_q, default_k = BLOCKS.get(jax.default_backend(), BLOCKS["gpu"])
-    block_q, block_k = block_q or default_q, block_k or default_k
-    kind = variant.normalise
-    if kind == "reweight" and opts.get("p") is None:
-        kind = "sum"  # re-weighting switched off: plain LSSA
     (b, t, h, d), (s, kv_heads) = q_BTHD.shape, k_BSKD.shape[1:3]
-    q_size, kv_size = _block_size(t, block_q), _block_size(s, block_k)
+    q_size, kv_size = _block_size(t, block_q or default_q), _block_size(s, block_k or default_k)
+    kind, p = variant.normalise, opts.get("p")
+    if kind == "reweight" and p is None:
+        kind = "sum"  # re-weighting switched off: plain LSSA
     n_BT = count_visible(mask, kv_size)
     qp_BTHD, kp_BSKD = variant.prepare(q_BTHD, k_BSKD, n_BT, opts)
-
-    def q_blocks(x_BTHD):
-        x_BTKGD = jnp.pad(x_BTHD, ((0, 0), (0, -t % q_size), (0, 0), (0, 0))).reshape(b, -1, q_size, kv_heads, h // kv_heads, d)
-        return x_BTKGD.transpose(1, 0, 3, 4, 2, 5)  # [I, B, K, G, Q, D]
-
-    def kv_blocks(x_BSKD):
-        x_BSKD = jnp.pad(x_BSKD.astype(jnp.float32), ((0, 0), (0, -s % kv_size), (0, 0), (0, 0)))
-        return x_BSKD.reshape(b, -1, kv_size, kv_heads, d).transpose(1, 0, 3, 2, 4)  # [J, B, K, C, D]
-
-    p = opts.get("p")
-    cfg = Config(weight=variant.weight, p=None, static_power=_static_power(p))
-    core = _attention_core(RULES[kind], cfg)
-    p_arg = jax.lax.stop_gradient(jnp.asarray(0.0 if p is None else p, jnp.float32))
-    plan = _plan(mask, n_BT, q_size, kv_size)
-    out_IBKGQD = core(q_blocks(qp_BTHD), _t(kv_blocks(kp_BSKD)), kv_blocks(v_BSKD), p_arg, plan)
+    core = _attention_core(RULES[kind], Config(weight=variant.weight, p=None, static_power=_static_power(p)))
+    p_arg = jax.lax.stop_gradient(jnp.asarray(0.0 if p is None else p, jnp.float32))  # p is not differentiated
+    q_IBKGQD, kt_JBKDC = _query_blocks(qp_BTHD, q_size, kv_heads), _t(_key_blocks(kp_BSKD, kv_size))
+    out_IBKGQD = core(q_IBKGQD, kt_JBKDC, _key_blocks(v_BSKD, kv_size), p_arg, _plan(mask, n_BT, q_size, kv_size))
     out_BTHD = out_IBKGQD.transpose(1, 0, 4, 2, 3, 5).reshape(b, -1, h, d)[:, :t]
     return out_BTHD.astype(q_BTHD.dtype)
