@@ -181,7 +181,12 @@ def _run_block(block: Block, x_BTE, positions_BT, segment_ids_BT):
 
 
 class Transformer(nnx.Module):
-    """Decoder-only LM. `model(tokens_BT)` gives float32 logits_BTV; model.train()/eval() toggle dropout."""
+    """Decoder-only LM. `model(tokens_BT)` gives float32 logits_BTV; model.train()/eval() toggle dropout.
+
+    rngs: the 'params' stream (else 'default') initialises, 'dropout' (else 'default') drives dropout.
+    Differentiate with NNX transforms (nnx.value_and_grad; merge with copy=True inside jax transforms):
+    the lifted remat and the dropout streams are NNX state, which plain jax.grad cannot update.
+    """
 
     def __init__(self, cfg_model: ml_collections.ConfigDict, *, rngs: nnx.Rngs):
         validate(cfg_model)
