@@ -216,6 +216,10 @@ def test_auto_rule():
     assert choose(large_bf16, "lssa", "gpu") == "reference"
     assert choose(large_bf16, "softmax", "gpu", window=128) == "reference"
     assert choose(large_bf16, "softmax", "cpu") == "blockwise"
+    q = jnp.zeros((1, 8, 2, 8), jnp.bfloat16)
+    fused = dict(variant=variants["softmax"], mask=attention.make_mask(1, 8, 8), opts={})
+    assert auto._traces(auto.fused_softmax, q, q, q, implementation="xla", **fused)
+    assert not auto._traces(auto.fused_softmax, q, q, q, implementation="cudnn", **fused)  # no cuDNN here: rule 2
 
 
 @pytest.mark.parametrize("packed", [False, True])
@@ -244,4 +248,5 @@ def test_fused_path_prescales_ssmax_and_falls_back(packed):
 
 def test_default_implementation_is_auto():
     q, k, v, _ = _inputs(_key("default"), 1, 16, 16, 2, 1, 8)
-    np.testing.assert_array_equal(attention.attend(q, k, v, variant="lssa"), attention.attend(q, k, v, variant="lssa", implementation="reference"))
+    reference_out = attention.attend(q, k, v, variant="lssa", implementation="reference")
+    np.testing.assert_array_equal(attention.attend(q, k, v, variant="lssa"), reference_out)

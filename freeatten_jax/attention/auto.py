@@ -5,10 +5,13 @@ Glossary: B batch, T queries, S keys, H heads, K kv heads, D head dim. The rule:
    D <= 256 and a multiple of 8: cuDNN flash attention (jax.nn.dot_product_attention) on the prepared
    q, which already carries 1/sqrt(D) and ssmax's s log N_i + b. Whether the mask is plain (one
    segment, no padding, query and key positions equal and increasing) is only known at run time, so
-   a lax.cond takes cuDNN when it is and the blockwise path otherwise.
+   a lax.cond takes cuDNN when it is and the blockwise path otherwise. If cuDNN refuses the shapes
+   when traced (its version, its own limits), rule 2 applies.
 2. Otherwise the reference while B·H·T·S is at most REFERENCE_MAX_SCORES for the platform (it is the
    faster path there), and blockwise above (O(T) memory; faster on CPU from T ~ 1024 at 12 heads).
 """
+import functools
+
 import jax
 import jax.numpy as jnp
 
@@ -38,9 +41,8 @@ def fused_softmax(q_BTHD, k_BSKD, v_BSKD, *, variant: Variant, mask: Mask, opts,
     n_BT = jnp.arange(1, t + 1)[None, :] if mask.causal else jnp.full((1, t), s)
     qp_BTHD, kp_BSKD = variant.prepare(q_BTHD, k_BSKD, jnp.broadcast_to(n_BT, q_BTHD.shape[:2]), opts)
     dtype = q_BTHD.dtype
-    out_BTHD = jax.nn.dot_product_attention(
-        qp_BTHD.astype(dtype), kp_BSKD.astype(dtype), v_BSKD.astype(dtype), scale=1.0, is_causal=mask.causal, implementation=implementation
-    )
+    qp_BTHD, kp_BSKD, v_BSKD = (x.astype(dtype) for x in (qp_BTHD, kp_BSKD, v_BSKD))
+    out_BTHD = jax.nn.dot_product_attention(qp_BTHD, kp_BSKD, v_BSKD, scale=1.0, is_causal=mask.causal, implementation=implementation)
     return out_BTHD.astype(dtype)
 
 
@@ -56,14 +58,28 @@ def fused_or_blockwise(q_BTHD, k_BSKD, v_BSKD, *, variant: Variant, mask: Mask, 
     return jax.lax.cond(_plain(mask), fused, fallback, q_BTHD, k_BSKD, v_BSKD)
 
 
+def _by_size(q_BTHD, k_BSKD, platform: str) -> str:
+    (b, t, h, _), s = q_BTHD.shape, k_BSKD.shape[1]
+    return "reference" if b * h * t * s <= REFERENCE_MAX_SCORES.get(platform, 2**28) else "blockwise"
+
+
 def choose(q_BTHD, k_BSKD, *, variant: Variant, mask: Mask, platform: str | None = None) -> str:
     """The implementation the rule picks: "fused", "reference" or "blockwise"."""
     platform = platform or jax.default_backend()
-    (b, t, h, d), s = q_BTHD.shape, k_BSKD.shape[1]
+    t, d, s = q_BTHD.shape[1], q_BTHD.shape[3], k_BSKD.shape[1]
     fusable = variant.normalise == "softmax" and q_BTHD.dtype in _FUSED_DTYPES and t == s and mask.window is None
     if platform == "gpu" and fusable and d <= 256 and d % 8 == 0:
         return "fused"
-    return "reference" if b * h * t * s <= REFERENCE_MAX_SCORES.get(platform, 2**28) else "blockwise"
+    return _by_size(q_BTHD, k_BSKD, platform)
+
+
+def _traces(fn, *args, **kwargs) -> bool:
+    """Whether fn traces for these shapes (cuDNN checks its own constraints, e.g. its version, then)."""
+    try:
+        jax.eval_shape(functools.partial(fn, **kwargs), *args)
+    except (ValueError, NotImplementedError, RuntimeError, TypeError):
+        return False
+    return True
 
 
 def attend(q_BTHD, k_BSKD, v_BSKD, *, variant: Variant, mask: Mask, opts, **unknown):
@@ -72,4 +88,7 @@ def attend(q_BTHD, k_BSKD, v_BSKD, *, variant: Variant, mask: Mask, opts, **unkn
         raise ValueError(f"unknown option(s) {sorted(unknown)}; implementation 'auto' takes none")
     implementations = {"fused": fused_or_blockwise, "reference": reference.attend, "blockwise": blockwise.attend}
     name = choose(q_BTHD, k_BSKD, variant=variant, mask=mask)
-    return implementations[name](q_BTHD, k_BSKD, v_BSKD, variant=variant, mask=mask, opts=opts)
+    args, kwargs = (q_BTHD, k_BSKD, v_BSKD), dict(variant=variant, mask=mask, opts=opts)
+    if name == "fused" and not _traces(fused_softmax, *args, **kwargs):
+        name = _by_size(q_BTHD, k_BSKD, jax.default_backend())
+    return implementations[name](*args, **kwargs)

@@ -1,10 +1,14 @@
 """The four row normalisations (SPEC §3) as block rules for the blockwise implementation.
 
 Glossary: B batch, K kv heads, G = H // K, Q query-block rows, C key-block columns, D head dim,
-I query blocks. A rule's `forward(sweep, cfg)` streams key blocks with `sweep` and returns the
-output and its per-row statistics; `backward_rows` turns those into the row terms of the gradient;
-`grad_block(s, vis, n, rows, dp, cfg)` gives, for one block, the weights w (for dV) and the score
-gradient ds (for dQ, dK) from the block's scores s and dp = dO·Vᵀ.
+I query blocks. Short names are block arrays [B, K, G, Q, C] (s scores, vis mask, u weights, dp, ds),
+row statistics [B, K, G, Q, 1] (z, l, m, d, e), accumulators [B, K, G, Q, D] (acc, y), n is
+[B, 1, 1, Q, 1]; under `sweep` every row array gains a leading I.
+
+A rule's `forward(sweep, cfg)` streams key blocks with `sweep` and returns the output and its per-row
+statistics; `backward_rows` turns those into the row terms of the gradient; `grad_block(s, vis, n,
+rows, dp, cfg)` gives, for one block, the weights w (for dV) and the score gradient ds (for dQ, dK)
+from the block's scores s and dp = dO·Vᵀ.
 """
 from typing import Any, Callable, NamedTuple
 
