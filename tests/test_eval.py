@@ -36,7 +36,7 @@ def trained(tmp_path_factory):
     return runs
 
 
-SETTINGS = suite.Settings(implementation="blockwise", multipliers=(1, 2, 8), max_windows=6, passkey_depths=(0.2, 0.8), passkey_keys=1, passkey_candidates=4)
+SETTINGS = suite.Settings(multipliers=(1, 2, 8), max_windows=6, passkey_depths=(0.2, 0.8), passkey_keys=1, passkey_candidates=4)
 
 
 @pytest.mark.slow

@@ -111,8 +111,7 @@ def evaluate(workdir: str, switch: switches.Switch, settings: Settings, splits_o
     """Every measurement for one checkpoint under one switch."""
     model, cfg, step = checkpoint.load_model(workdir)
     switches.apply(model, cfg, switch)
-    for block in model.blocks:
-        block.attn.implementation = settings.implementation
+    model.set_implementation(settings.implementation)
     train_len = cfg.train.seq_len
     splits = splits_of(cfg.data)
     run = {"name": pathlib.Path(workdir).name, "workdir": str(workdir), "step": int(step), "variant": cfg.model.attention,
