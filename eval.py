@@ -5,7 +5,7 @@
 Each checkpoint is evaluated as trained and under every applicable `--switch` (LSSAR re-weighting
 `p=15` / `p=off` on lssa/lssar runs, `rope_theta=50x` or an absolute base, SSMax `s=0.3`).
 """
-from absl import app, flags
+from absl import app, flags, logging
 
 from freeatten_jax.evaluation import suite
 
@@ -25,6 +25,8 @@ _SEED = flags.DEFINE_integer("seed", 0, "Seed of the passkey keys.")
 def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+    if not flags.FLAGS["verbosity"].present:  # orbax's read-only notices drown the progress bar
+        logging.set_verbosity(logging.ERROR)
     settings = suite.Settings(
         multipliers=tuple(int(m) for m in _MULTIPLIERS.value),
         max_windows=_MAX_WINDOWS.value,

@@ -6,7 +6,7 @@ Metrics go to WORKDIR/metrics.jsonl and WORKDIR/tensorboard; checkpoints to WORK
 """
 import sys
 
-from absl import app, flags
+from absl import app, flags, logging
 from ml_collections import config_flags
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Experiment config, e.g. configs/lssar.py:tiny.", lock_config=True)
@@ -19,6 +19,8 @@ def main(argv):
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
     import jax
 
+    if not flags.FLAGS["verbosity"].present:  # library INFO logs (orbax) drown the progress lines
+        logging.set_verbosity(logging.WARNING)
     from freeatten_jax import train_lib
     from freeatten_jax.config_check import ConfigError
     from freeatten_jax.data import CorpusError, DataError, ShardError, cache_root

@@ -110,7 +110,8 @@ def train_and_evaluate(cfg, workdir) -> list[dict]:
     abstract, state_shardings = train_state.abstract_state(cfg, mesh, tx)
     if (start := ckpt.latest_step()) is not None:
         state = ckpt.restore(start, abstract, train_iter)
-        logging.info("resumed from step %d", start)
+        if jax.process_index() == 0:
+            print(f"resumed from step {start} (checkpoint in {workdir})", flush=True)
     else:
         state, start = train_state.create(cfg, mesh, tx, state_shardings), 0
     train_def, eval_def = train_state.graphdefs(cfg)
