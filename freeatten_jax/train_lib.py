@@ -145,6 +145,9 @@ def _loop(cfg, state, start, step_fn, evaluate, train_iter, ckpt, writer, stop, 
     timer = [start, time.perf_counter()]  # (step, time) rates are measured from
     began = timer[1]
     log = print if jax.process_index() == 0 else (lambda *a, **k: None)
+    if start >= t.steps:
+        log(f"already trained to step {start} of {t.steps}: nothing to do", flush=True)
+        return written
     log(f"training {cfg.model.attention} for steps {start + 1}..{t.steps}: {mesh.devices.size} devices, "
         f"mesh {dict(mesh.shape)}, batch {t.batch_size} x {t.seq_len} tokens", flush=True)
 
