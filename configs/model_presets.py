@@ -9,7 +9,7 @@ import ml_collections
 _COMMON = dict(
     attention="softmax",  # variant name: softmax | ssmax | lssa | lssar | sigmoid | relu
     attention_options={},  # the variant's own options, e.g. {"p": 15.0} for lssar (p None = LSSA)
-    implementation="reference",  # how attention is computed; see freeatten_jax.attention.IMPLEMENTATIONS
+    implementation="auto",  # how attention is computed: auto | reference | blockwise (freeatten_jax.attention.auto)
     num_kv_heads=0,  # 0: as many as num_heads
     norm="layernorm",  # layernorm | rmsnorm
     mlp="gelu",  # gelu | swiglu (gated)

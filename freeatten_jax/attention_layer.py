@@ -92,7 +92,7 @@ class Attention(nnx.Module):
         head_dim: int | None = None,
         variant: str = "softmax",
         options: dict[str, Any] | None = None,
-        implementation: str = "reference",
+        implementation: str = "auto",
         implementation_options: dict[str, Any] | None = None,
         use_bias: bool = False,
         rope_theta: float = 10_000.0,
