@@ -139,19 +139,23 @@ def test_lssar_long_peaked_row_is_finite():
 
 
 def test_vmap_and_grad_of_jit():
-    """vmap over an extra leading axis equals a loop; grad of a jitted scalar loss equals the reference's."""
+    """vmap over an extra leading axis (inputs, or the mask through q_offset) equals a loop; grad of a
+    jitted scalar loss equals the reference's."""
     q, k, v, _ = _inputs(_key("vmap"), 3, 19, 19, 2, 1, 8)
+    offsets = jnp.array([0, 5, 11])
 
-    attend = functools.partial(attention.attend, variant="lssa", implementation="blockwise", **BLOCKS)
+    def check(implementation, q, k, v):
+        attend = functools.partial(attention.attend, variant="lssa", implementation=implementation)
+        attend = functools.partial(attend, **BLOCKS) if implementation == "blockwise" else attend
+        per_input = jax.vmap(lambda q, k, v: attend(q[None], k[None], v[None])[0])(q, k, v)
+        per_offset = jax.vmap(lambda offset: attend(q[:1, :8], k[:1], v[:1], q_offset=offset))(offsets)
+        return per_input, attend(q, k, v), per_offset, jax.grad(jax.jit(lambda q: jnp.sum(attend(q, k, v) ** 2)))(q)
 
-    def check(q, k, v):
-        batched = jax.vmap(lambda q, k, v: attend(q[None], k[None], v[None])[0])(q, k, v)
-        return batched, attend(q, k, v), jax.grad(jax.jit(lambda q: jnp.sum(attend(q, k, v) ** 2)))(q)
-
-    batched, looped, grad = _fast_jit(check, q, k, v)
-    _assert_close(batched, looped, 1e-5, "vmap")
-    reference_loss = lambda q: jnp.sum(attention.attend(q, k, v, variant="lssa", implementation="reference") ** 2)  # noqa: E731
-    grad_ref = _fast_jit(jax.grad(reference_loss), q)
+    per_input, looped, per_offset, grad = _fast_jit(functools.partial(check, "blockwise"), q, k, v)
+    _, looped_ref, per_offset_ref, grad_ref = _fast_jit(functools.partial(check, "reference"), q, k, v)
+    _assert_close(per_input, looped, 1e-5, "vmap over inputs")
+    _assert_close(looped, looped_ref, 1e-4, "values")
+    _assert_close(per_offset, per_offset_ref, 1e-4, "vmap over the mask")
     _assert_close(grad, grad_ref, 1e-4, "grad")
 
 
