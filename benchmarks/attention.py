@@ -86,9 +86,9 @@ def run_table(args) -> list[str]:
     gpu = jax.default_backend() == "gpu"
     dtype, baseline_impl = (jnp.bfloat16, "cudnn") if gpu else (jnp.float32, "xla")
     rates = machine_rates(args.repeats)
-    print("machine rates: " + ", ".join(f"{k} {v / 1e9:.3g} G/s" for k, v in rates.items()), flush=True)
     header = "| T | variant | implementation | fwd ms | fwd x base | fwd+bwd ms | fwd+bwd x base | temp MB (fwd+bwd) | temp / base | floor ms | % of floor |"
-    lines = [header, "|" + "---|" * (header.count("|") - 1)]
+    lines = ["Rates for the floor: " + ", ".join(f"{k} {v / 1e9:.3g} G/s" for k, v in rates.items()), "", header]
+    lines.append("|" + "---|" * (header.count("|") - 1))
     print("\n".join(lines), flush=True)
     for t in args.lengths:
         q, k, v, g = _inputs(t, dtype)
