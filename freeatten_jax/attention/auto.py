@@ -5,10 +5,11 @@ Glossary: B batch, T queries, S keys, H heads, K kv heads, D head dim. The rule:
    D <= 256 and a multiple of 8: cuDNN flash attention (jax.nn.dot_product_attention) on the prepared
    q, which already carries 1/sqrt(D) and ssmax's s log N_i + b. Whether the mask is plain (one
    segment, no padding, query and key positions equal and increasing) is only known at run time, so
-   a lax.cond takes cuDNN when it is and the blockwise path otherwise. If cuDNN refuses the shapes
-   when traced (its version, its own limits), rule 2 applies.
-2. Otherwise the reference while B·H·T·S is at most REFERENCE_MAX_SCORES for the platform (it is the
-   faster path there), and blockwise above (O(T) memory; faster on CPU from T ~ 1024 at 12 heads).
+   a lax.cond takes cuDNN when it is and rule 2's choice otherwise. If cuDNN refuses the shapes when
+   traced (its version, its own limits), rule 2 applies.
+2. Otherwise the reference while T·S is at most REFERENCE_MAX_TS for the platform (the faster path
+   there) and one float32 score tensor B·H·T·S stays under REFERENCE_MAX_SCORES (4 GiB); blockwise
+   above (O(T) memory; on CPU faster from T ~ 1024).
 """
 import functools
 
@@ -18,10 +19,12 @@ import jax.numpy as jnp
 from freeatten_jax.attention import blockwise, reference
 from freeatten_jax.attention.variants import Mask, Variant
 
-# Largest B·H·T·S (score elements) for which the reference is chosen. CPU: measured with
-# benchmarks/attention.py (blockwise is faster from T = 1024 at 12 heads). GPU/TPU: not measured
-# here; the limit keeps the reference's float32 score tensors near 1 GiB.
-REFERENCE_MAX_SCORES = {"cpu": 12 * 512 * 512, "gpu": 2**28, "tpu": 2**28}
+# Largest T·S for which the reference is chosen. CPU: measured with benchmarks/attention.py (12 heads:
+# blockwise is faster from T = 1024, mixed at 512). GPU/TPU: not measured here; published autotune
+# data put pure-JAX chunked attention at ~0.5-0.95x the materialised XLA path on H100, so the
+# reference is kept up to 2048².
+REFERENCE_MAX_TS = {"cpu": 512 * 512, "gpu": 2048 * 2048, "tpu": 2048 * 2048}
+REFERENCE_MAX_SCORES = 2**30
 _FUSED_DTYPES = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
 
 
@@ -46,21 +49,22 @@ def fused_softmax(q_BTHD, k_BSKD, v_BSKD, *, variant: Variant, mask: Mask, opts,
     return out_BTHD.astype(dtype)
 
 
-def fused_or_blockwise(q_BTHD, k_BSKD, v_BSKD, *, variant: Variant, mask: Mask, opts, implementation: str = "cudnn"):
-    """The fused kernel when the mask turns out plain at run time, else the blockwise path."""
+def fused_or(fallback, q_BTHD, k_BSKD, v_BSKD, *, variant: Variant, mask: Mask, opts, implementation: str = "cudnn"):
+    """The fused kernel when the mask turns out plain at run time, else `fallback`."""
 
     def fused(q, k, v):
         return fused_softmax(q, k, v, variant=variant, mask=mask, opts=opts, implementation=implementation)
 
-    def fallback(q, k, v):
-        return blockwise.attend(q, k, v, variant=variant, mask=mask, opts=opts)
+    def other(q, k, v):
+        return fallback(q, k, v, variant=variant, mask=mask, opts=opts)
 
-    return jax.lax.cond(_plain(mask), fused, fallback, q_BTHD, k_BSKD, v_BSKD)
+    return jax.lax.cond(_plain(mask), fused, other, q_BTHD, k_BSKD, v_BSKD)
 
 
 def _by_size(q_BTHD, k_BSKD, platform: str) -> str:
     (b, t, h, _), s = q_BTHD.shape, k_BSKD.shape[1]
-    return "reference" if b * h * t * s <= REFERENCE_MAX_SCORES.get(platform, 2**28) else "blockwise"
+    small = t * s <= REFERENCE_MAX_TS.get(platform, REFERENCE_MAX_TS["gpu"]) and b * h * t * s <= REFERENCE_MAX_SCORES
+    return "reference" if small else "blockwise"
 
 
 def choose(q_BTHD, k_BSKD, *, variant: Variant, mask: Mask, platform: str | None = None) -> str:
@@ -86,9 +90,9 @@ def attend(q_BTHD, k_BSKD, v_BSKD, *, variant: Variant, mask: Mask, opts, **unkn
     """Attention output [B, T, H, D] through the implementation `choose` picks."""
     if unknown:
         raise ValueError(f"unknown option(s) {sorted(unknown)}; implementation 'auto' takes none")
-    implementations = {"fused": fused_or_blockwise, "reference": reference.attend, "blockwise": blockwise.attend}
-    name = choose(q_BTHD, k_BSKD, variant=variant, mask=mask)
+    implementations = {"reference": reference.attend, "blockwise": blockwise.attend}
     args, kwargs = (q_BTHD, k_BSKD, v_BSKD), dict(variant=variant, mask=mask, opts=opts)
-    if name == "fused" and not _traces(fused_softmax, *args, **kwargs):
-        name = _by_size(q_BTHD, k_BSKD, jax.default_backend())
-    return implementations[name](*args, **kwargs)
+    fallback = implementations[_by_size(q_BTHD, k_BSKD, jax.default_backend())]
+    if choose(q_BTHD, k_BSKD, variant=variant, mask=mask) == "fused" and _traces(fused_softmax, *args, **kwargs):
+        return fused_or(fallback, *args, **kwargs)
+    return fallback(*args, **kwargs)
