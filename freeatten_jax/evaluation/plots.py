@@ -43,6 +43,10 @@ def per_position(out, runs, label) -> str:
 def passkey(out, runs, label) -> str:
     fig, axes = plt.subplots(1, len(runs), figsize=(3.2 * len(runs), 3.2), squeeze=False)
     for ax, r in zip(axes[0], runs):
+        if not r["passkey"]:
+            ax.text(0.5, 0.5, "no passkey cells", ha="center", va="center")
+            ax.set_title(label(r), fontsize=7)
+            continue
         lengths = sorted({c["length"] for c in r["passkey"]})
         depths = sorted({c["depth"] for c in r["passkey"]})
         grid = np.full((len(depths), len(lengths)), np.nan)
