@@ -4,6 +4,7 @@ import json
 
 import numpy as np
 import pytest
+from tqdm import tqdm
 
 from configs import base
 from freeatten_jax import train_lib
@@ -44,7 +45,7 @@ def test_suite_writes_every_output(trained, tmp_path):
     workdirs = [trained["lssa"][0], trained["ssmax"][0]]
     runs = suite.run_suite(workdirs, ["p=15", "p=off", "rope_theta=50x", "s=0.5"], SETTINGS, str(tmp_path))
     labels = [(r["variant"], r["switch"]) for r in runs]
-    assert labels == [("lssa", "none"), ("lssa", "p=15"), ("lssa", "p=off"), ("lssa", "rope_theta=50x"),
+    assert labels == [("lssa", "none"), ("lssa", "p=15"), ("lssa", "rope_theta=50x"),
                       ("ssmax", "none"), ("ssmax", "rope_theta=50x"), ("ssmax", "s=0.5")]
     results = json.loads((tmp_path / "results.json").read_text())
     assert len(results["runs"]) == len(runs)
@@ -64,9 +65,9 @@ def test_suite_writes_every_output(trained, tmp_path):
         assert len(r["per_position"]) == 256
         assert {c["length"] for c in r["passkey"]} == {256}
         assert len(r["needle_mass"]) == 2
-    assert runs[4]["ssmax_s"] is not None and runs[0]["ssmax_s"] is None
+    assert runs[3]["ssmax_s"] is not None and runs[0]["ssmax_s"] is None
     # the s override reaches every head of every layer
-    assert np.allclose(runs[6]["ssmax_s"], 0.5) and not np.allclose(runs[4]["ssmax_s"], 0.5)
+    assert np.allclose(runs[5]["ssmax_s"], 0.5) and not np.allclose(runs[3]["ssmax_s"], 0.5)
 
 
 @pytest.mark.slow
@@ -81,11 +82,23 @@ def test_loss_at_1x_equals_training_validation_loss(trained, tmp_path):
 @pytest.mark.slow
 def test_reweighting_switch_changes_lssa_and_off_reproduces_it(trained, tmp_path):
     settings = suite.Settings(multipliers=(1, 2, 8), max_windows=4, passkey_depths=())
-    none, p15, off = suite.run_suite([trained["lssa"][0]], ["p=15", "p=off"], settings, str(tmp_path))
+    none, p15 = suite.run_suite([trained["lssa"][0]], ["p=15", "p=off"], settings, str(tmp_path))  # p=off: a no-op here
+    with tqdm(disable=True) as progress:
+        off = suite.evaluate(trained["lssa"][0], switches.parse("p=off"), settings, suite.SplitCache(), progress)
     losses = lambda r: [x["loss"] for x in r["lengths"]]
     assert losses(off) == losses(none) and off["per_position"] == none["per_position"]
     assert off["attention"] == none["attention"]
     assert all(a != b for a, b in zip(losses(p15), losses(none)))
+
+
+def test_switches_that_change_nothing_are_skipped():
+    lssa, lssar = base.get_config("lssa"), base.get_config("lssar")
+    assert not switches.applicable(lssa, switches.parse("p=off"))
+    assert switches.applicable(lssa, switches.parse("p=15"))
+    assert not switches.applicable(lssar, switches.parse("p=15"))
+    assert switches.applicable(lssar, switches.parse("p=3")) and switches.applicable(lssar, switches.parse("p=off"))
+    assert not switches.applicable(base.get_config("softmax"), switches.parse("p=15"))
+    assert switches.applicable(lssar, switches.parse("p=15,rope_theta=2x"))
 
 
 def test_switch_parsing_and_errors(trained, tmp_path):

@@ -28,7 +28,7 @@ class Settings:
     seed: int = 0
 
 
-class _Splits:
+class SplitCache:
     """Held-out data per data config, loaded once."""
 
     def __init__(self):
@@ -132,6 +132,7 @@ def evaluate(workdir: str, switch: switches.Switch, settings: Settings, splits_o
     if splits.tokenizer is not None:
         lengths = _passkey_lengths(splits.tokenizer, [x["length"] for x in run["lengths"]])
         run["passkey"], masses = _passkey(model, splits.tokenizer, lengths, settings, np.random.default_rng(settings.seed), progress)
+    progress.update(len(settings.passkey_depths) * (len(settings.multipliers) - len(run["passkey"]) // max(len(settings.passkey_depths), 1)))
     if masses:
         run["needle_mass"] = np.mean(masses, axis=0).tolist()
     s = attention_stats.ssmax_s(model)
@@ -159,7 +160,7 @@ def run_suite(workdirs: list[str], switch_texts: list[str], settings: Settings, 
     if not jobs:
         raise ValueError("nothing to evaluate")
     per_job = len(settings.multipliers) + 1 + len(settings.multipliers) * len(settings.passkey_depths)
-    runs, splits_of = [], _Splits()
+    runs, splits_of = [], SplitCache()
     with tqdm(total=len(jobs) * per_job, desc="eval", unit="task") as progress:
         for workdir, switch in jobs:
             progress.set_postfix_str(f"{pathlib.Path(workdir).name} [{switch.label}]")

@@ -61,7 +61,19 @@ def apply(model, cfg, switch: Switch) -> None:
         APPLY[key](model, cfg, value)
 
 
+def _trained_p(cfg) -> str:
+    """The checkpoint's own re-weighting, as a switch value: 'off' for lssa, else its p."""
+    if cfg.model.attention == "lssa":
+        return "off"
+    p = dict(cfg.model.attention_options).get("p", 15.0)
+    return "off" if p is None else str(float(p))
+
+
 def applicable(cfg, switch: Switch) -> bool:
-    """Whether every setting of the switch makes sense for this checkpoint's variant."""
+    """Whether the switch suits this checkpoint's variant and changes something (p=15 on a p=15 LSSAR run does not)."""
     needs = {"p": REWEIGHTABLE, "s": ("ssmax",)}
-    return all(cfg.model.attention in needs.get(key, (cfg.model.attention,)) for key, _ in switch.settings)
+    if not all(cfg.model.attention in needs.get(key, (cfg.model.attention,)) for key, _ in switch.settings):
+        return False
+    normalise = lambda value: value if value == "off" else str(float(value))
+    no_ops = [key == "p" and normalise(value) == _trained_p(cfg) for key, value in switch.settings]
+    return not (no_ops and all(no_ops))
