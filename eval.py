@@ -5,6 +5,8 @@
 Each checkpoint is evaluated as trained and under every applicable `--switch` (LSSAR re-weighting
 `p=15` / `p=off` on lssa/lssar runs, `rope_theta=50x` or an absolute base, SSMax `s=0.3`).
 """
+import sys
+
 from absl import app, flags, logging
 
 from freeatten_jax.evaluation import suite
@@ -28,7 +30,7 @@ def main(argv):
     if not flags.FLAGS["verbosity"].present:  # orbax's read-only notices drown the progress bar
         logging.set_verbosity(logging.ERROR)
     settings = suite.Settings(
-        multipliers=tuple(int(m) for m in _MULTIPLIERS.value),
+        multipliers=tuple(sorted(int(m) for m in _MULTIPLIERS.value)),
         max_windows=_MAX_WINDOWS.value,
         passkey_depths=tuple(float(d) for d in _DEPTHS.value),
         passkey_keys=_KEYS.value,
@@ -37,7 +39,10 @@ def main(argv):
         implementation=_IMPLEMENTATION.value,
         seed=_SEED.value,
     )
-    suite.run_suite(_WORKDIRS.value, _SWITCHES.value, settings, _OUT.value)
+    try:
+        suite.run_suite(_WORKDIRS.value, _SWITCHES.value, settings, _OUT.value)
+    except (FileNotFoundError, ValueError) as e:  # no checkpoint, unknown switch, a length the data cannot fill
+        sys.exit(f"error: {e}")
     print(f"report: {_OUT.value}/report.md")
 
 

@@ -5,6 +5,7 @@ Every field can be overridden on the command line, e.g. `--config.train.steps=20
 import ml_collections
 
 from configs import model_presets
+from freeatten_jax import attention
 
 
 # Per-size training settings (the papers' for the GPT-2-sized models, SPEC §5).
@@ -22,6 +23,9 @@ def get_config(variant: str = "softmax", size: str = "tiny") -> ml_collections.C
     cfg = ml_collections.ConfigDict()
     cfg.model = model_presets.model_config(size)
     cfg.model.attention = variant
+    # the variant's own options with their defaults (lssar: p), so `--config.model.attention_options.p=3` works
+    defaults = attention.VARIANTS[variant].defaults if variant in attention.VARIANTS else {}  # unknown: validation says so
+    cfg.model.attention_options = {k: v for k, v in defaults.items() if k not in ("s", "b")}
     cfg.model.vocab_size = 0  # 0: the data's vocabulary (256 bytes, data.bpe_vocab_size, or 50257 for .bin shards)
     cfg.mesh = model_presets.mesh_config()
 

@@ -154,10 +154,14 @@ class Attention(nnx.Module):
     def __call__(self, x_BTE, *, positions_BT=None, segment_ids_BT=None) -> jax.Array:
         """Self-attention over x; positions default to 0..T-1; segment ids mask packed documents."""
         b, t = x_BTE.shape[:2]
+        mask = {}  # only what the caller gave, so a plain mask stays visibly plain (fused kernels, Mask.plain)
+        if positions_BT is not None:
+            mask.update(q_positions=positions_BT, kv_positions=positions_BT)
+        if segment_ids_BT is not None:
+            mask.update(q_segment_ids=segment_ids_BT, kv_segment_ids=segment_ids_BT)
         positions_BT = jnp.broadcast_to(jnp.arange(t) if positions_BT is None else positions_BT, (b, t))
         q_BTHD, k_BTKD, v_BTKD = self._qkv(x_BTE, positions_BT)
-        segments = {} if segment_ids_BT is None else {"q_segment_ids": segment_ids_BT, "kv_segment_ids": segment_ids_BT}
-        out_BTHD = self._attend(q_BTHD, k_BTKD, v_BTKD, q_positions=positions_BT, kv_positions=positions_BT, **segments)
+        out_BTHD = self._attend(q_BTHD, k_BTKD, v_BTKD, **mask)
         return self._project_out(out_BTHD)
 
     def decode(self, x_BTE, cache: KVCache, *, positions_BT=None, segment_ids_BT=None) -> tuple[jax.Array, KVCache]:

@@ -69,7 +69,7 @@ class Evaluator:
     def __init__(self, cfg, splits, mesh, state_shardings, eval_def):
         rules = cfg.mesh.rules
         windows_WL = data.eval_windows(splits.val, cfg.train.seq_len, cfg.train.eval_windows)
-        batch = cfg.train.batch_size
+        batch = cfg.train.batch_size // cfg.train.grad_accum_steps  # a micro-batch: what fits in memory
         pad = -len(windows_WL) % batch
         self.tokens_NBL = np.concatenate([windows_WL, np.zeros((pad, windows_WL.shape[1]), np.int32)]).reshape(-1, batch, windows_WL.shape[1])
         self.weights_NB = np.concatenate([np.ones(len(windows_WL), np.float32), np.zeros(pad, np.float32)]).reshape(-1, batch)
@@ -89,20 +89,35 @@ class Evaluator:
         return total / count
 
 
+def _validate_model(cfg_model) -> None:
+    try:
+        model.validate(cfg_model)
+    except ValueError as e:
+        raise config_check.ConfigError(f"config.{e}") from None
+
+
 def train_and_evaluate(cfg, workdir) -> list[dict]:
     """Trains (resuming from WORKDIR's latest checkpoint if any); returns the metrics written this run."""
     sharding.initialize_distributed()
     config_check.validate(cfg)
+    early = cfg.model.copy_and_resolve_references()
+    early.vocab_size = early.vocab_size or 1  # the data's vocabulary is only known after loading it
+    _validate_model(early)  # a typo fails before the corpus download
+    try:
+        mesh = sharding.make_mesh(cfg.mesh, _mesh_devices(cfg.mesh.shape))
+    except ValueError as e:
+        raise config_check.ConfigError(f"config.{e}") from None
     splits = data.load_splits(cfg.data)
     cfg = resolve(cfg, splits)
-    model.validate(cfg.model)
-    mesh = sharding.make_mesh(cfg.mesh, _mesh_devices(cfg.mesh.shape))
+    _validate_model(cfg.model)
     rules, steps = cfg.mesh.rules, cfg.train.steps
     hosts, batch = jax.process_count(), cfg.train.batch_size
     replicas = mesh.shape["data"] * mesh.shape["fsdp"]
-    if batch % hosts or batch % replicas:
-        raise config_check.ConfigError(f"config.train.batch_size={batch} must be divisible by the {hosts} processes "
-                                       f"and the {replicas} data-parallel devices (mesh data x fsdp)")
+    micro = batch // cfg.train.grad_accum_steps
+    if batch % hosts or micro % replicas:
+        raise config_check.ConfigError(f"config.train.batch_size={batch} must be divisible by the {hosts} processes, and "
+                                       f"each of its {cfg.train.grad_accum_steps} micro-batches ({micro}) by the "
+                                       f"{replicas} data-parallel devices (mesh data x fsdp)")
     train_iter = data.train_iterator(splits.train, cfg.train.seq_len, batch // hosts, seed=cfg.train.seed,
                                      process_index=jax.process_index(), process_count=hosts, num_workers=cfg.data.num_workers)
     ckpt = Checkpointer(workdir, cfg.checkpoint)

@@ -29,7 +29,7 @@ def _grad_step(graphdef, params, rest, tokens_BL):
 def train_step(state, tokens_BL, *, graphdef, tx, schedule, accum_steps: int):
     """One optimiser step on the mean loss of A micro-batches of B / A windows each."""
     params = state["params"]
-    tokens_ABL = tokens_BL.reshape(accum_steps, -1, tokens_BL.shape[-1])
+    tokens_ABL = tokens_BL.reshape(-1, accum_steps, tokens_BL.shape[-1]).swapaxes(0, 1)  # strided: each spans all devices
 
     def micro_step(carry, tokens_bL):
         grads_sum, loss_sum, rest = carry

@@ -5,6 +5,7 @@ agree to 1e-4 relative (both paths are float32; they differ only in summation or
 inputs to 2e-2 relative (one bfloat16 rounding of outputs and gradients).
 """
 import functools
+import inspect
 import zlib
 
 import jax
@@ -228,18 +229,17 @@ def test_auto_rule():
     assert not auto._traces(auto.fused_softmax, q, q, q, implementation="cudnn", **fused)  # no cuDNN here: rule 2
 
 
-@pytest.mark.parametrize("packed", [False, True])
-def test_fused_path_prescales_ssmax_and_falls_back(packed):
+def test_fused_path_prescales_ssmax():
     """The GPU route (run here with the xla kernel): ssmax by query pre-scaling, values and gradients
-    equal to the reference; a packed mask is detected at run time and takes the blockwise path."""
-    q, k, v, g = _inputs(_key("fused", str(packed)), 2, 24, 24, 4, 2, 16, jnp.bfloat16)
-    mask = attention.make_mask(2, 24, 24, q_segment_ids=jnp.array([[0] * 10 + [1] * 14] * 2) if packed else None)
+    equal to the reference."""
+    q, k, v, g = _inputs(_key("fused"), 2, 24, 24, 4, 2, 16, jnp.bfloat16)
+    mask = attention.make_mask(2, 24, 24)
     spec = attention.VARIANTS["ssmax"]
 
     def run(implementation, q, k, v, s):
         opts = attention.variant_options("ssmax", {"s": s, "b": 0.2})
         if implementation == "fused":
-            return auto.fused_or(blockwise.attend, q, k, v, variant=spec, mask=mask, opts=opts, implementation="xla")
+            return auto.fused_softmax(q, k, v, variant=spec, mask=mask, opts=opts, implementation="xla")
         return reference.attend(q, k, v, variant=spec, mask=mask, opts=opts)
 
     def value_and_grads(q, k, v, g, s):
@@ -252,7 +252,20 @@ def test_fused_path_prescales_ssmax_and_falls_back(packed):
         _assert_close(got, want, 3e-2, "grad")
 
 
+def test_only_statically_plain_masks_are_fused():
+    """Positions, segments, padding, a window or an offset make a mask non-plain: no fused kernel."""
+    q = jax.ShapeDtypeStruct((1, 64, 12, 64), jnp.bfloat16)
+    assert attention.make_mask(1, 64, 64).plain and attention.make_mask(1, 64, 64, causal=False).plain
+    for options in (dict(q_positions=jnp.arange(64)), dict(q_segment_ids=jnp.zeros(64, int)), dict(kv_mask=jnp.ones(64, bool)),
+                    dict(window=8), dict(q_offset=0)):
+        mask = attention.make_mask(1, 64, 64, **options)
+        assert not mask.plain, options
+        assert auto.choose(q, q, variant=attention.VARIANTS["softmax"], mask=mask, platform="gpu") != "fused", options
+    assert not attention.make_mask(1, 32, 64).plain
+
+
 def test_default_implementation_is_auto():
+    assert inspect.signature(attention.attend).parameters["implementation"].default == "auto"
     q, k, v, _ = _inputs(_key("default"), 1, 16, 16, 2, 1, 8)
     default, reference_out = _fast_jit(
         lambda q, k, v: [attention.attend(q, k, v, variant="lssa", **options) for options in ({}, {"implementation": "reference"})], q, k, v

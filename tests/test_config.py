@@ -43,6 +43,11 @@ def test_command_line_overrides():
     assert cfg.model.num_layers == 12 and cfg.train.batch_size == 512
 
 
+def test_lssar_power_is_overridable_from_the_command_line():
+    assert _parse("--config=configs/lssar.py:tiny").model.attention_options.p == 15.0
+    assert _parse("--config=configs/lssar.py:tiny", "--config.model.attention_options.p=3").model.attention_options.p == 3.0
+
+
 def test_locked_config_rejects_unknown_fields():
     with pytest.raises(AttributeError, match="bogus"):
         _parse("--config=configs/softmax.py", "--config.train.bogus=1")

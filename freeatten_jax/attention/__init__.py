@@ -41,9 +41,11 @@ def make_mask(
     """Builds the Mask; default query positions are aligned so the last query sees every key."""
     if q_positions is not None and q_offset is not None:
         raise ValueError("pass q_positions or q_offset, not both")
+    given = (q_positions, kv_positions, q_offset, q_segment_ids, kv_segment_ids, kv_mask, window)
+    plain = q_len == kv_len and all(x is None for x in given)
     if q_positions is None:
-        offset_B1 = jnp.broadcast_to(jnp.asarray(kv_len - q_len if q_offset is None else q_offset, jnp.int32), (batch,))
-        q_positions = offset_B1[:, None] + jnp.arange(q_len, dtype=jnp.int32)
+        offset_B = jnp.broadcast_to(jnp.asarray(kv_len - q_len if q_offset is None else q_offset, jnp.int32), (batch,))
+        q_positions = offset_B[:, None] + jnp.arange(q_len, dtype=jnp.int32)
     if kv_positions is None:
         kv_positions = jnp.arange(kv_len, dtype=jnp.int32)
     if kv_segment_ids is None and q_segment_ids is not None:
@@ -61,6 +63,7 @@ def make_mask(
         kv_valid=_batch_rows(jnp.ones((kv_len,), bool) if kv_mask is None else kv_mask, batch, kv_len, "kv_mask", bool),
         causal=causal,
         window=window,
+        plain=plain,
     )
 
 

@@ -1,12 +1,12 @@
 """implementation="auto": the fastest correct path for the platform, variant and size.
 
 Glossary: B batch, T queries, S keys, H heads, K kv heads, D head dim. The rule:
-1. GPU, a softmax-normalised variant (softmax, ssmax), bfloat16/float16 inputs, T == S, no window,
-   D <= 256 and a multiple of 8: cuDNN flash attention (jax.nn.dot_product_attention) on the prepared
-   q, which already carries 1/sqrt(D) and ssmax's s log N_i + b. Whether the mask is plain (one
-   segment, no padding, query and key positions equal and increasing) is only known at run time, so
-   a lax.cond takes cuDNN when it is and rule 2's choice otherwise. If cuDNN refuses the shapes when
-   traced (its version, its own limits), rule 2 applies.
+1. GPU, a softmax-normalised variant (softmax, ssmax), bfloat16/float16 inputs, D <= 256 and a
+   multiple of 8, and a mask known to be plain when tracing (`Mask.plain`: T == S, default positions,
+   no segments, padding or window): cuDNN flash attention (jax.nn.dot_product_attention) on the
+   prepared q, which already carries 1/sqrt(D) and ssmax's s log N_i + b. Deciding while tracing
+   (not with a lax.cond) keeps the reference's residuals out of the cuDNN path's memory. If cuDNN
+   refuses the shapes when traced (its version, its own limits), rule 2 applies.
 2. Otherwise the reference while T·S is at most REFERENCE_MAX_TS for the platform (the faster path
    there) and one float32 score tensor B·H·T·S stays under REFERENCE_MAX_SCORES (4 GiB); blockwise
    above (O(T) memory; on CPU faster from T ~ 1024).
@@ -28,18 +28,8 @@ REFERENCE_MAX_SCORES = 2**30
 _FUSED_DTYPES = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
 
 
-def _plain(mask: Mask) -> jax.Array:
-    """True when the mask is what the fused kernel's is_causal flag expresses (one segment, no padding)."""
-    segment = mask.q_segment_ids[:, :1]
-    plain = jnp.all(mask.q_segment_ids == segment) & jnp.all(mask.kv_segment_ids == segment) & jnp.all(mask.kv_valid)
-    if mask.causal:
-        increasing = jnp.all(mask.q_positions[:, 1:] > mask.q_positions[:, :-1])
-        plain &= jnp.all(mask.q_positions == mask.kv_positions) & increasing
-    return plain
-
-
 def fused_softmax(q_BTHD, k_BSKD, v_BSKD, *, variant: Variant, mask: Mask, opts, implementation: str = "cudnn"):
-    """Softmax/ssmax through jax.nn.dot_product_attention, valid for a plain mask with T == S."""
+    """Softmax/ssmax through jax.nn.dot_product_attention, valid for a plain mask (`Mask.plain`)."""
     t, s = q_BTHD.shape[1], k_BSKD.shape[1]
     n_BT = jnp.arange(1, t + 1)[None, :] if mask.causal else jnp.full((1, t), s)
     qp_BTHD, kp_BSKD = variant.prepare(q_BTHD, k_BSKD, jnp.broadcast_to(n_BT, q_BTHD.shape[:2]), opts)
@@ -47,18 +37,6 @@ def fused_softmax(q_BTHD, k_BSKD, v_BSKD, *, variant: Variant, mask: Mask, opts,
     qp_BTHD, kp_BSKD, v_BSKD = (x.astype(dtype) for x in (qp_BTHD, kp_BSKD, v_BSKD))
     out_BTHD = jax.nn.dot_product_attention(qp_BTHD, kp_BSKD, v_BSKD, scale=1.0, is_causal=mask.causal, implementation=implementation)
     return out_BTHD.astype(dtype)
-
-
-def fused_or(fallback, q_BTHD, k_BSKD, v_BSKD, *, variant: Variant, mask: Mask, opts, implementation: str = "cudnn"):
-    """The fused kernel when the mask turns out plain at run time, else `fallback`."""
-
-    def fused(q, k, v):
-        return fused_softmax(q, k, v, variant=variant, mask=mask, opts=opts, implementation=implementation)
-
-    def other(q, k, v):
-        return fallback(q, k, v, variant=variant, mask=mask, opts=opts)
-
-    return jax.lax.cond(_plain(mask), fused, other, q_BTHD, k_BSKD, v_BSKD)
 
 
 def _by_size(q_BTHD, k_BSKD, platform: str) -> str:
@@ -70,8 +48,8 @@ def _by_size(q_BTHD, k_BSKD, platform: str) -> str:
 def choose(q_BTHD, k_BSKD, *, variant: Variant, mask: Mask, platform: str | None = None) -> str:
     """The implementation the rule picks: "fused", "reference" or "blockwise"."""
     platform = platform or jax.default_backend()
-    t, d, s = q_BTHD.shape[1], q_BTHD.shape[3], k_BSKD.shape[1]
-    fusable = variant.normalise == "softmax" and q_BTHD.dtype in _FUSED_DTYPES and t == s and mask.window is None
+    d = q_BTHD.shape[3]
+    fusable = variant.normalise == "softmax" and q_BTHD.dtype in _FUSED_DTYPES and mask.plain
     if platform == "gpu" and fusable and d <= 256 and d % 8 == 0:
         return "fused"
     return _by_size(q_BTHD, k_BSKD, platform)
@@ -94,5 +72,5 @@ def attend(q_BTHD, k_BSKD, v_BSKD, *, variant: Variant, mask: Mask, opts, **unkn
     args, kwargs = (q_BTHD, k_BSKD, v_BSKD), dict(variant=variant, mask=mask, opts=opts)
     fallback = implementations[_by_size(q_BTHD, k_BSKD, jax.default_backend())]
     if choose(q_BTHD, k_BSKD, variant=variant, mask=mask) == "fused" and _traces(fused_softmax, *args, **kwargs):
-        return fused_or(fallback, *args, **kwargs)
+        return fused_softmax(*args, **kwargs)
     return fallback(*args, **kwargs)

@@ -22,7 +22,7 @@ NEG_INF = -1e30  # finite "minus infinity" for masked logits: fully masked rows 
 @functools.partial(
     jax.tree_util.register_dataclass,
     data_fields=["q_positions", "kv_positions", "q_segment_ids", "kv_segment_ids", "kv_valid"],
-    meta_fields=["causal", "window"],
+    meta_fields=["causal", "window", "plain"],
 )
 @dataclasses.dataclass(frozen=True)
 class Mask:
@@ -35,6 +35,7 @@ class Mask:
     kv_valid: jax.Array  # [B, S] bool, False for padding keys
     causal: bool = True
     window: int | None = None  # keys farther than window - 1 positions away are hidden
+    plain: bool = False  # known when tracing: T == S, positions 0..T-1 on both sides, one segment, no padding
 
     def visible(self) -> jax.Array:
         """M as a [B, T, S] bool array (works on any slice of queries and keys)."""

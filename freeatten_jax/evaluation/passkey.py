@@ -1,7 +1,4 @@
-"""Passkey retrieval in the Landmark-attention format, scored by greedy decoding and by likelihood.
-
-Glossary: C candidate keys (the true one first), L prompt + key tokens.
-"""
+"""Passkey retrieval prompts in the Landmark-attention format, and exact-match scoring of a continuation."""
 import numpy as np
 
 INTRO = "There is an important info hidden inside a lot of irrelevant text. Find it and memorize it. I will quiz you about the important information there.\n"
@@ -27,12 +24,6 @@ def build_prompt(tokenizer, length: int, depth: float, key: str) -> tuple[np.nda
     tokens = np.concatenate([intro, filler[:before], needle, filler[before:], question])
     start = len(intro) + before
     return tokens, slice(start, start + len(needle))
-
-
-def score_candidates(log_probs_CL: np.ndarray, prompt_len: int) -> tuple[float, int]:
-    """(log-likelihood of the true key, its rank among the candidates: 1 = most likely)."""
-    totals_C = log_probs_CL[:, prompt_len - 1 :].sum(-1)
-    return float(totals_C[0]), int(1 + np.sum(totals_C[1:] > totals_C[0]))
 
 
 def exact_match(tokenizer, generated: np.ndarray, key: str) -> bool:

@@ -18,7 +18,7 @@ from freeatten_jax.evaluation import attention_stats, loss, passkey, report, swi
 
 @dataclasses.dataclass(frozen=True)
 class Settings:
-    multipliers: tuple[int, ...] = (1, 2, 4, 8, 16)  # evaluation lengths, in training lengths
+    multipliers: tuple[int, ...] = (1, 2, 4, 8, 16)  # evaluation lengths, in training lengths, ascending
     max_windows: int = 16  # held-out windows per length (fewer if the data runs out)
     passkey_depths: tuple[float, ...] = (0.1, 0.5, 0.9)
     passkey_keys: int = 3  # random keys per (length, depth) cell
@@ -117,7 +117,7 @@ def evaluate(workdir: str, switch: switches.Switch, settings: Settings, splits_o
     run = {"name": pathlib.Path(workdir).name, "workdir": str(workdir), "step": int(step), "variant": cfg.model.attention,
            "switch": switch.label, "train_len": train_len, "rope_theta": float(model.blocks[0].attn.rope_theta), "lengths": []}
     longest = None
-    for m in settings.multipliers:
+    for m in sorted(settings.multipliers):  # the last one is the longest: per-position loss and analysis
         windows_WL = _windows(splits, m * train_len, settings.max_windows, m)
         losses_WT = loss.token_losses(model, windows_WL)
         run["lengths"].append({"length": m * train_len, "multiplier": m, **loss.summarise(losses_WT, train_len)})

@@ -6,6 +6,8 @@ import dataclasses
 
 import jax.numpy as jnp
 
+from freeatten_jax import attention
+
 REWEIGHTABLE = ("lssa", "lssar")
 
 
@@ -65,7 +67,7 @@ def _trained_p(cfg) -> str:
     """The checkpoint's own re-weighting, as a switch value: 'off' for lssa, else its p."""
     if cfg.model.attention == "lssa":
         return "off"
-    p = dict(cfg.model.attention_options).get("p", 15.0)
+    p = dict(cfg.model.attention_options).get("p", attention.VARIANTS["lssar"].defaults["p"])
     return "off" if p is None else str(float(p))
 
 
