@@ -1,5 +1,6 @@
 """The training loop: resume, steps, validation, logging, checkpoints, preemption and NaN handling."""
 import functools
+import json
 import signal
 import time
 
@@ -89,6 +90,28 @@ class Evaluator:
         return total / count
 
 
+# Fields a resumed run must share with its checkpoint: the parameters' shapes and the data stream.
+RESUME_FIXED = ("model.", "data.", "train.seq_len", "train.batch_size", "train.seed")
+
+
+def _flat(d: dict, prefix: str = "") -> dict:
+    items = {}
+    for key, value in d.items():
+        items.update(_flat(value, f"{prefix}{key}.") if isinstance(value, dict) else {f"{prefix}{key}": value})
+    return items
+
+
+def _check_resumable(saved, cfg, step: int, workdir) -> None:
+    """Refuses to resume when a field that shapes the state or the data stream changed since the checkpoint."""
+    as_json = lambda c: _flat(json.loads(json.dumps(c.to_dict())))
+    old, new = as_json(saved), as_json(cfg)
+    changed = [k for k in sorted(set(old) | set(new)) if k.startswith(RESUME_FIXED) and old.get(k) != new.get(k)]
+    if changed:
+        k = changed[0]
+        raise config_check.ConfigError(f"config.{k} is {new.get(k)!r} but the checkpoint at step {step} in {workdir} used "
+                                       f"{old.get(k)!r} ({len(changed)} such field(s)); resume with the same value or use a new --workdir")
+
+
 def _validate_model(cfg_model) -> None:
     try:
         model.validate(cfg_model)
@@ -124,6 +147,7 @@ def train_and_evaluate(cfg, workdir) -> list[dict]:
     tx = optim.make(cfg.optim, steps)
     abstract, state_shardings = train_state.abstract_state(cfg, mesh, tx)
     if (start := ckpt.latest_step()) is not None:
+        _check_resumable(ckpt.config(start), cfg, start, workdir)
         state = ckpt.restore(start, abstract, train_iter)
         if jax.process_index() == 0:
             print(f"resumed from step {start} (checkpoint in {workdir})", flush=True)

@@ -11,7 +11,7 @@ import pytest
 from flax import nnx
 
 import configs.base
-from freeatten_jax import checkpoint, data, optim, sharding, train_lib, train_state, train_step
+from freeatten_jax import checkpoint, config_check, data, optim, sharding, train_lib, train_state, train_step
 from freeatten_jax.metrics_writer import read_metrics
 
 @pytest.fixture(scope="module", autouse=True)
@@ -137,6 +137,14 @@ def test_gradient_accumulation_matches_one_big_batch(text_glob):
     (s1, m1), (s4, m4) = results
     np.testing.assert_allclose(m1["loss"], m4["loss"], rtol=1e-5)
     jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6), s1["params"], s4["params"])
+
+
+def test_resuming_with_a_different_model_or_data_stream_is_refused(text_glob, tmp_path):
+    train_lib.train_and_evaluate(tiny_config("softmax", text_glob, **{"train.steps": 2}), tmp_path)
+    with pytest.raises(config_check.ConfigError, match=r"config.model.max_len is 32 but the checkpoint at step 2 .* used 16 \(2 such field"):
+        train_lib.train_and_evaluate(tiny_config("softmax", text_glob, **{"train.steps": 4, "train.seq_len": 32}), tmp_path)
+    longer = train_lib.train_and_evaluate(tiny_config("softmax", text_glob, **{"train.steps": 4}), tmp_path)  # more steps: fine
+    assert [m["step"] for m in longer] == [3, 4]
 
 
 def test_sharded_mesh_gives_the_same_losses(text_glob, tmp_path):
