@@ -198,15 +198,19 @@ class Attention(nnx.Module):
             v_BTKD += self.biases["v_KD"][...].astype(self.dtype)
         return apply_rope(q_BTHD, positions_BT, self.rope_theta), apply_rope(k_BTKD, positions_BT, self.rope_theta), v_BTKD
 
-    def _attend(self, q_BTHD, k_BSKD, v_BSKD, **mask):
+    def variant_options(self) -> dict[str, Any]:
+        """The variant's options as `attention.attend` takes them, the learned SSMax s (and b) included."""
         learned = {}
         if self.variant == "ssmax":
             learned["s"] = self.s_H[...]
             if self.b_H is not None:
                 learned["b"] = self.b_H[...]
+        return {**dict(self.options), **learned}
+
+    def _attend(self, q_BTHD, k_BSKD, v_BSKD, **mask):
         return attention.attend(
             q_BTHD, k_BSKD, v_BSKD, variant=self.variant, implementation=self.implementation,
-            **dict(self.options), **dict(self.implementation_options), **learned, **mask,
+            **self.variant_options(), **dict(self.implementation_options), **mask,
         )
 
     def _project_out(self, out_BTHD):

@@ -36,13 +36,6 @@ def _layers(model, tokens_BT):
     return [(block.attn, q, k) for block, (q, k) in zip(model.blocks, qk)]
 
 
-def _layer_options(layer) -> dict:
-    learned = {"s": layer.s_H[...]} if layer.variant == "ssmax" else {}
-    if layer.variant == "ssmax" and layer.b_H is not None:
-        learned["b"] = layer.b_H[...]
-    return {**dict(layer.options), **learned}
-
-
 @functools.partial(jax.jit, static_argnames=("variant", "start", "stop"))
 def _rows(q_BTHD, k_BTKD, options, *, variant, start, stop):
     """Weights of query rows [start, stop) over all keys: [B, H, R, T]."""
@@ -51,7 +44,7 @@ def _rows(q_BTHD, k_BTKD, options, *, variant, start, stop):
 
 
 def row_weights(layer, q_BTHD, k_BTKD, start: int, stop: int) -> jax.Array:
-    return _rows(q_BTHD, k_BTKD, _layer_options(layer), variant=layer.variant, start=start, stop=stop)
+    return _rows(q_BTHD, k_BTKD, layer.variant_options(), variant=layer.variant, start=start, stop=stop)
 
 
 def entropy_and_max(model, tokens_BT, chunk: int = 256) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
