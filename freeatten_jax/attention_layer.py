@@ -25,9 +25,7 @@ default_init = jax.nn.initializers.normal(0.02)
 
 def check_attention(variant: str, options: dict[str, Any]) -> None:
     """Raises ValueError on an unknown variant or an option the variant does not take."""
-    if variant not in attention.VARIANTS:
-        raise ValueError(f"unknown attention variant {variant!r}; valid variants: {', '.join(attention.VARIANTS)}")
-    allowed = [name for name in attention.VARIANTS[variant].defaults if name not in LEARNED_OPTIONS]
+    allowed = [name for name in attention.get_variant(variant).defaults if name not in LEARNED_OPTIONS]
     unknown = sorted(set(options) - set(allowed))
     if unknown:
         raise ValueError(f"attention variant {variant!r} got unknown option(s) {unknown}; it accepts: {allowed or 'none'}")
