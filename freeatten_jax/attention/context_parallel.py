@@ -1,0 +1,105 @@
+"""Context parallelism: `attend` with the sequence sharded over a mesh axis (ring attention, zig-zag balanced).
+
+Glossary: B batch, T queries, S keys, H heads, K kv heads, D head dim, n the context axis size, c = T / 2n
+(a zig-zag chunk). Three steps: (1) N_i of each device's queries over every key, from the key-side mask
+arrays all-gathered (int32/bool, B·S each: tiny next to K/V); (2) `variant.prepare` on the sharded
+arrays outside shard_map, so autodiff carries SSMax's s, b gradients as in blockwise; (3) in shard_map:
+reorder the sequence to zig-zag (device d holds chunks d and 2n-1-d, so every device does the same
+causal work), ring attention (ring.py), and back to the natural order.
+"""
+import dataclasses
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax.sharding import PartitionSpec as P
+
+import freeatten_jax.attention as attention  # the package's argument parsing (attention._split), used at call time
+from freeatten_jax.attention import blockwise, ring
+from freeatten_jax.attention.blockwise_rules import RULES, Config
+
+
+def _holder(chunk: int, size: int) -> int:
+    """The device that holds natural chunk `chunk` (of 2n) in the zig-zag order."""
+    return chunk if chunk < size else 2 * size - 1 - chunk
+
+
+def to_zigzag(x, axis_name: str, size: int):
+    """[B, 2c, ...] holding natural chunks (2d, 2d+1) -> the same shape holding chunks (d, 2n-1-d).
+
+    Inside shard_map. Every device receives one even and one odd chunk: two ppermutes."""
+    even, odd = jnp.split(x, 2, axis=1)
+    even = jax.lax.ppermute(even, axis_name, [(d, _holder(2 * d, size)) for d in range(size)])
+    odd = jax.lax.ppermute(odd, axis_name, [(d, _holder(2 * d + 1, size)) for d in range(size)])
+    even_device = jax.lax.axis_index(axis_name) % 2 == 0  # there chunk d is the even one
+    return jnp.where(even_device, jnp.concatenate([even, odd], 1), jnp.concatenate([odd, even], 1))
+
+
+def from_zigzag(x, axis_name: str, size: int):
+    """The inverse of to_zigzag: chunks (d, 2n-1-d) -> natural chunks (2d, 2d+1)."""
+    first, second = jnp.split(x, 2, axis=1)
+    even_device = jax.lax.axis_index(axis_name) % 2 == 0
+    even, odd = jnp.where(even_device, first, second), jnp.where(even_device, second, first)
+    zigzag = [(d, 2 * size - 1 - d) for d in range(size)]
+    even = jax.lax.ppermute(even, axis_name, [(d, (a if a % 2 == 0 else b) // 2) for d, (a, b) in enumerate(zigzag)])
+    odd = jax.lax.ppermute(odd, axis_name, [(d, (b if a % 2 == 0 else a) // 2) for d, (a, b) in enumerate(zigzag)])
+    return jnp.concatenate([even, odd], 1)
+
+
+def _count_visible(mask, *, axis_name: str, block_k: int):
+    """N_i of this device's queries over the whole key sequence (key-side mask arrays all-gathered)."""
+    gather = functools.partial(jax.lax.all_gather, axis_name=axis_name, axis=1, tiled=True)
+    full = dataclasses.replace(mask, **{name: gather(getattr(mask, name)) for name in ("kv_positions", "kv_segment_ids", "kv_valid")})
+    return blockwise.count_visible(full, block_k)
+
+
+def _ring_attend(qp_BTHD, kp_BSKD, v_BSKD, mask, n_BT, p, *, core, axis_name: str, size: int, blocks):
+    """Inside shard_map: to zig-zag, ring attention over the local blocks, back to the natural order."""
+    zigzag = functools.partial(to_zigzag, axis_name=axis_name, size=size)
+    qp_BTHD, kp_BSKD, v_BSKD, n_BT, mask = jax.tree.map(zigzag, (qp_BTHD, kp_BSKD, v_BSKD, n_BT, mask))
+    kv_masks = tuple(jax.lax.all_gather(x, axis_name) for x in (mask.kv_positions, mask.kv_segment_ids, mask.kv_valid))
+    context = ring.Ring(axis_name=axis_name, size=size, q_mask=mask, kv_masks=kv_masks, n_BT=n_BT)
+    (b, t, h, d), kv_heads = qp_BTHD.shape, kp_BSKD.shape[2]
+    q_IBKGQD = blockwise._query_blocks(qp_BTHD, blocks[0], kv_heads)
+    kt_JBKDC = blockwise._t(blockwise._key_blocks(kp_BSKD, blocks[1]))
+    out_IBKGQD = core(q_IBKGQD, kt_JBKDC, blockwise._key_blocks(v_BSKD, blocks[1]), p, context)
+    out_BTHD = out_IBKGQD.transpose(1, 0, 4, 2, 3, 5).reshape(b, -1, h, d)[:, :t]
+    return from_zigzag(out_BTHD, axis_name, size)
+
+
+def context_parallel_attend(q, k, v, *, mesh, axis_name: str, variant: str, causal: bool = True,
+                            batch_axis=None, head_axis=None, block_q=None, block_k=None, **options) -> jax.Array:
+    """`attend(q, k, v, ...)` for q, k, v sharded along the sequence over mesh axis `axis_name`.
+
+    batch_axis, head_axis: the mesh axes (or None) that shard the batch and the heads. options: attend's
+    variant and mask options. block_q, block_k: the per-device block lengths (default blockwise.BLOCKS).
+    q_len and kv_len must be multiples of 2n (zig-zag chunks): pad and hide the padding with kv_mask.
+    """
+    spec, mask, opts, rest = attention._split(q, k, v, variant, causal, dict(options))
+    if rest:
+        raise ValueError(f"unknown option(s) {sorted(rest)} for context_parallel_attend")
+    if axis_name not in mesh.shape:
+        raise ValueError(f"axis_name {axis_name!r} is not an axis of the mesh {dict(mesh.shape)}")
+    size = mesh.shape[axis_name]
+    for name, length in (("q_len", q.shape[1]), ("kv_len", k.shape[1])):
+        if length % (2 * size):
+            raise ValueError(f"{name} {length} must be a multiple of 2 x the {axis_name!r} axis size ({2 * size}) "
+                             "for zig-zag load balancing; pad it and hide the padding with kv_mask")
+    default_q, default_k = blockwise.BLOCKS.get(jax.default_backend(), blockwise.BLOCKS["gpu"])
+    blocks = (blockwise._block_size(q.shape[1] // size, block_q or default_q),
+              blockwise._block_size(k.shape[1] // size, block_k or default_k))
+    rows, tokens = P(batch_axis, axis_name), P(batch_axis, axis_name, head_axis, None)
+    shard = functools.partial(jax.shard_map, mesh=mesh, check_vma=False)
+
+    count = functools.partial(_count_visible, axis_name=axis_name, block_k=blocks[1])
+    n_BT = shard(count, in_specs=(rows,), out_specs=rows)(mask)
+    qp_BTHD, kp_BSKD = spec.prepare(q, k, n_BT, opts)
+
+    kind, p = spec.normalise, opts.get("p")
+    if kind == "reweight" and p is None:
+        kind = "sum"  # re-weighting switched off: plain LSSA
+    core = ring.attention_core(RULES[kind], Config(weight=spec.weight, p=None, static_power=blockwise._static_power(p)))
+    p_arg = jax.lax.stop_gradient(jnp.asarray(0.0 if p is None else p, jnp.float32))  # p is not differentiated
+    local = functools.partial(_ring_attend, core=core, axis_name=axis_name, size=size, blocks=blocks)
+    out_BTHD = shard(local, in_specs=(tokens, tokens, tokens, rows, rows, P()), out_specs=tokens)(qp_BTHD, kp_BSKD, v, mask, n_BT, p_arg)
+    return out_BTHD.astype(q.dtype)
