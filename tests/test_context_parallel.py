@@ -1,0 +1,151 @@
+"""context_parallel_attend equals the reference `attend` (values and gradients) on 8 forced host devices.
+
+Glossary: B batch, T queries, S keys, H heads, K kv heads, D head dim, n the context axis size.
+Tolerances as tests/test_blockwise.py: 1e-4 of the largest reference value for float32 (summation order
+only), 2e-2 for bfloat16. Each (scenario, variant) is jitted once with a cheap backend compile.
+"""
+import functools
+import math
+import zlib
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import PartitionSpec as P
+
+from freeatten_jax import attention
+from freeatten_jax.attention import context_parallel
+
+TOLERANCE = {jnp.float32: 1e-4, jnp.bfloat16: 2e-2}
+BLOCKS = dict(block_q=4, block_k=4)  # several blocks per device, and blocks straddling zig-zag chunks
+FAST_COMPILE = {"xla_backend_optimization_level": 0, "xla_llvm_disable_expensive_passes": True}
+ALL = list(attention.VARIANTS)
+
+
+def _mesh(**axes):
+    devices = jax.devices()[: math.prod(axes.values())]
+    return jax.make_mesh(tuple(axes.values()), tuple(axes), devices=devices, axis_types=(jax.sharding.AxisType.Auto,) * len(axes))
+
+
+def _inputs(name, b, t, s, h, kv_heads, d, dtype=jnp.float32):
+    kq, kk, kv, kg = jax.random.split(jax.random.key(zlib.crc32(name.encode())), 4)
+    q_BTHD = jax.random.normal(kq, (b, t, h, d), dtype)
+    k_BSKD, v_BSKD = (jax.random.normal(key, (b, s, kv_heads, d), dtype) for key in (kk, kv))
+    return q_BTHD, k_BSKD, v_BSKD, jax.random.normal(kg, (b, t, h, d), dtype)
+
+
+def _scenario(name):
+    """(mesh, sharding axes, q, k, v, cotangent, causal, mask options)."""
+    if name == "context4_causal_packed_padded_gqa":  # segments start at 5 and at 16 (a device boundary); row 1's
+        q, k, v, g = _inputs(name, 2, 32, 32, 4, 2, 8)  # segment 1 is all padding: N_i = 0 rows
+        segments = jnp.array([[0] * 5 + [1] * 11 + [2] * 16, [0] * 24 + [1] * 8])
+        kv_mask = jnp.array([[True] * 30 + [False] * 2, [True] * 24 + [False] * 8])
+        return _mesh(context=4), {}, q, k, v, g, True, dict(q_segment_ids=segments, kv_mask=kv_mask)
+    if name == "context2_bidirectional_window_positions_mqa":  # shuffled positions, a window, segments split at 12
+        q, k, v, g = _inputs(name, 2, 24, 24, 2, 1, 8)
+        positions = jax.random.permutation(jax.random.key(1), 24)
+        segments = jnp.array([0] * 12 + [1] * 12)
+        options = dict(q_positions=positions, kv_positions=positions, q_segment_ids=segments, window=9)
+        return _mesh(context=2), {}, q, k, v, g, False, options
+    if name == "context8_kv_cache_offset":  # kv_len > q_len, per-sequence offsets: every query sees the first 30 keys
+        q, k, v, g = _inputs(name, 2, 16, 48, 4, 2, 8)
+        return _mesh(context=8), {}, q, k, v, g, True, dict(q_offset=jnp.array([30, 32]))
+    if name == "data2_context4_batch_sharded":
+        q, k, v, g = _inputs(name, 2, 32, 32, 4, 2, 8)
+        segments = jnp.array([[0] * 8 + [1] * 24, [0] * 20 + [1] * 12])
+        return _mesh(data=2, context=4), dict(batch_axis="data"), q, k, v, g, True, dict(q_segment_ids=segments)
+    if name == "data2_context2_tensor2_heads_sharded_bfloat16":
+        q, k, v, g = _inputs(name, 2, 16, 16, 4, 2, 8, jnp.bfloat16)
+        axes = dict(batch_axis="data", head_axis="tensor")
+        return _mesh(data=2, context=2, tensor=2), axes, q, k, v, g, True, dict(q_segment_ids=jnp.array([0] * 4 + [1] * 12))
+    raise ValueError(name)
+
+
+CASES = [
+    *[("context4_causal_packed_padded_gqa", variant) for variant in ALL],
+    *[("context2_bidirectional_window_positions_mqa", variant) for variant in ALL],
+    ("context8_kv_cache_offset", "lssar"),
+    ("context8_kv_cache_offset", "ssmax"),
+    ("data2_context4_batch_sharded", "lssa"),
+    ("data2_context4_batch_sharded", "softmax"),
+    ("data2_context2_tensor2_heads_sharded_bfloat16", "ssmax"),
+    ("data2_context2_tensor2_heads_sharded_bfloat16", "lssar"),
+]
+
+
+def _variant_params(variant: str, h: int):
+    """The differentiable variant options (ssmax's s per head, and b)."""
+    return {"s": jnp.linspace(0.6, 1.4, h), "b": jnp.float32(0.1)} if variant == "ssmax" else {}
+
+
+def _value_and_grads(attend, q, k, v, g, params):
+    """The output and the vjp of g w.r.t. q, k, v and params, jitted once."""
+
+    def value_and_grads(q, k, v, g, params):
+        out, vjp = jax.vjp(attend, q, k, v, params)
+        return out, vjp(g)
+
+    return jax.jit(value_and_grads).lower(q, k, v, g, params).compile(FAST_COMPILE)(q, k, v, g, params)
+
+
+def _assert_close(got, want, tolerance, what):
+    got, want = np.asarray(got, np.float32), np.asarray(want, np.float32)
+    assert np.all(np.isfinite(got)), what
+    scale = max(float(np.max(np.abs(want))), 1e-3)
+    error = float(np.max(np.abs(got - want)))
+    assert error <= tolerance * scale, f"{what}: max error {error:.3g} vs scale {scale:.3g}"
+
+
+@pytest.mark.parametrize("scenario, variant", CASES)
+def test_matches_reference(scenario, variant):
+    mesh, axes, q, k, v, g, causal, mask_options = _scenario(scenario)
+    params = _variant_params(variant, q.shape[2])
+    options = dict(variant=variant, causal=causal, **mask_options)
+    split = functools.partial(context_parallel.context_parallel_attend, mesh=mesh, axis_name="context", **axes, **BLOCKS, **options)
+    whole = functools.partial(attention.attend, implementation="reference", **options)
+    (out, grads), (out_ref, grads_ref) = (_value_and_grads(lambda q, k, v, p, f=f: f(q, k, v, **p), q, k, v, g, params) for f in (split, whole))
+    tolerance = TOLERANCE[q.dtype.type]
+    assert out.dtype == q.dtype
+    _assert_close(out, out_ref, tolerance, "output")
+    for name, got, want in zip(["dq", "dk", "dv", "params"], grads, grads_ref):
+        for (path, leaf), leaf_ref in zip(jax.tree_util.tree_leaves_with_path(got), jax.tree.leaves(want)):
+            _assert_close(leaf, leaf_ref, tolerance, f"{name}{jax.tree_util.keystr(path)}")
+
+
+def _zigzag_round_trip(x_BT, size):
+    mesh = _mesh(context=size)
+    spec = P(None, "context")
+
+    def local(x_BT):
+        zigzag_BT = context_parallel.to_zigzag(x_BT, "context", size)
+        return zigzag_BT, context_parallel.from_zigzag(zigzag_BT, "context", size)
+
+    return jax.shard_map(local, mesh=mesh, in_specs=spec, out_specs=(spec, spec), check_vma=False)(x_BT)
+
+
+@pytest.mark.parametrize("size", [2, 4, 8])
+def test_zigzag_layout_balances_causal_work(size):
+    """Device d holds chunks d and 2n-1-d; the round trip is the identity; every device then sees the same
+    number of causally visible pairs (Σ_i N_i over its queries)."""
+    t = 4 * size
+    zigzag_BT, back_BT = _zigzag_round_trip(jnp.arange(t)[None], size)
+    chunks = np.arange(t).reshape(2 * size, 2)
+    want = np.concatenate([np.concatenate([chunks[d], chunks[2 * size - 1 - d]]) for d in range(size)])
+    np.testing.assert_array_equal(zigzag_BT[0], want)
+    np.testing.assert_array_equal(back_BT[0], np.arange(t))
+    pairs_per_device = (np.asarray(zigzag_BT[0]) + 1).reshape(size, -1).sum(axis=1)
+    assert np.all(pairs_per_device == pairs_per_device[0]), pairs_per_device
+
+
+def test_bad_arguments_raise_one_line_errors():
+    q = jnp.zeros((1, 20, 2, 8))
+    call = functools.partial(context_parallel.context_parallel_attend, q, q, q, mesh=_mesh(context=4), variant="lssa")
+    with pytest.raises(ValueError, match="q_len 20 must be a multiple of 2 x the 'context' axis size"):
+        call(axis_name="context")
+    with pytest.raises(ValueError, match="not an axis of the mesh"):
+        call(axis_name="sequence")
+    with pytest.raises(ValueError, match="unknown option"):
+        call(axis_name="context", implementation="reference")
+    with pytest.raises(ValueError, match="unknown attention variant"):
+        context_parallel.context_parallel_attend(q, q, q, mesh=_mesh(context=4), axis_name="context", variant="cosine")
