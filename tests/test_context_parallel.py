@@ -66,11 +66,8 @@ CASES = [
     *[("context4_causal_packed_padded_gqa", variant) for variant in ALL],
     *[("context2_bidirectional_window_positions_mqa", variant) for variant in ALL],
     ("context8_kv_cache_offset", "lssar"),
-    ("context8_kv_cache_offset", "ssmax"),
     ("data2_context4_batch_sharded", "lssa"),
-    ("data2_context4_batch_sharded", "softmax"),
     ("data2_context2_tensor2_heads_sharded_bfloat16", "ssmax"),
-    ("data2_context2_tensor2_heads_sharded_bfloat16", "lssar"),
 ]
 
 
