@@ -10,10 +10,11 @@ import jax.numpy as jnp
 
 from freeatten_jax.attention import auto, blockwise, reference
 from freeatten_jax.attention.variants import VARIANTS, Mask, Variant, get_variant, variant_options
+from freeatten_jax.attention.context_parallel import context_parallel_attend
 
 IMPLEMENTATIONS = {"reference": reference.attend, "blockwise": blockwise.attend, "auto": auto.attend}
 
-__all__ = ["attend", "attention_weights", "make_mask", "Mask", "Variant", "VARIANTS", "IMPLEMENTATIONS"]
+__all__ = ["attend", "attention_weights", "make_mask", "Mask", "Variant", "VARIANTS", "IMPLEMENTATIONS", "context_parallel_attend"]
 
 
 def _batch_rows(x, batch: int, length: int, name: str, dtype) -> jax.Array:
