@@ -1,8 +1,8 @@
 """context_parallel_attend equals the reference `attend` (values and gradients) on 8 forced host devices.
 
 Glossary: B batch, T queries, S keys, H heads, K kv heads, D head dim, n the context axis size.
-Tolerances as tests/test_blockwise.py: 1e-4 of the largest reference value for float32 (summation order
-only), 2e-2 for bfloat16. Each (scenario, variant) is jitted once with a cheap backend compile.
+Tolerances and comparison from tests/test_blockwise.py: 1e-4 of the largest reference value for float32
+(summation order only), 2e-2 for bfloat16. Each (scenario, variant) is jitted once with a cheap backend compile.
 """
 import functools
 import math
@@ -13,13 +13,12 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from jax.sharding import PartitionSpec as P
+from test_blockwise import FAST_COMPILE, TOLERANCE, _assert_close
 
 from freeatten_jax import attention
 from freeatten_jax.attention import context_parallel
 
-TOLERANCE = {jnp.float32: 1e-4, jnp.bfloat16: 2e-2}
 BLOCKS = dict(block_q=4, block_k=4)  # several blocks per device, and blocks straddling zig-zag chunks
-FAST_COMPILE = {"xla_backend_optimization_level": 0, "xla_llvm_disable_expensive_passes": True}
 ALL = list(attention.VARIANTS)
 
 
@@ -63,11 +62,13 @@ def _scenario(name):
 
 
 CASES = [
-    *[("context4_causal_packed_padded_gqa", variant) for variant in ALL],
-    *[("context2_bidirectional_window_positions_mqa", variant) for variant in ALL],
-    ("context8_kv_cache_offset", "lssar"),
-    ("data2_context4_batch_sharded", "lssa"),
-    ("data2_context2_tensor2_heads_sharded_bfloat16", "ssmax"),
+    *[("context4_causal_packed_padded_gqa", variant, "ring") for variant in ALL],
+    *[("context2_bidirectional_window_positions_mqa", variant, "ring") for variant in ALL],
+    ("context8_kv_cache_offset", "lssar", "ring"),
+    ("data2_context4_batch_sharded", "lssa", "ring"),
+    ("data2_context2_tensor2_heads_sharded_bfloat16", "ssmax", "ring"),
+    ("context4_causal_packed_padded_gqa", "lssar", "gather"),
+    ("context2_bidirectional_window_positions_mqa", "softmax", "gather"),
 ]
 
 
@@ -86,20 +87,13 @@ def _value_and_grads(attend, q, k, v, g, params):
     return jax.jit(value_and_grads).lower(q, k, v, g, params).compile(FAST_COMPILE)(q, k, v, g, params)
 
 
-def _assert_close(got, want, tolerance, what):
-    got, want = np.asarray(got, np.float32), np.asarray(want, np.float32)
-    assert np.all(np.isfinite(got)), what
-    scale = max(float(np.max(np.abs(want))), 1e-3)
-    error = float(np.max(np.abs(got - want)))
-    assert error <= tolerance * scale, f"{what}: max error {error:.3g} vs scale {scale:.3g}"
-
-
-@pytest.mark.parametrize("scenario, variant", CASES)
-def test_matches_reference(scenario, variant):
+@pytest.mark.parametrize("scenario, variant, strategy", CASES)
+def test_matches_reference(scenario, variant, strategy):
     mesh, axes, q, k, v, g, causal, mask_options = _scenario(scenario)
     params = _variant_params(variant, q.shape[2])
     options = dict(variant=variant, causal=causal, **mask_options)
-    split = functools.partial(context_parallel.context_parallel_attend, mesh=mesh, axis_name="context", **axes, **BLOCKS, **options)
+    split = functools.partial(context_parallel.context_parallel_attend, mesh=mesh, axis_name="context", strategy=strategy,
+                              **axes, **BLOCKS, **options)
     whole = functools.partial(attention.attend, implementation="reference", **options)
     (out, grads), (out_ref, grads_ref) = (_value_and_grads(lambda q, k, v, p, f=f: f(q, k, v, **p), q, k, v, g, params) for f in (split, whole))
     tolerance = TOLERANCE[q.dtype.type]
@@ -142,6 +136,8 @@ def test_bad_arguments_raise_one_line_errors():
         call(axis_name="context")
     with pytest.raises(ValueError, match="not an axis of the mesh"):
         call(axis_name="sequence")
+    with pytest.raises(ValueError, match="unknown strategy 'scatter'"):
+        call(axis_name="context", strategy="scatter")
     with pytest.raises(ValueError, match="unknown option"):
         call(axis_name="context", implementation="reference")
     with pytest.raises(ValueError, match="unknown attention variant"):

@@ -18,6 +18,8 @@ import freeatten_jax.attention as attention  # the package's argument parsing (a
 from freeatten_jax.attention import blockwise, ring
 from freeatten_jax.attention.blockwise_rules import RULES, Config
 
+STRATEGIES = ("ring", "gather")
+
 
 def _holder(chunk: int, size: int) -> int:
     """The device that holds natural chunk `chunk` (of 2n) in the zig-zag order."""
@@ -53,13 +55,18 @@ def _count_visible(mask, *, axis_name: str, block_k: int):
     return blockwise.count_visible(full, block_k)
 
 
-def _ring_attend(qp_BTHD, kp_BSKD, v_BSKD, mask, n_BT, p, *, core, axis_name: str, size: int, blocks):
-    """Inside shard_map: to zig-zag, ring attention over the local blocks, back to the natural order."""
+def _ring_attend(qp_BTHD, kp_BSKD, v_BSKD, mask, n_BT, p, *, core, axis_name: str, size: int, blocks, gather: bool):
+    """Inside shard_map: to zig-zag, ring attention over the local blocks, back to the natural order.
+
+    gather: all-gather K/V (autodiff reduce-scatters dK/dV) and run a ring of one step instead."""
     zigzag = functools.partial(to_zigzag, axis_name=axis_name, size=size)
     qp_BTHD, kp_BSKD, v_BSKD, n_BT, mask = jax.tree.map(zigzag, (qp_BTHD, kp_BSKD, v_BSKD, n_BT, mask))
     kv_masks = tuple(jax.lax.all_gather(x, axis_name) for x in (mask.kv_positions, mask.kv_segment_ids, mask.kv_valid))
-    context = ring.Ring(axis_name=axis_name, size=size, q_mask=mask, kv_masks=kv_masks, n_BT=n_BT)
-    (b, t, h, d), kv_heads = qp_BTHD.shape, kp_BSKD.shape[2]
+    (b, t, h, d), kv_heads, steps = qp_BTHD.shape, kp_BSKD.shape[2], size
+    if gather:
+        kp_BSKD, v_BSKD = (jax.lax.all_gather(x, axis_name, axis=1, tiled=True) for x in (kp_BSKD, v_BSKD))
+        kv_masks, steps = tuple(x.transpose(1, 0, 2).reshape(1, b, -1) for x in kv_masks), 1
+    context = ring.Ring(axis_name=axis_name, size=steps, q_mask=mask, kv_masks=kv_masks, n_BT=n_BT)
     q_IBKGQD = blockwise._query_blocks(qp_BTHD, blocks[0], kv_heads)
     kt_JBKDC = blockwise._t(blockwise._key_blocks(kp_BSKD, blocks[1]))
     out_IBKGQD = core(q_IBKGQD, kt_JBKDC, blockwise._key_blocks(v_BSKD, blocks[1]), p, context)
@@ -67,10 +74,12 @@ def _ring_attend(qp_BTHD, kp_BSKD, v_BSKD, mask, n_BT, p, *, core, axis_name: st
     return from_zigzag(out_BTHD, axis_name, size)
 
 
-def context_parallel_attend(q, k, v, *, mesh, axis_name: str, variant: str, causal: bool = True,
+def context_parallel_attend(q, k, v, *, mesh, axis_name: str, variant: str, causal: bool = True, strategy: str = "ring",
                             batch_axis=None, head_axis=None, block_q=None, block_k=None, **options) -> jax.Array:
     """`attend(q, k, v, ...)` for q, k, v sharded along the sequence over mesh axis `axis_name`.
 
+    strategy: "ring" passes K/V chunks round the axis (O(S/n) K/V per device); "gather" all-gathers them
+    (O(S) K/V per device, one collective: worth it when K/V are small, e.g. GQA with few kv heads).
     batch_axis, head_axis: the mesh axes (or None) that shard the batch and the heads. options: attend's
     variant and mask options. block_q, block_k: the per-device block lengths (default blockwise.BLOCKS).
     q_len and kv_len must be multiples of 2n (zig-zag chunks): pad and hide the padding with kv_mask.
@@ -80,6 +89,8 @@ def context_parallel_attend(q, k, v, *, mesh, axis_name: str, variant: str, caus
         raise ValueError(f"unknown option(s) {sorted(rest)} for context_parallel_attend")
     if axis_name not in mesh.shape:
         raise ValueError(f"axis_name {axis_name!r} is not an axis of the mesh {dict(mesh.shape)}")
+    if strategy not in STRATEGIES:
+        raise ValueError(f"unknown strategy {strategy!r}; valid: {', '.join(STRATEGIES)}")
     size = mesh.shape[axis_name]
     for name, length in (("q_len", q.shape[1]), ("kv_len", k.shape[1])):
         if length % (2 * size):
@@ -100,6 +111,6 @@ def context_parallel_attend(q, k, v, *, mesh, axis_name: str, variant: str, caus
         kind = "sum"  # re-weighting switched off: plain LSSA
     core = ring.attention_core(RULES[kind], Config(weight=spec.weight, p=None, static_power=blockwise._static_power(p)))
     p_arg = jax.lax.stop_gradient(jnp.asarray(0.0 if p is None else p, jnp.float32))  # p is not differentiated
-    local = functools.partial(_ring_attend, core=core, axis_name=axis_name, size=size, blocks=blocks)
+    local = functools.partial(_ring_attend, core=core, axis_name=axis_name, size=size, blocks=blocks, gather=strategy == "gather")
     out_BTHD = shard(local, in_specs=(tokens, tokens, tokens, rows, rows, P()), out_specs=tokens)(qp_BTHD, kp_BSKD, v, mask, n_BT, p_arg)
     return out_BTHD.astype(q.dtype)

@@ -23,7 +23,7 @@ class Ring:
     """Where a device sits on the ring, and the key-side mask of every device's chunk."""
 
     axis_name: str
-    size: int  # static: the context axis size n
+    size: int  # static: the number of ring steps (the context axis size n, or 1 when K/V are all-gathered)
     q_mask: Mask  # q arrays [B, T/n] (this device's queries), kv arrays unused
     kv_masks: tuple  # (kv_positions, kv_segment_ids, kv_valid), each [n, B, S/n], indexed by device
     n_BT: jax.Array  # N_i of this device's queries, counted over every key (int32 [B, T/n])
@@ -37,7 +37,9 @@ class Ring:
 
 
 def rotate(tree, axis_name: str, size: int):
-    """Send every array to the next device on the ring."""
+    """Send every array to the next device on the ring (nothing to send on a ring of one: K/V gathered)."""
+    if size == 1:
+        return tree
     return jax.lax.ppermute(tree, axis_name, [(d, (d + 1) % size) for d in range(size)])
 
 
