@@ -50,11 +50,11 @@ def _scenario(name):
     if name == "context8_kv_cache_offset":  # kv_len > q_len, per-sequence offsets: every query sees the first 30 keys
         q, k, v, g = _inputs(name, 2, 16, 48, 4, 2, 8)
         return _mesh(context=8), {}, q, k, v, g, True, dict(q_offset=jnp.array([30, 32]))
-    if name == "data2_context4_batch_sharded":
+    if name == "data2_context4_replicated_over_data":  # batch_axis None: every data row computes the whole batch
         q, k, v, g = _inputs(name, 2, 32, 32, 4, 2, 8)
         segments = jnp.array([[0] * 8 + [1] * 24, [0] * 20 + [1] * 12])
-        return _mesh(data=2, context=4), dict(batch_axis="data"), q, k, v, g, True, dict(q_segment_ids=segments)
-    if name == "data2_context2_tensor2_heads_sharded_bfloat16":
+        return _mesh(data=2, context=4), {}, q, k, v, g, True, dict(q_segment_ids=segments)
+    if name == "data2_context2_tensor2_heads_sharded_bfloat16":  # batch over data, heads over tensor
         q, k, v, g = _inputs(name, 2, 16, 16, 4, 2, 8, jnp.bfloat16)
         axes = dict(batch_axis="data", head_axis="tensor")
         return _mesh(data=2, context=2, tensor=2), axes, q, k, v, g, True, dict(q_segment_ids=jnp.array([0] * 4 + [1] * 12))
@@ -65,7 +65,7 @@ CASES = [
     *[("context4_causal_packed_padded_gqa", variant, "ring") for variant in ALL],
     *[("context2_bidirectional_window_positions_mqa", variant, "ring") for variant in ALL],
     ("context8_kv_cache_offset", "lssar", "ring"),
-    ("data2_context4_batch_sharded", "lssa", "ring"),
+    ("data2_context4_replicated_over_data", "lssa", "ring"),
     ("data2_context2_tensor2_heads_sharded_bfloat16", "ssmax", "ring"),
     ("context4_causal_packed_padded_gqa", "lssar", "gather"),
     ("context2_bidirectional_window_positions_mqa", "softmax", "gather"),

@@ -100,6 +100,8 @@ def context_parallel_attend(q, k, v, *, mesh, axis_name: str, variant: str, caus
     blocks = (blockwise._block_size(q.shape[1] // size, block_q or default_q),
               blockwise._block_size(k.shape[1] // size, block_k or default_k))
     rows, tokens = P(batch_axis, axis_name), P(batch_axis, axis_name, head_axis, None)
+    # check_vma=False: the ring's loops carry zeros (replicated) into device-varying values; the tests
+    # check the gradients, replicated axes included
     shard = functools.partial(jax.shard_map, mesh=mesh, check_vma=False)
 
     count = functools.partial(_count_visible, axis_name=axis_name, block_k=blocks[1])

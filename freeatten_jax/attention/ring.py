@@ -10,6 +10,7 @@ after n steps; only the output and per-row statistics are saved.
 """
 import dataclasses
 import functools
+
 import jax
 import jax.numpy as jnp
 
@@ -25,7 +26,7 @@ class Ring:
     axis_name: str
     size: int  # static: the number of ring steps (the context axis size n, or 1 when K/V are all-gathered)
     q_mask: Mask  # q arrays [B, T/n] (this device's queries), kv arrays unused
-    kv_masks: tuple  # (kv_positions, kv_segment_ids, kv_valid), each [n, B, S/n], indexed by device
+    kv_masks: tuple  # (kv_positions, kv_segment_ids, kv_valid), each [size, B, S/size], indexed by device
     n_BT: jax.Array  # N_i of this device's queries, counted over every key (int32 [B, T/n])
 
     def plan(self, step, q_size: int, kv_size: int) -> blockwise.Plan:
