@@ -112,13 +112,26 @@ def _zigzag_round_trip(x_BT, size):
         zigzag_BT = context_parallel.to_zigzag(x_BT, "context", size)
         return zigzag_BT, context_parallel.from_zigzag(zigzag_BT, "context", size)
 
-    return jax.shard_map(local, mesh=mesh, in_specs=spec, out_specs=(spec, spec), check_vma=False)(x_BT)
+    return jax.jit(jax.shard_map(local, mesh=mesh, in_specs=spec, out_specs=(spec, spec), check_vma=False))(x_BT)
+
+
+def _block_pairs_per_device(t, size, block):
+    """How many (query block, key block) pairs each device visits over the ring, causal plain mask."""
+
+    def local(mask):
+        mask = jax.tree.map(functools.partial(context_parallel.to_zigzag, axis_name="context", size=size), mask)
+        kv_masks = tuple(jax.lax.all_gather(x, "context") for x in (mask.kv_positions, mask.kv_segment_ids, mask.kv_valid))
+        ring = context_parallel.ring.Ring(axis_name="context", size=size, q_mask=mask, kv_masks=kv_masks, n_BT=mask.q_positions)
+        return sum(jnp.sum(ring.plan(step, block, block).maybe_IJ) for step in range(size))[None]
+
+    shard = jax.shard_map(local, mesh=_mesh(context=size), in_specs=P(None, "context"), out_specs=P("context"), check_vma=False)
+    return np.asarray(jax.jit(shard)(attention.make_mask(1, t, t)))
 
 
 @pytest.mark.parametrize("size", [2, 4, 8])
 def test_zigzag_layout_balances_causal_work(size):
     """Device d holds chunks d and 2n-1-d; the round trip is the identity; every device then sees the same
-    number of causally visible pairs (Σ_i N_i over its queries)."""
+    number of causally visible pairs (Σ_i N_i over its queries) and visits the same number of blocks."""
     t = 4 * size
     zigzag_BT, back_BT = _zigzag_round_trip(jnp.arange(t)[None], size)
     chunks = np.arange(t).reshape(2 * size, 2)
@@ -127,6 +140,8 @@ def test_zigzag_layout_balances_causal_work(size):
     np.testing.assert_array_equal(back_BT[0], np.arange(t))
     pairs_per_device = (np.asarray(zigzag_BT[0]) + 1).reshape(size, -1).sum(axis=1)
     assert np.all(pairs_per_device == pairs_per_device[0]), pairs_per_device
+    blocks_per_device = _block_pairs_per_device(16 * size, size, 4)
+    assert np.all(blocks_per_device == blocks_per_device[0]), blocks_per_device
 
 
 def test_bad_arguments_raise_one_line_errors():
