@@ -42,7 +42,8 @@ def _compiled(attend, shapes, sharding):
         _, vjp = jax.vjp(attend, q, k, v)
         return vjp(g)
 
-    return jax.jit(forward_backward).lower(*[jax.ShapeDtypeStruct(shape, jnp.float32, sharding=sharding) for shape in shapes]).compile()
+    structs = [jax.ShapeDtypeStruct(shape, jnp.float32, sharding=sharding) for shape in shapes]
+    return jax.jit(forward_backward).lower(*structs).compile()
 
 
 def _seconds(compiled, shapes, sharding, repeats: int) -> float:
@@ -92,7 +93,8 @@ def main():
     parser.add_argument("--strategies", type=lambda s: s.split(","), default=["ring"], help="ring, gather or both")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--time-up-to", type=int, default=8192, help="time only lengths up to this (memory for all)")
-    parser.add_argument("--output", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "RESULTS_context_parallel.md"))
+    results = os.path.join(os.path.dirname(os.path.abspath(__file__)), "RESULTS_context_parallel.md")
+    parser.add_argument("--output", default=results)
     args = parser.parse_args()
     load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
     machine = f"{os.cpu_count()} cores; JAX {jax.__version__}, {len(jax.devices())} host devices; load average at start {load}"

@@ -95,7 +95,9 @@ def test_matches_reference(scenario, variant, strategy):
     split = functools.partial(context_parallel.context_parallel_attend, mesh=mesh, axis_name="context", strategy=strategy,
                               **axes, **BLOCKS, **options)
     whole = functools.partial(attention.attend, implementation="reference", **options)
-    (out, grads), (out_ref, grads_ref) = (_value_and_grads(lambda q, k, v, p, f=f: f(q, k, v, **p), q, k, v, g, params) for f in (split, whole))
+    (out, grads), (out_ref, grads_ref) = (
+        _value_and_grads(lambda q, k, v, p, f=f: f(q, k, v, **p), q, k, v, g, params) for f in (split, whole)
+    )
     tolerance = TOLERANCE[q.dtype.type]
     assert out.dtype == q.dtype
     _assert_close(out, out_ref, tolerance, "output")
@@ -120,8 +122,7 @@ def _block_pairs_per_device(t, size, block):
 
     def local(mask):
         mask = jax.tree.map(functools.partial(context_parallel.to_zigzag, axis_name="context", size=size), mask)
-        kv_masks = tuple(jax.lax.all_gather(x, "context") for x in (mask.kv_positions, mask.kv_segment_ids, mask.kv_valid))
-        ring = context_parallel.ring.Ring(axis_name="context", size=size, q_mask=mask, kv_masks=kv_masks, n_BT=mask.q_positions)
+        ring = context_parallel.ring.Ring.around(mask, mask.q_positions, "context", size)  # N_i plays no part here
         return sum(jnp.sum(ring.plan(step, block, block).maybe_IJ) for step in range(size))[None]
 
     shard = jax.shard_map(local, mesh=_mesh(context=size), in_specs=P(None, "context"), out_specs=P("context"), check_vma=False)

@@ -51,7 +51,7 @@ def from_zigzag(x, axis_name: str, size: int):
 def _count_visible(mask, *, axis_name: str, block_k: int):
     """N_i of this device's queries over the whole key sequence (key-side mask arrays all-gathered)."""
     gather = functools.partial(jax.lax.all_gather, axis_name=axis_name, axis=1, tiled=True)
-    full = dataclasses.replace(mask, **{name: gather(getattr(mask, name)) for name in ("kv_positions", "kv_segment_ids", "kv_valid")})
+    full = dataclasses.replace(mask, **{name: gather(getattr(mask, name)) for name in ring.KV_FIELDS})
     return blockwise.count_visible(full, block_k)
 
 
@@ -61,12 +61,12 @@ def _ring_attend(qp_BTHD, kp_BSKD, v_BSKD, mask, n_BT, p, *, core, axis_name: st
     gather: all-gather K/V (autodiff reduce-scatters dK/dV) and run a ring of one step instead."""
     zigzag = functools.partial(to_zigzag, axis_name=axis_name, size=size)
     qp_BTHD, kp_BSKD, v_BSKD, n_BT, mask = jax.tree.map(zigzag, (qp_BTHD, kp_BSKD, v_BSKD, n_BT, mask))
-    kv_masks = tuple(jax.lax.all_gather(x, axis_name) for x in (mask.kv_positions, mask.kv_segment_ids, mask.kv_valid))
-    (b, t, h, d), kv_heads, steps = qp_BTHD.shape, kp_BSKD.shape[2], size
+    context = ring.Ring.around(mask, n_BT, axis_name, size)
+    (b, t, h, d), kv_heads = qp_BTHD.shape, kp_BSKD.shape[2]
     if gather:
         kp_BSKD, v_BSKD = (jax.lax.all_gather(x, axis_name, axis=1, tiled=True) for x in (kp_BSKD, v_BSKD))
-        kv_masks, steps = tuple(x.transpose(1, 0, 2).reshape(1, b, -1) for x in kv_masks), 1
-    context = ring.Ring(axis_name=axis_name, size=steps, q_mask=mask, kv_masks=kv_masks, n_BT=n_BT)
+        kv_masks = tuple(x.transpose(1, 0, 2).reshape(1, b, -1) for x in context.kv_masks)  # one chunk: all keys
+        context = dataclasses.replace(context, size=1, kv_masks=kv_masks)
     q_IBKGQD = blockwise._query_blocks(qp_BTHD, blocks[0], kv_heads)
     kt_JBKDC = blockwise._t(blockwise._key_blocks(kp_BSKD, blocks[1]))
     out_IBKGQD = core(q_IBKGQD, kt_JBKDC, blockwise._key_blocks(v_BSKD, blocks[1]), p, context)
@@ -114,5 +114,6 @@ def context_parallel_attend(q, k, v, *, mesh, axis_name: str, variant: str, caus
     core = ring.attention_core(RULES[kind], Config(weight=spec.weight, p=None, static_power=blockwise._static_power(p)))
     p_arg = jax.lax.stop_gradient(jnp.asarray(0.0 if p is None else p, jnp.float32))  # p is not differentiated
     local = functools.partial(_ring_attend, core=core, axis_name=axis_name, size=size, blocks=blocks, gather=strategy == "gather")
-    out_BTHD = shard(local, in_specs=(tokens, tokens, tokens, rows, rows, P()), out_specs=tokens)(qp_BTHD, kp_BSKD, v, mask, n_BT, p_arg)
+    local = shard(local, in_specs=(tokens, tokens, tokens, rows, rows, P()), out_specs=tokens)
+    out_BTHD = local(qp_BTHD, kp_BSKD, v, mask, n_BT, p_arg)
     return out_BTHD.astype(q.dtype)

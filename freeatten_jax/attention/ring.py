@@ -18,7 +18,12 @@ from freeatten_jax.attention import blockwise
 from freeatten_jax.attention.variants import Mask
 
 
-@functools.partial(jax.tree_util.register_dataclass, data_fields=["q_mask", "kv_masks", "n_BT"], meta_fields=["axis_name", "size"])
+KV_FIELDS = ("kv_positions", "kv_segment_ids", "kv_valid")  # a Mask's key-side arrays
+
+
+@functools.partial(
+    jax.tree_util.register_dataclass, data_fields=["q_mask", "kv_masks", "n_BT"], meta_fields=["axis_name", "size"]
+)
 @dataclasses.dataclass(frozen=True)
 class Ring:
     """Where a device sits on the ring, and the key-side mask of every device's chunk."""
@@ -26,14 +31,19 @@ class Ring:
     axis_name: str
     size: int  # static: the number of ring steps (the context axis size n, or 1 when K/V are all-gathered)
     q_mask: Mask  # q arrays [B, T/n] (this device's queries), kv arrays unused
-    kv_masks: tuple  # (kv_positions, kv_segment_ids, kv_valid), each [size, B, S/size], indexed by device
+    kv_masks: tuple  # the KV_FIELDS arrays of every device's chunk, each [size, B, S/size], indexed by device
     n_BT: jax.Array  # N_i of this device's queries, counted over every key (int32 [B, T/n])
+
+    @classmethod
+    def around(cls, mask: Mask, n_BT, axis_name: str, size: int) -> "Ring":
+        """Inside shard_map: the ring of this device's mask arrays and N_i (key-side arrays all-gathered)."""
+        kv_masks = tuple(jax.lax.all_gather(getattr(mask, name), axis_name) for name in KV_FIELDS)
+        return cls(axis_name=axis_name, size=size, q_mask=mask, kv_masks=kv_masks, n_BT=n_BT)
 
     def plan(self, step, q_size: int, kv_size: int) -> blockwise.Plan:
         """The block plan of this device's queries against the chunk it holds at ring step `step`."""
         source = (jax.lax.axis_index(self.axis_name) - step) % self.size
-        positions, segments, valid = (x[source] for x in self.kv_masks)
-        mask = dataclasses.replace(self.q_mask, kv_positions=positions, kv_segment_ids=segments, kv_valid=valid)
+        mask = dataclasses.replace(self.q_mask, **{name: x[source] for name, x in zip(KV_FIELDS, self.kv_masks)})
         return blockwise._plan(mask, self.n_BT, q_size, kv_size)
 
 
