@@ -171,8 +171,8 @@ def test_block_skipping_is_conservative(causal):
         2, 50, 60, causal=causal, q_positions=q_positions, q_segment_ids=q_segments, kv_segment_ids=kv_segments,
         kv_mask=jax.random.bernoulli(keys[3], 0.8, (2, 60)), window=20,
     )
-    maybe_IJ = _fast_jit(lambda mask: blockwise._plan(mask, blockwise.count_visible(mask, 8), 8, 8).maybe_IJ, mask)
-    visible_TS = np.pad(np.any(mask.visible(), axis=0), ((0, 6), (0, 4)))
+    maybe_IJ = _fast_jit(lambda mask: blockwise._plan(mask, blockwise.count_visible(mask, 8)[0], 8, 8, 1).maybe_IJ, mask)
+    visible_TS = np.pad(np.any(mask.visible(), axis=(0, 1)), ((0, 6), (0, 4)))
     visible_IJ = visible_TS.reshape(7, 8, 8, 8).any(axis=(1, 3))
     assert not np.any(visible_IJ & ~np.asarray(maybe_IJ))
     assert not np.all(maybe_IJ)  # and something is skipped
@@ -182,9 +182,9 @@ def test_count_visible_and_block_skipping():
     """N_i equals the dense count; key blocks strictly above the causal diagonal are skipped."""
     segments = jnp.array([[0] * 25 + [1] * 15] * 2)
     mask = attention.make_mask(2, 40, 40, q_segment_ids=segments, kv_mask=jnp.arange(40) < 37, window=30)
-    np.testing.assert_array_equal(_fast_jit(lambda mask: blockwise.count_visible(mask, 8), mask), jnp.sum(mask.visible(), axis=-1))
+    np.testing.assert_array_equal(_fast_jit(lambda mask: blockwise.count_visible(mask, 8)[0], mask), jnp.sum(mask.visible(), axis=-1))
     plain = attention.make_mask(1, 64, 64)
-    maybe_IJ = _fast_jit(lambda mask: blockwise._plan(mask, jnp.zeros((1, 64), jnp.int32), 16, 16).maybe_IJ, plain)
+    maybe_IJ = _fast_jit(lambda mask: blockwise._plan(mask, jnp.zeros((1, 1, 64), jnp.int32), 16, 16, 1).maybe_IJ, plain)
     np.testing.assert_array_equal(maybe_IJ, np.tril(np.ones((4, 4), bool)))
 
 

@@ -9,7 +9,7 @@ import jax
 import jax.numpy as jnp
 
 from freeatten_jax.attention import auto, blockwise, reference
-from freeatten_jax.attention.variants import VARIANTS, Mask, Variant, get_variant, variant_options
+from freeatten_jax.attention.variants import VARIANTS, Mask, Variant, check_positive_int, get_variant, variant_options
 
 IMPLEMENTATIONS = {"reference": reference.attend, "blockwise": blockwise.attend, "auto": auto.attend}
 
@@ -37,11 +37,17 @@ def make_mask(
     kv_segment_ids=None,
     kv_mask=None,
     window: int | None = None,
+    mask=None,
 ) -> Mask:
-    """Builds the Mask; default query positions are aligned so the last query sees every key."""
+    """Builds the Mask; default query positions are aligned so the last query sees every key.
+
+    mask: an explicit boolean [batch or 1, heads or 1, q_len, kv_len] mask, ANDed with the rest."""
     if q_positions is not None and q_offset is not None:
         raise ValueError("pass q_positions or q_offset, not both")
-    given = (q_positions, kv_positions, q_offset, q_segment_ids, kv_segment_ids, kv_mask, window)
+    check_positive_int("window", window)
+    if mask is not None:
+        mask = _dense_mask(mask, batch, q_len, kv_len)
+    given = (q_positions, kv_positions, q_offset, q_segment_ids, kv_segment_ids, kv_mask, window, mask)
     plain = q_len == kv_len and all(x is None for x in given)
     if q_positions is None:
         offset_B = jnp.broadcast_to(jnp.asarray(kv_len - q_len if q_offset is None else q_offset, jnp.int32), (batch,))
@@ -62,17 +68,32 @@ def make_mask(
         kv_segment_ids=_batch_rows(zeros_kv if kv_segment_ids is None else kv_segment_ids, batch, kv_len, "kv_segment_ids", jnp.int32),
         kv_valid=_batch_rows(jnp.ones((kv_len,), bool) if kv_mask is None else kv_mask, batch, kv_len, "kv_mask", bool),
         causal=causal,
-        window=window,
+        window=None if window is None else int(window),
         plain=plain,
+        dense=mask,
     )
 
 
-_MASK_OPTIONS = ("q_positions", "kv_positions", "q_offset", "q_segment_ids", "kv_segment_ids", "kv_mask", "window")
+def _dense_mask(mask, batch: int, q_len: int, kv_len: int) -> jax.Array:
+    """The explicit mask as a [batch or 1, heads or 1, q_len, kv_len] bool array."""
+    if not jnp.issubdtype(jnp.result_type(mask), jnp.bool_):
+        raise ValueError(f"mask must be boolean (True = visible), got {jnp.result_type(mask)}")
+    shape = jnp.shape(mask)
+    if len(shape) != 4 or shape[0] not in (1, batch) or shape[2:] != (q_len, kv_len):
+        raise ValueError(f"mask must have shape [{batch} or 1, heads or 1, {q_len}, {kv_len}], got {shape}")
+    return jnp.asarray(mask)
+
+
+_MASK_OPTIONS = ("q_positions", "kv_positions", "q_offset", "q_segment_ids", "kv_segment_ids", "kv_mask", "window", "mask")
 
 
 def _check_shapes(q, k, v):
     if q.ndim != 4 or k.ndim != 4 or v.ndim != 4:
         raise ValueError(f"q, k, v must be [batch, len, heads, head_dim]; got {q.shape}, {k.shape}, {v.shape}")
+    if not all(jnp.issubdtype(x.dtype, jnp.floating) for x in (q, k, v)):
+        raise ValueError(f"q, k, v must be floating point, got {q.dtype}, {k.dtype}, {v.dtype}")
+    if q.shape[1] == 0 or k.shape[1] == 0:
+        raise ValueError(f"q_len and kv_len must be > 0, got {q.shape[1]} and {k.shape[1]}")
     if k.shape != v.shape:
         raise ValueError(f"k and v shapes differ: {k.shape} vs {v.shape}")
     if q.shape[0] != k.shape[0] or q.shape[3] != k.shape[3]:
@@ -87,16 +108,21 @@ def _split(q, k, v, variant: str, causal: bool, options: dict[str, Any]):
     spec = get_variant(variant)
     mask_args = {name: options.pop(name) for name in _MASK_OPTIONS if name in options}
     mask = make_mask(q.shape[0], q.shape[1], k.shape[1], causal=causal, **mask_args)
-    variant_args = {name: options.pop(name) for name in spec.defaults if name in options}
-    return spec, mask, variant_options(variant, variant_args), options
+    if mask.dense is not None and mask.dense.shape[1] not in (1, q.shape[2]):
+        raise ValueError(f"mask's head axis must be 1 or num_heads={q.shape[2]}, got {mask.dense.shape}")
+    variant_args = {name: options.pop(name) for name in (*spec.defaults, "scale") if name in options}
+    return spec, mask, variant_options(variant, variant_args, q.shape[2]), options
 
 
 def attend(q, k, v, *, variant: str, causal: bool = True, implementation: str = "auto", **options) -> jax.Array:
     """Attention output [B, T, H, D] in q's dtype (normalisation in float32).
 
-    options: the variant's own (`s`, `b` for ssmax; `p` for lssar, None = off), the mask's
-    (`q_positions`, `kv_positions`, `q_offset`, `q_segment_ids`, `kv_segment_ids`, `kv_mask`,
-    `window`), and any the implementation takes.
+    options: the variant's own (`s`, `b` for ssmax; `p` for lssar, None = off; `scale` instead of
+    1/sqrt(d) for softmax, ssmax, sigmoid and relu), the mask's (`q_positions`, `kv_positions`,
+    `q_offset`, `q_segment_ids`, `kv_segment_ids`, `kv_mask`, `window`, `mask`: an explicit boolean
+    [B or 1, H or 1, T, S] mask ANDed with the others), and any the implementation takes.
+    Keys and values that no query of their batch row sees may hold NaN/Inf (SPEC §8); a row that
+    sees no key outputs zeros.
     """
     if implementation not in IMPLEMENTATIONS:
         raise ValueError(f"unknown implementation {implementation!r}; valid: {', '.join(IMPLEMENTATIONS)}")

@@ -15,7 +15,7 @@ import jax
 import jax.numpy as jnp
 
 from freeatten_jax.attention.blockwise_rules import RULES, Config
-from freeatten_jax.attention.variants import Mask, Variant
+from freeatten_jax.attention.variants import Mask, Variant, check_positive_int, hide_unseen
 
 _HIGHEST = jax.lax.Precision.HIGHEST
 # Default (query, key) block sizes. CPU: measured with benchmarks/attention.py (256 x 128 was best or
@@ -27,8 +27,8 @@ class Plan(NamedTuple):
     """The blocked mask and which (query block, key block) pairs may hold a visible pair."""
 
     q_mask: Mask  # arrays [I, B, Q]
-    kv_mask: Mask  # arrays [J, B, C]
-    n_IB11Q1: jax.Array  # N_i as float32
+    kv_mask: Mask  # arrays [J, B, C]; a dense mask as [J, B or 1, H or 1, I·Q, C]
+    n_IBKGQ1: jax.Array  # N_i as float32 (K = G = 1 unless the dense mask is per head)
     maybe_IJ: jax.Array  # bool: False only where the block is provably invisible
     k_first_I: jax.Array  # first and one-past-last key block that query block i may see
     k_end_I: jax.Array
@@ -44,13 +44,23 @@ def _blocks(x_BL, size: int, fill) -> jax.Array:
     return x_BL.reshape(x_BL.shape[0], -1, size).transpose(1, 0, 2)
 
 
-def _kv_mask_blocks(mask: Mask, size: int) -> Mask:
+def _dense_blocks(dense_BHTS, size: int, q_size: int):
+    """[B, H, T, S] -> [J, B, H, T', C] (T' = T padded to a multiple of q_size), padded with False."""
+    if dense_BHTS is None:
+        return None
+    b, h, t, s = dense_BHTS.shape
+    dense_BHTS = jnp.pad(dense_BHTS, ((0, 0), (0, 0), (0, -t % q_size), (0, -s % size)))
+    return dense_BHTS.reshape(b, h, dense_BHTS.shape[2], -1, size).transpose(3, 0, 1, 2, 4)
+
+
+def _kv_mask_blocks(mask: Mask, size: int, q_size: int = 1) -> Mask:
     """The key-side mask arrays as [J, B, C]; padding keys are invalid."""
     return dataclasses.replace(
         mask,
         kv_positions=_blocks(mask.kv_positions, size, None),
         kv_segment_ids=_blocks(mask.kv_segment_ids, size, None),
         kv_valid=_blocks(mask.kv_valid, size, False),
+        dense=_dense_blocks(mask.dense, size, q_size),
     )
 
 
@@ -62,7 +72,9 @@ def _q_mask_blocks(mask: Mask, size: int) -> Mask:
 
 
 def _pair(q_mask: Mask, kv_mask: Mask, i, j) -> Mask:
-    """The mask of query block i against key block j ([B, Q, C] when visible() is called)."""
+    """The mask of query block i against key block j ([B, H or 1, Q, C] when visible() is called)."""
+    size = q_mask.q_positions.shape[-1]
+    dense = None if kv_mask.dense is None else jax.lax.dynamic_slice_in_dim(kv_mask.dense[j], i * size, size, axis=2)
     return dataclasses.replace(
         q_mask,
         q_positions=q_mask.q_positions[i],
@@ -70,20 +82,24 @@ def _pair(q_mask: Mask, kv_mask: Mask, i, j) -> Mask:
         kv_positions=kv_mask.kv_positions[j],
         kv_segment_ids=kv_mask.kv_segment_ids[j],
         kv_valid=kv_mask.kv_valid[j],
+        dense=dense,
     )
 
 
-def count_visible(mask: Mask, block_k: int) -> jax.Array:
-    """N_i = Σ_j M_ij as [B, T] int32, one key block at a time (never a T x S array)."""
+def count_visible(mask: Mask, block_k: int):
+    """N_i = Σ_j M_ij as [B, H or 1, T] int32, and whether any query sees key j as [B, H or 1, S],
+    one key block at a time (never a T x S array unless the mask is dense)."""
     kv_mask = _kv_mask_blocks(mask, block_k)
 
-    def add_block(n_BT, kv):
-        block = dataclasses.replace(mask, kv_positions=kv[0], kv_segment_ids=kv[1], kv_valid=kv[2])
-        return n_BT + jnp.sum(block.visible(), axis=-1, dtype=jnp.int32), None
+    def add_block(n_BHT, kv_block):
+        visible_BHTC = dataclasses.replace(mask, **kv_block).visible()
+        return n_BHT + jnp.sum(visible_BHTC, axis=-1, dtype=jnp.int32), jnp.any(visible_BHTC, axis=2)
 
-    kv = (kv_mask.kv_positions, kv_mask.kv_segment_ids, kv_mask.kv_valid)
-    n_BT, _ = jax.lax.scan(add_block, jnp.zeros(mask.q_positions.shape, jnp.int32), kv)
-    return n_BT
+    names = ("kv_positions", "kv_segment_ids", "kv_valid", "dense")
+    (b, t), heads = mask.q_positions.shape, 1 if mask.dense is None else mask.dense.shape[1]
+    n_BHT, seen_JBHC = jax.lax.scan(add_block, jnp.zeros((b, heads, t), jnp.int32), {n: getattr(kv_mask, n) for n in names})
+    seen_BHS = seen_JBHC.transpose(1, 2, 0, 3).reshape(b, heads, -1)[:, :, : mask.kv_positions.shape[1]]
+    return n_BHT, seen_BHS
 
 
 def _range_stats(x_IBQ, valid_IBQ):
@@ -107,6 +123,9 @@ def _maybe_visible(q_mask: Mask, kv_mask: Mask) -> jax.Array:
         maybe &= k_lo <= q_hi
     if q_mask.window is not None:
         maybe &= (k_lo - q_hi < q_mask.window) & (q_lo - k_hi < q_mask.window)
+    if kv_mask.dense is not None:
+        j, b, h, t, c = kv_mask.dense.shape
+        maybe &= jnp.any(kv_mask.dense.reshape(j, b, h, -1, q_mask.q_positions.shape[-1], c), axis=(1, 2, 4, 5)).T
     return maybe
 
 
@@ -119,20 +138,29 @@ def _span(maybe_XY):
     return jnp.where(anything, first, 0), jnp.where(anything, end, 0)
 
 
-def _plan(mask: Mask, n_BT, q_size: int, kv_size: int) -> Plan:
-    q_mask, kv_mask = _q_mask_blocks(mask, q_size), _kv_mask_blocks(mask, kv_size)
+def _split_heads(x, axis: int, kv_heads: int):
+    """Split a head axis of size H into (K, G), or a size-1 head axis into (1, 1)."""
+    h = x.shape[axis]
+    groups = kv_heads if h > 1 else 1
+    return x.reshape(*x.shape[:axis], groups, h // groups, *x.shape[axis + 1 :])
+
+
+def _plan(mask: Mask, n_BHT, q_size: int, kv_size: int, kv_heads: int) -> Plan:
+    q_mask, kv_mask = _q_mask_blocks(mask, q_size), _kv_mask_blocks(mask, kv_size, q_size)
     maybe_IJ = _maybe_visible(q_mask, kv_mask)
-    n_IB11Q1 = _blocks(n_BT, q_size, 0).astype(jnp.float32)[:, :, None, None, :, None]
-    return Plan(q_mask, kv_mask, n_IB11Q1, maybe_IJ, *_span(maybe_IJ), *_span(maybe_IJ.T))
+    b, h, t = n_BHT.shape
+    n_IBHQ = jnp.pad(n_BHT, ((0, 0), (0, 0), (0, -t % q_size))).reshape(b, h, -1, q_size).transpose(2, 0, 1, 3)
+    n_IBKGQ1 = _split_heads(n_IBHQ.astype(jnp.float32), 2, kv_heads)[..., None]
+    return Plan(q_mask, kv_mask, n_IBKGQ1, maybe_IJ, *_span(maybe_IJ), *_span(maybe_IJ.T))
 
 
 def _scores(q_BKGQD, kt_BKDC):
     return jnp.einsum("BKGQD,BKDC->BKGQC", q_BKGQD, kt_BKDC, precision=_HIGHEST)
 
 
-def _visible(plan: Plan, i, j):
-    """M for query block i and key block j as [B, 1, 1, Q, C]."""
-    return _pair(plan.q_mask, plan.kv_mask, i, j).visible()[:, None, None]
+def _visible(plan: Plan, i, j, kv_heads: int):
+    """M for query block i and key block j as [B, K, G, Q, C] (K = G = 1 unless per head)."""
+    return _split_heads(_pair(plan.q_mask, plan.kv_mask, i, j).visible(), 1, kv_heads)
 
 
 def _take(tree, i):
@@ -149,7 +177,7 @@ def _forward(rule, cfg: Config, q_IBKGQD, kt_JBKDC, v_JBKCD, plan: Plan):
 
             def visit(j, carry):
                 scores_BKGQC = _scores(q_BKGQD, kt_JBKDC[j])
-                return step(carry, scores_BKGQC, _visible(plan, i, j), v_JBKCD[j], n, rows)
+                return step(carry, scores_BKGQC, _visible(plan, i, j, q_BKGQD.shape[1]), v_JBKCD[j], n, rows)
 
             def body(j, carry):
                 return jax.lax.cond(plan.maybe_IJ[i, j], functools.partial(visit, j), lambda c: c, carry)
@@ -160,7 +188,7 @@ def _forward(rule, cfg: Config, q_IBKGQD, kt_JBKDC, v_JBKCD, plan: Plan):
             return finish(carry, n)
 
         index_I = jnp.arange(q_IBKGQD.shape[0])
-        return jax.lax.map(per_query_block, (index_I, q_IBKGQD, plan.n_IB11Q1, rows_I))
+        return jax.lax.map(per_query_block, (index_I, q_IBKGQD, plan.n_IBKGQ1, rows_I))
 
     return rule.forward(sweep, cfg)
 
@@ -181,8 +209,8 @@ def _backward(rule, cfg: Config, q_IBKGQD, kt_JBKDC, v_JBKCD, plan: Plan, rows_I
             dkt_BKDC, dvt_BKDC, dq_IBKGQD = carry
             dp_BKGQC = jnp.einsum("BKGQD,BKDC->BKGQC", dout_IBKGQD[i], vt_BKDC, precision=_HIGHEST)
             scores_BKGQC = _scores(q_IBKGQD[i], kt_BKDC)
-            visible = _visible(plan, i, j)
-            w_BKGQC, ds_BKGQC = rule.grad_block(scores_BKGQC, visible, plan.n_IB11Q1[i], _take(rows_I, i), dp_BKGQC, cfg)
+            visible = _visible(plan, i, j, k_BKCD.shape[1])
+            w_BKGQC, ds_BKGQC = rule.grad_block(scores_BKGQC, visible, plan.n_IBKGQ1[i], _take(rows_I, i), dp_BKGQC, cfg)
             dvt_BKDC += jnp.einsum("BKDGQ,BKGQC->BKDC", dout_t_IBKDGQ[i], w_BKGQC, precision=_HIGHEST)
             dkt_BKDC += jnp.einsum("BKDGQ,BKGQC->BKDC", qt_IBKDGQ[i], ds_BKGQC, precision=_HIGHEST)
             dq_BKGQD = jnp.einsum("BKGQC,BKCD->BKGQD", ds_BKGQC, k_BKCD, precision=_HIGHEST)
@@ -253,20 +281,24 @@ def _key_blocks(x_BSKD, size: int):
 def attend(q_BTHD, k_BSKD, v_BSKD, *, variant: Variant, mask: Mask, opts, block_q=None, block_k=None, **unknown):
     """o_i = Σ_j A_ij v_j without a T x S array; float32 math, output in q's dtype.
 
-    block_q, block_k: query and key block lengths (default BLOCKS for the platform)."""
+    block_q, block_k: query and key block lengths (default BLOCKS for the platform).
+    A dense mask is read one (query block, key block) tile at a time; without one, memory is O(T)."""
     if unknown:
         raise ValueError(f"unknown option(s) {sorted(unknown)}; implementation 'blockwise' takes block_q, block_k")
+    check_positive_int("block_q", block_q)
+    check_positive_int("block_k", block_k)
     default_q, default_k = BLOCKS.get(jax.default_backend(), BLOCKS["gpu"])
     (b, t, h, d), (s, kv_heads) = q_BTHD.shape, k_BSKD.shape[1:3]
     q_size, kv_size = _block_size(t, block_q or default_q), _block_size(s, block_k or default_k)
     kind, p = variant.normalise, opts.get("p")
     if kind == "reweight" and p is None:
         kind = "sum"  # re-weighting switched off: plain LSSA
-    n_BT = count_visible(mask, kv_size)
-    qp_BTHD, kp_BSKD = variant.prepare(q_BTHD, k_BSKD, n_BT, opts)
+    n_BHT, seen_BHS = count_visible(mask, kv_size)
+    k_BSKD, v_BSKD = hide_unseen(k_BSKD, v_BSKD, seen_BHS)
+    qp_BTHD, kp_BSKD = variant.prepare(q_BTHD, k_BSKD, n_BHT, opts)
     core = _attention_core(RULES[kind], Config(weight=variant.weight, p=None, static_power=_static_power(p)))
     p_arg = jax.lax.stop_gradient(jnp.asarray(0.0 if p is None else p, jnp.float32))  # p is not differentiated
     q_IBKGQD, kt_JBKDC = _query_blocks(qp_BTHD, q_size, kv_heads), _t(_key_blocks(kp_BSKD, kv_size))
-    out_IBKGQD = core(q_IBKGQD, kt_JBKDC, _key_blocks(v_BSKD, kv_size), p_arg, _plan(mask, n_BT, q_size, kv_size))
+    out_IBKGQD = core(q_IBKGQD, kt_JBKDC, _key_blocks(v_BSKD, kv_size), p_arg, _plan(mask, n_BHT, q_size, kv_size, kv_heads))
     out_BTHD = out_IBKGQD.transpose(1, 0, 4, 2, 3, 5).reshape(b, -1, h, d)[:, :t]
     return out_BTHD.astype(q_BTHD.dtype)
