@@ -99,7 +99,7 @@ def _log_count_BTH1(n_BHT):
 def _prepare_dot(q_BTHD, k_BSKD, n_BHT, opts):
     """q times `scale` (default 1/sqrt(d))."""
     q_BTHD, k_BSKD = q_BTHD.astype(jnp.float32), k_BSKD.astype(jnp.float32)
-    if opts["scale"] is None:
+    if opts.get("scale") is None:
         return q_BTHD / math.sqrt(q_BTHD.shape[-1]), k_BSKD
     return q_BTHD * jnp.asarray(opts["scale"], jnp.float32), k_BSKD
 
