@@ -117,3 +117,105 @@ def test_scale_replaces_inverse_sqrt_d(variant):
     want = attention.attend(q * (0.3 * 4.0), k, v, variant=variant, implementation="reference")
     _assert_close(scaled, want, 1e-5, "scale")
     assert not np.allclose(scaled, attention.attend(q, k, v, variant=variant, implementation="reference"))
+
+
+def _poison_case(name: str, variant: str):
+    """(q, k, v, g, options, hidden_BS): keys no query of their batch row sees, and a row with N_i = 0."""
+    q, k, v, g = _inputs(_key("poison", name, variant), 2, 5, 16, 4, 2, 8)
+    options = dict(q_offset=jnp.array([5, 9]), kv_mask=jnp.arange(16) >= jnp.array([[2], [0]]))  # cache tail + padding
+    if name == "dense":  # key 3 hidden from every query; query 2 of row 1 sees nothing (N_i = 0)
+        options["mask"] = jnp.ones((2, 4, 5, 16), bool).at[:, :, :, 3].set(False).at[1, :, 2].set(False)
+    hidden_BS = ~jnp.any(attention.make_mask(2, 5, 16, **options).visible(), axis=(1, 2))
+    return q, k, v, g, options, hidden_BS
+
+
+@pytest.mark.parametrize("implementation", IMPLEMENTATIONS)
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_hidden_nan_and_inf_change_nothing(variant, implementation):
+    """NaN keys and ±Inf values where no query of the batch row looks (padding, unfilled cache slots,
+    a dense mask) leave every output and every gradient exactly as with finite values there; the
+    hidden rows' own gradients are 0 and a row with N_i = 0 outputs zeros."""
+    cases = {name: _poison_case(name, variant) for name in ("structured", "dense")}
+    params = _params(variant, 4)
+
+    def run(cases):
+        results = {}
+        for name, (q, k, v, g, options, hidden_BS) in cases.items():
+            hidden_BS11 = hidden_BS[:, :, None, None]
+            attend = functools.partial(
+                attention.attend, variant=variant, implementation=implementation, **options, **params, **IMPLEMENTATIONS[implementation]
+            )
+            garbage_B111 = jnp.array([jnp.inf, -jnp.inf])[:, None, None, None]
+
+            def poisoned(q, k, v):
+                return attend(q, jnp.where(hidden_BS11, jnp.nan, k), jnp.where(hidden_BS11, garbage_B111, v))
+
+            results[name] = (_vjp(attend, q, k, v, g), _vjp(poisoned, q, k, v, g), hidden_BS11)
+        return results
+
+    results = _fast_jit(run, cases)
+    for name, (clean, poisoned, hidden_BS11) in results.items():
+        for what, x in zip(["out", "dq", "dk", "dv"], [poisoned[0], *poisoned[1]]):
+            assert np.all(np.isfinite(x)), f"{name}: {what} not finite"
+        np.testing.assert_array_equal(poisoned[0], clean[0])
+        _check_same(poisoned, clean, 1e-6, name)
+        for grad in clean[1][1:]:
+            assert float(jnp.abs(jnp.where(hidden_BS11, grad, 0.0)).max()) == 0.0
+    assert float(jnp.abs(results["dense"][1][0][1, 2]).max()) == 0.0  # the empty row, poisoned run
+
+
+Q = np.zeros((1, 4, 2, 8), np.float32)
+BAD_INPUTS = {  # name: (attend keyword arguments over a softmax default, the error's words)
+    "int q": (dict(q=Q.astype(np.int32)), "floating point"),
+    "bool v": (dict(v=Q.astype(bool)), "floating point"),
+    "empty queries": (dict(q=Q[:, :0]), "q_len and kv_len must be > 0"),
+    "empty keys": (dict(k=Q[:, :0], v=Q[:, :0]), "q_len and kv_len must be > 0"),
+    "p zero": (dict(variant="lssar", p=0.0), "p must be > 0"),
+    "p negative": (dict(variant="lssar", p=-2), "p must be > 0"),
+    "p nan": (dict(variant="lssar", p=float("nan")), "p must be > 0 and finite"),
+    "p inf": (dict(variant="lssar", p=np.float32("inf")), "p must be > 0 and finite"),
+    "p vector": (dict(variant="lssar", p=np.ones(2)), "p must be a scalar"),
+    "s nan": (dict(variant="ssmax", s=float("nan")), "s must be finite"),
+    "s inf in one head": (dict(variant="ssmax", s=np.array([1.0, np.inf])), "s must be finite"),
+    "s wrong length": (dict(variant="ssmax", s=np.ones(3)), r"s must be a scalar or have shape \[2\]"),
+    "b inf": (dict(variant="ssmax", b=float("inf")), "b must be finite"),
+    "b wrong length": (dict(variant="ssmax", b=np.ones(5)), r"b must be a scalar or have shape \[2\]"),
+    "scale zero": (dict(scale=0.0), "scale must be > 0"),
+    "scale nan": (dict(variant="sigmoid", scale=float("nan")), "scale must be > 0 and finite"),
+    "scale with lssa": (dict(variant="lssa", scale=0.5), "takes no scale"),
+    "scale with lssar": (dict(variant="lssar", scale=0.5), "takes no scale"),
+    "window zero": (dict(window=0), "window must be a positive int"),
+    "window negative": (dict(window=-3), "window must be a positive int"),
+    "window float": (dict(window=2.5), "window must be a positive int"),
+    "block_q zero": (dict(implementation="blockwise", block_q=0), "block_q must be a positive int"),
+    "block_k float": (dict(implementation="blockwise", block_k=4.0), "block_k must be a positive int"),
+    "mask not boolean": (dict(mask=np.ones((1, 1, 4, 4), np.int32)), "mask must be boolean"),
+    "mask wrong length": (dict(mask=np.ones((1, 1, 4, 3), bool)), r"mask must have shape \[1 or 1, heads or 1, 4, 4\]"),
+    "mask wrong heads": (dict(mask=np.ones((1, 3, 4, 4), bool)), "head axis must be 1 or num_heads=2"),
+}
+
+
+@pytest.mark.parametrize("case", BAD_INPUTS)
+def test_bad_input_is_a_clear_value_error(case):
+    overrides, words = BAD_INPUTS[case]
+    kwargs = {"q": Q, "k": Q, "v": Q, "variant": "softmax", **overrides}
+    with pytest.raises(ValueError, match=words):
+        attention.attend(kwargs.pop("q"), kwargs.pop("k"), kwargs.pop("v"), **kwargs)
+
+
+@pytest.mark.parametrize("implementation", IMPLEMENTATIONS)
+def test_traced_options_are_not_checked_by_value(implementation):
+    """s, b, p, scale and q_offset as jit arguments trace (no concretization) and equal the eager call;
+    a wrong-length s is still refused under jit (its shape is known)."""
+    q, k, v, _ = _inputs(_key("traced"), 1, 6, 9, 2, 1, 8)
+    blocks = IMPLEMENTATIONS[implementation]
+    calls = {
+        "ssmax": lambda s, b, offset: attention.attend(q, k, v, variant="ssmax", s=s, b=b, q_offset=offset, implementation=implementation, **blocks),
+        "lssar": lambda p, offset: attention.attend(q, k, v, variant="lssar", p=p, q_offset=offset, implementation=implementation, **blocks),
+        "softmax": lambda scale, offset: attention.attend(q, k, v, variant="softmax", scale=scale, q_offset=offset, implementation=implementation, **blocks),
+    }
+    args = {"ssmax": (jnp.array([0.7, 1.2]), jnp.float32(0.1), jnp.int32(2)), "lssar": (jnp.float32(3.0), jnp.int32(2)), "softmax": (jnp.float32(0.2), jnp.int32(2))}
+    for name, call in calls.items():
+        _assert_close(jax.jit(call)(*args[name]), call(*args[name]), 1e-6, name)
+    with pytest.raises(ValueError, match="s must be a scalar"):
+        jax.jit(calls["ssmax"])(jnp.ones(3), jnp.float32(0.1), jnp.int32(2))
