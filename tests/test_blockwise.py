@@ -229,15 +229,17 @@ def test_auto_rule():
     assert not auto._traces(auto.fused_softmax, q, q, q, implementation="cudnn", **fused)  # no cuDNN here: rule 2
 
 
-def test_fused_path_prescales_ssmax():
-    """The GPU route (run here with the xla kernel): ssmax by query pre-scaling, values and gradients
-    equal to the reference."""
-    q, k, v, g = _inputs(_key("fused"), 2, 24, 24, 4, 2, 16, jnp.bfloat16)
-    mask = attention.make_mask(2, 24, 24)
-    spec = attention.VARIANTS["ssmax"]
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("variant", ["softmax", "ssmax"])
+def test_fused_path_matches_reference(variant, causal):
+    """The GPU route (run here with the xla kernel), causal and bidirectional: ssmax by query
+    pre-scaling with N_i = i + 1 or T, values and gradients equal to the reference."""
+    q, k, v, g = _inputs(_key("fused", variant, str(causal)), 2, 24, 24, 4, 2, 16, jnp.bfloat16)
+    mask = attention.make_mask(2, 24, 24, causal=causal)
+    spec = attention.VARIANTS[variant]
 
     def run(implementation, q, k, v, s):
-        opts = attention.variant_options("ssmax", {"s": s, "b": 0.2})
+        opts = attention.variant_options(variant, {"s": s, "b": 0.2} if variant == "ssmax" else {"scale": s[0]})
         if implementation == "fused":
             return auto.fused_softmax(q, k, v, variant=spec, mask=mask, opts=opts, implementation="xla")
         return reference.attend(q, k, v, variant=spec, mask=mask, opts=opts)
@@ -250,6 +252,14 @@ def test_fused_path_prescales_ssmax():
     _assert_close(out, out_ref, 2e-2, "output")
     for got, want in zip(vjp, vjp_ref):
         _assert_close(got, want, 3e-2, "grad")
+
+
+def test_fused_path_refuses_a_mask_that_is_not_plain():
+    """fused_softmax reads no positions, segments, padding or dense mask, so it must refuse them."""
+    q = jnp.zeros((1, 8, 2, 8), jnp.bfloat16)
+    for mask in (attention.make_mask(1, 8, 8, kv_mask=jnp.arange(8) < 5), attention.make_mask(1, 8, 8, mask=jnp.ones((1, 1, 8, 8), bool))):
+        with pytest.raises(ValueError, match="plain mask"):
+            auto.fused_softmax(q, q, q, variant=attention.VARIANTS["softmax"], mask=mask, opts={}, implementation="xla")
 
 
 def test_only_statically_plain_masks_are_fused():
