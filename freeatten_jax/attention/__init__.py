@@ -9,11 +9,12 @@ import jax
 import jax.numpy as jnp
 
 from freeatten_jax.attention import auto, blockwise, reference
+from freeatten_jax.attention.flax_adapter import flax_attention_fn
 from freeatten_jax.attention.variants import VARIANTS, Mask, Variant, check_positive_int, get_variant, variant_options
 
 IMPLEMENTATIONS = {"reference": reference.attend, "blockwise": blockwise.attend, "auto": auto.attend}
 
-__all__ = ["attend", "attention_weights", "make_mask", "Mask", "Variant", "VARIANTS", "IMPLEMENTATIONS"]
+__all__ = ["attend", "attention_weights", "flax_attention_fn", "make_mask", "Mask", "Variant", "VARIANTS", "IMPLEMENTATIONS"]
 
 
 def _batch_rows(x, batch: int, length: int, name: str, dtype) -> jax.Array:
