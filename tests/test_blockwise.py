@@ -267,7 +267,7 @@ def test_only_statically_plain_masks_are_fused():
     q = jax.ShapeDtypeStruct((1, 64, 12, 64), jnp.bfloat16)
     assert attention.make_mask(1, 64, 64).plain and attention.make_mask(1, 64, 64, causal=False).plain
     for options in (dict(q_positions=jnp.arange(64)), dict(q_segment_ids=jnp.zeros(64, int)), dict(kv_mask=jnp.ones(64, bool)),
-                    dict(window=8), dict(q_offset=0)):
+                    dict(window=8), dict(q_offset=0), dict(mask=jnp.ones((1, 1, 64, 64), bool))):
         mask = attention.make_mask(1, 64, 64, **options)
         assert not mask.plain, options
         assert auto.choose(q, q, variant=attention.VARIANTS["softmax"], mask=mask, platform="gpu") != "fused", options

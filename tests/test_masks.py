@@ -12,6 +12,7 @@ import pytest
 
 import attention_oracle as oracle
 from freeatten_jax import attention
+from freeatten_jax.attention import blockwise
 from test_blockwise import _assert_close, _fast_jit, _inputs, _key
 
 VARIANTS = list(attention.VARIANTS)
@@ -219,3 +220,16 @@ def test_traced_options_are_not_checked_by_value(implementation):
         _assert_close(jax.jit(call)(*args[name]), call(*args[name]), 1e-6, name)
     with pytest.raises(ValueError, match="s must be a scalar"):
         jax.jit(calls["ssmax"])(jnp.ones(3), jnp.float32(0.1), jnp.int32(2))
+
+
+def test_dense_mask_skips_empty_blocks():
+    """Two bidirectional documents as a dense block-diagonal mask: tiles with no True are skipped
+    (8-wide blocks, documents of 16) and the output still equals the reference."""
+    q, k, v, _ = _inputs(_key("skip-dense"), 1, 32, 32, 2, 2, 8)
+    document_T = jnp.arange(32) // 16
+    dense_11TS = (document_T[:, None] == document_T[None, :])[None, None]
+    mask = attention.make_mask(1, 32, 32, causal=False, mask=dense_11TS)
+    maybe_IJ = blockwise._plan(mask, blockwise.count_visible(mask, 8)[0], 8, 8, 2).maybe_IJ
+    np.testing.assert_array_equal(maybe_IJ, np.kron(np.eye(2, dtype=bool), np.ones((2, 2), bool)))
+    outs = [attention.attend(q, k, v, variant="lssa", causal=False, mask=dense_11TS, implementation=name, **blocks) for name, blocks in IMPLEMENTATIONS.items()]
+    _assert_close(outs[1], outs[0], 1e-5, "blockwise")
