@@ -60,7 +60,7 @@ def flax_attention_fn(variant: str, **options):
         if bias is not None and variant != "softmax":
             raise ValueError(f"an additive bias can only be honoured by variant 'softmax', not {variant!r}: use a boolean mask")
         dtype = dtype or jnp.result_type(query, key, value)
-        batch, (t, h, d), s = query.shape[:-3], query.shape[-3:], key.shape[-3]
+        batch, (t, h, _), s = query.shape[:-3], query.shape[-3:], key.shape[-3]
         q_BTHD, k_BSKD, v_BSKD = (jnp.asarray(x, dtype).reshape(-1, *x.shape[-3:]) for x in (query, key, value))
         dense = None if mask is None else _dense_mask(mask, batch, t, s)
         if bias is not None:

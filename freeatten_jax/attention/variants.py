@@ -40,7 +40,7 @@ class Mask:
     dense: jax.Array | None = None  # [B or 1, H or 1, T, S] bool: an explicit mask, ANDed with the rest
     causal: bool = True
     window: int | None = None  # keys farther than window - 1 positions away are hidden
-    plain: bool = False  # known when tracing: T == S, positions 0..T-1 on both sides, one segment, no padding
+    plain: bool = False  # known when tracing: T == S, positions 0..T-1 on both sides, one segment, no padding or dense mask
 
     def visible(self) -> jax.Array:
         """M as a [B, H or 1, T, S] bool array (works on any slice of queries and keys); the head
