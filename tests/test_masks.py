@@ -35,11 +35,10 @@ def _check_same(got, want, tolerance=1e-4, what=""):
 
 
 # (b, t, s, h, kv_heads, causal, structured options): edges of segments, padding, windows and
-# offsets fall on the 8-wide blocks.
+# offsets fall on the 8-wide blocks; the last query of row 1 in the second case sees nothing.
 STRUCTURED = {
     "packed_padded_gqa": (2, 19, 19, 4, 2, True, dict(q_segment_ids=jnp.array([[0] * 8 + [1] * 11, [0] * 16 + [1] * 3]), kv_mask=jnp.arange(19) < 16)),
-    "cache_offset_window": (2, 9, 24, 2, 1, True, dict(q_offset=jnp.array([8, 15]), window=8)),
-    "bidirectional_padding": (1, 16, 16, 2, 2, False, dict(kv_mask=jnp.arange(16) < 8)),
+    "bidirectional_offset_window_padding": (2, 9, 24, 2, 1, False, dict(q_offset=jnp.array([8, 15]), window=8, kv_mask=jnp.arange(24) < 16)),
 }
 
 
@@ -66,7 +65,7 @@ def test_dense_mask_equals_structured_mask(variant, implementation):
 
 
 @pytest.mark.parametrize("implementation", IMPLEMENTATIONS)
-@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("variant", ["ssmax", "lssar", "relu"])  # N_i enters each kind of normalisation
 def test_per_head_mask_equals_per_head_runs(variant, implementation):
     """A [B, H, T, S] mask (head h: causal window 2h + 3, GQA) equals attending head by head with that
     window: N_i is counted per head."""
@@ -204,12 +203,11 @@ def test_bad_input_is_a_clear_value_error(case):
         attention.attend(kwargs.pop("q"), kwargs.pop("k"), kwargs.pop("v"), **kwargs)
 
 
-@pytest.mark.parametrize("implementation", IMPLEMENTATIONS)
-def test_traced_options_are_not_checked_by_value(implementation):
-    """s, b, p, scale and q_offset as jit arguments trace (no concretization) and equal the eager call;
-    a wrong-length s is still refused under jit (its shape is known)."""
+def test_traced_options_are_not_checked_by_value():
+    """s, b, p, scale and q_offset as jit arguments trace (no concretization) and equal the eager call
+    (the checks are shared by every implementation); a wrong-length s is still refused under jit."""
     q, k, v, _ = _inputs(_key("traced"), 1, 6, 9, 2, 1, 8)
-    blocks = IMPLEMENTATIONS[implementation]
+    implementation, blocks = "reference", {}
     calls = {
         "ssmax": lambda s, b, offset: attention.attend(q, k, v, variant="ssmax", s=s, b=b, q_offset=offset, implementation=implementation, **blocks),
         "lssar": lambda p, offset: attention.attend(q, k, v, variant="lssar", p=p, q_offset=offset, implementation=implementation, **blocks),
