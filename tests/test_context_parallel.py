@@ -122,8 +122,8 @@ def _block_pairs_per_device(t, size, block):
 
     def local(mask):
         mask = jax.tree.map(functools.partial(context_parallel.to_zigzag, axis_name="context", size=size), mask)
-        ring = context_parallel.ring.Ring.around(mask, mask.q_positions, "context", size)  # N_i plays no part here
-        return sum(jnp.sum(ring.plan(step, block, block).maybe_IJ) for step in range(size))[None]
+        ring = context_parallel.ring.Ring.around(mask, mask.q_positions[:, None], "context", size)  # N_i plays no part here
+        return sum(jnp.sum(ring.plan(step, block, block, 1).maybe_IJ) for step in range(size))[None]
 
     shard = jax.shard_map(local, mesh=_mesh(context=size), in_specs=P(None, "context"), out_specs=P("context"), check_vma=False)
     return np.asarray(jax.jit(shard)(attention.make_mask(1, t, t)))
