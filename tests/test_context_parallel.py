@@ -50,6 +50,10 @@ def _scenario(name):
     if name == "context8_kv_cache_offset":  # kv_len > q_len, per-sequence offsets: every query sees the first 30 keys
         q, k, v, g = _inputs(name, 2, 16, 48, 4, 2, 8)
         return _mesh(context=8), {}, q, k, v, g, True, dict(q_offset=jnp.array([30, 32]))
+    if name == "context2_cross_segments_swapped":  # bidirectional, q_len != kv_len: each device's keys are seen
+        q, k, v, g = _inputs(name, 1, 16, 24, 2, 1, 8)  # only by the other device's queries
+        segments = dict(q_segment_ids=jnp.array([0] * 8 + [1] * 8), kv_segment_ids=jnp.array([1] * 12 + [0] * 12))
+        return _mesh(context=2), {}, q, k, v, g, False, segments
     if name == "data2_context4_replicated_over_data":  # batch_axis None: every data row computes the whole batch
         q, k, v, g = _inputs(name, 2, 32, 32, 4, 2, 8)
         segments = jnp.array([[0] * 8 + [1] * 24, [0] * 20 + [1] * 12])
@@ -65,6 +69,7 @@ CASES = [
     *[("context4_causal_packed_padded_gqa", variant, "ring") for variant in ALL],
     *[("context2_bidirectional_window_positions_mqa", variant, "ring") for variant in ALL],
     ("context8_kv_cache_offset", "lssar", "ring"),
+    ("context2_cross_segments_swapped", "lssa", "ring"),
     ("data2_context4_replicated_over_data", "lssa", "ring"),
     ("data2_context2_tensor2_heads_sharded_bfloat16", "ssmax", "ring"),
     ("context4_causal_packed_padded_gqa", "lssar", "gather"),
@@ -104,6 +109,24 @@ def test_matches_reference(scenario, variant, strategy):
     for name, got, want in zip(["dq", "dk", "dv", "params"], grads, grads_ref):
         for (path, leaf), leaf_ref in zip(jax.tree_util.tree_leaves_with_path(got), jax.tree.leaves(want)):
             _assert_close(leaf, leaf_ref, tolerance, f"{name}{jax.tree_util.keystr(path)}")
+
+
+@pytest.mark.parametrize("variant, extra", [("lssa", {}), ("softmax", {"scale": 0.3})], ids=["lssa", "softmax_scale"])
+def test_nan_in_hidden_keys_reaches_nothing(variant, extra):
+    """SPEC §8: NaN in the keys and values that no query of their batch row sees (padding, whole chunks of
+    it on some devices) leaves the output and every gradient finite and equal to the clean reference's.
+    Softmax also takes scale= (it must reach variant.prepare, as in attend)."""
+    mesh, _, q, k, v, g, causal, mask_options = _scenario("context4_causal_packed_padded_gqa")
+    hidden_BS11 = ~mask_options["kv_mask"][:, :, None, None]
+    k_nan, v_nan = (jnp.where(hidden_BS11, jnp.nan, x) for x in (k, v))
+    options = dict(variant=variant, causal=causal, **mask_options, **extra)
+    split = functools.partial(context_parallel.context_parallel_attend, mesh=mesh, axis_name="context", **BLOCKS, **options)
+    whole = functools.partial(attention.attend, implementation="reference", **options)
+    out, grads = _value_and_grads(lambda q, k, v, p: split(q, k, v), q, k_nan, v_nan, g, {})
+    out_ref, grads_ref = _value_and_grads(lambda q, k, v, p: whole(q, k, v), q, k, v, g, {})
+    for name, got, want in zip(["output", "dq", "dk", "dv"], (out, *grads[:3]), (out_ref, *grads_ref[:3])):
+        assert np.all(np.isfinite(got)), name
+        _assert_close(got, want, TOLERANCE[q.dtype.type], name)
 
 
 def _zigzag_round_trip(x_BT, size):
@@ -156,5 +179,8 @@ def test_bad_arguments_raise_one_line_errors():
         call(axis_name="context", strategy="scatter")
     with pytest.raises(ValueError, match="unknown option"):
         call(axis_name="context", implementation="reference")
+    with pytest.raises(ValueError, match="does not support a dense mask"):
+        call(axis_name="context", mask=jnp.ones((1, 1, 20, 20), bool))
+
     with pytest.raises(ValueError, match="unknown attention variant"):
         context_parallel.context_parallel_attend(q, q, q, mesh=_mesh(context=4), axis_name="context", variant="cosine")
