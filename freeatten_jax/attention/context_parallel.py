@@ -2,9 +2,9 @@
 
 Glossary: B batch, T queries, S keys, H heads, K kv heads, D head dim, n the context axis size, c = T / 2n
 (a zig-zag chunk). Three steps: (1) N_i of each device's queries over every key, from the key-side mask
-arrays all-gathered (int32/bool, B·S each: tiny next to K/V), and which keys some query sees (keys and
-values no query sees are zeroed before any arithmetic, SPEC §8, as in blockwise); (2) `variant.prepare` on the sharded
-arrays outside shard_map, so autodiff carries SSMax's s, b gradients as in blockwise; (3) in shard_map:
+arrays all-gathered (int32/bool, B·S each: tiny next to K/V), and which keys some query sees (the others'
+keys and values are zeroed before any arithmetic, SPEC §8, as in blockwise); (2) `variant.prepare` on the
+sharded arrays outside shard_map, so autodiff carries SSMax's s, b gradients as in blockwise; (3) in shard_map:
 reorder the sequence to zig-zag (device d holds chunks d and 2n-1-d, so every device does the same
 causal work), ring attention (ring.py), and back to the natural order.
 """
