@@ -9,7 +9,7 @@ from freeatten_jax.attention import arguments, auto, blockwise, reference
 from freeatten_jax.attention.arguments import make_mask
 from freeatten_jax.attention.context_parallel import context_parallel_attend
 from freeatten_jax.attention.flax_adapter import flax_attention_fn
-from freeatten_jax.attention.variants import VARIANTS, Mask, Variant
+from freeatten_jax.attention.variants import VARIANTS, Mask, Variant, get_variant, variant_options  # noqa: F401 (package API)
 
 IMPLEMENTATIONS = {"reference": reference.attend, "blockwise": blockwise.attend, "auto": auto.attend}
 
