@@ -6,9 +6,11 @@ import numpy as np
 import pytest
 from tqdm import tqdm
 
-from configs import base
-from freeatten_jax import train_lib
+from freeatten_jax.configs import base
+from freeatten_jax.errors import ConfigError, UserError
 from freeatten_jax.evaluation import suite, switches
+from freeatten_jax.training import config
+from freeatten_jax.training import loop as train_lib
 
 WORDS = "the of and to in is that it with as for was on be by at this from or an which king lord love sweet night".split()
 
@@ -91,25 +93,29 @@ def test_reweighting_switch_changes_lssa_and_off_reproduces_it(trained, tmp_path
     assert all(a != b for a, b in zip(losses(p15), losses(none)))
 
 
+def _typed(variant):
+    return config.parse(base.get_config(variant))
+
+
 def test_switches_that_change_nothing_are_skipped():
-    lssa, lssar = base.get_config("lssa"), base.get_config("lssar")
+    lssa, lssar = _typed("lssa"), _typed("lssar")
     assert not switches.applicable(lssa, switches.parse("p=off"))
     assert switches.applicable(lssa, switches.parse("p=15"))
     assert not switches.applicable(lssar, switches.parse("p=15"))
     assert switches.applicable(lssar, switches.parse("p=3")) and switches.applicable(lssar, switches.parse("p=off"))
-    assert not switches.applicable(base.get_config("softmax"), switches.parse("p=15"))
+    assert not switches.applicable(_typed("softmax"), switches.parse("p=15"))
     assert switches.applicable(lssar, switches.parse("p=15,rope_theta=2x"))
 
 
 def test_switch_parsing_and_errors(trained, tmp_path):
     assert switches.parse("p=15,rope_theta=50x").settings == (("p", "15"), ("rope_theta", "50x"))
-    with pytest.raises(ValueError, match="valid switches: p, rope_theta, s"):
+    with pytest.raises(ConfigError, match="valid switches: p, rope_theta, s"):
         switches.parse("temperature=2")
-    with pytest.raises(ValueError, match="key=value"):
+    with pytest.raises(ConfigError, match="key=value"):
         switches.parse("p")
-    with pytest.raises(ValueError):
+    with pytest.raises(ConfigError, match="not a number"):
         switches.parse("p=fifteen")
-    with pytest.raises(FileNotFoundError, match="no checkpoint"):
+    with pytest.raises(UserError, match="no checkpoint"):
         suite.run_suite([str(tmp_path / "empty")], [], SETTINGS, str(tmp_path / "out"))
-    with pytest.raises(ValueError, match="held-out tokens"):
+    with pytest.raises(UserError, match="held-out tokens"):
         suite.run_suite([trained["lssa"][0]], [], suite.Settings(multipliers=(1, 4096)), str(tmp_path / "out"))

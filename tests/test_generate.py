@@ -6,10 +6,9 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from configs.model_presets import model_config
 from freeatten_jax import attention
-from freeatten_jax.generate import generate, prefill, sample
-from freeatten_jax.model import Transformer
+from freeatten_jax.nn import Transformer, preset
+from freeatten_jax.nn.generate import generate, prefill, sample
 
 VARIANTS = list(attention.VARIANTS)
 PROMPT, CHUNK, STEPS = 16, 8, 8  # a prompt of two chunks, then single-token steps
@@ -17,11 +16,9 @@ IMPLEMENTATION_OPTIONS = {"reference": {}, "blockwise": {"block_q": 8, "block_k"
 IMPLEMENTATIONS = [name for name in IMPLEMENTATION_OPTIONS if name in attention.IMPLEMENTATIONS]
 
 
-def _cfg(variant="softmax", num_layers=1):
-    cfg = model_config("tiny")
-    cfg.update(num_layers=num_layers, d_model=32, num_heads=4, num_kv_heads=2, mlp_dim=64, vocab_size=50, max_len=16)
-    cfg.update(attention=variant, use_bias=True)
-    return cfg
+def _cfg(variant="softmax", num_layers=1, **overrides):
+    return preset("tiny", num_layers=num_layers, d_model=32, num_heads=4, num_kv_heads=2, mlp_dim=64, vocab_size=50, max_len=16,
+                  attention=variant, use_bias=True, **overrides)
 
 
 def _models(implementation):
@@ -105,9 +102,7 @@ def test_generate_greedy_follows_the_model_and_sampling_is_seeded():
 
 
 def test_generate_uses_eval_mode_without_changing_the_callers_model():
-    cfg = _cfg("ssmax")
-    cfg.dropout = 0.5
-    model = Transformer(cfg, rngs=nnx.Rngs(0))
+    model = Transformer(_cfg("ssmax", dropout=0.5), rngs=nnx.Rngs(0))
     prompt = _tokens()[:, :4]
     first, second = generate(model, prompt, 3, temperature=0.0), generate(model, prompt, 3, temperature=0.0)
     np.testing.assert_array_equal(first, second)  # no dropout while generating

@@ -10,9 +10,12 @@ import numpy as np
 import pytest
 from flax import nnx
 
-import configs.base
-from freeatten_jax import checkpoint, config_check, data, optim, sharding, train_lib, train_state, train_step
-from freeatten_jax.metrics_writer import read_metrics
+from freeatten_jax import data
+from freeatten_jax.configs import base
+from freeatten_jax.errors import ConfigError
+from freeatten_jax.nn import sharding
+from freeatten_jax.training import checkpoint, config, distributed, loop as train_lib, optim, state as train_state, step as train_step
+from freeatten_jax.training.metrics import read_metrics
 
 @pytest.fixture(scope="module", autouse=True)
 def compilation_cache(tmp_path_factory):
@@ -45,7 +48,7 @@ def text_glob(tmp_path_factory):
 
 
 def tiny_config(variant, text_glob, **overrides):
-    cfg = configs.base.get_config(variant, "tiny")
+    cfg = base.get_config(variant, "tiny")
     cfg.update_from_flattened_dict({
         "model.num_layers": 1, "model.d_model": 32, "model.num_heads": 2, "model.mlp_dim": 64,
         "data.source": "text", "data.path": text_glob,
@@ -65,7 +68,7 @@ class _SigtermAtBatch:
     """Sends SIGTERM to this process while the training loop fetches batch `n` (a simulated preemption)."""
 
     def __init__(self, n):
-        self.n, self.calls, self.inner = n, 0, sharding.host_local_batch_to_global
+        self.n, self.calls, self.inner = n, 0, distributed.host_local_batch_to_global
 
     def __call__(self, *args):
         self.calls += 1
@@ -78,7 +81,7 @@ class _SigtermAtBatch:
 def test_preempted_and_resumed_run_matches_an_uninterrupted_one(variant, text_glob, tmp_path, monkeypatch):
     cfg = tiny_config(variant, text_glob)
     train_lib.train_and_evaluate(cfg, tmp_path / "straight")
-    monkeypatch.setattr(sharding, "host_local_batch_to_global", _SigtermAtBatch(3))
+    monkeypatch.setattr(distributed, "host_local_batch_to_global", _SigtermAtBatch(3))
     first = train_lib.train_and_evaluate(cfg, tmp_path / "resumed")
     assert [m["step"] for m in first] == [1, 2, 3]  # SIGTERM during step 3: step 3 finishes, is saved, the run stops
     assert checkpoint.Checkpointer(tmp_path / "resumed").latest_step() == 3
@@ -100,7 +103,7 @@ def test_nan_stops_with_a_clear_message_and_keeps_the_last_good_checkpoint(text_
     with pytest.raises(train_lib.NonFiniteLossError, match=r"not finite; stopped without saving \(last good checkpoint: step 4\)"):
         train_lib.train_and_evaluate(cfg, tmp_path)
     assert checkpoint.Checkpointer(tmp_path).latest_step() == 4
-    model, _, step = checkpoint.load_model(tmp_path)
+    model, _, step = checkpoint.load_params(tmp_path)
     assert step == 4 and all(np.isfinite(x).all() for x in jax.tree.leaves(nnx.state(model, nnx.Param)))
 
 
@@ -112,10 +115,10 @@ def test_every_variant_lowers_the_validation_loss(variant, text_glob, tmp_path):
     assert len(val) == 4 and val[-1] < min(val[:-1]) and val[-1] < np.log(256) - 2.5, val
 
 
-def test_load_model_rebuilds_the_trained_model_for_eval(text_glob, tmp_path):
+def test_load_params_rebuilds_the_trained_model_for_eval(text_glob, tmp_path):
     cfg = tiny_config("lssa", text_glob, **{"train.steps": 3})
     metrics = train_lib.train_and_evaluate(cfg, tmp_path)
-    model, saved_cfg, step = checkpoint.load_model(tmp_path)
+    model, saved_cfg, step = checkpoint.load_params(tmp_path)
     assert step == 3 and saved_cfg.model.attention == "lssa" and saved_cfg.model.vocab_size == 256
     windows = data.validation_windows(saved_cfg.data, saved_cfg.train.seq_len, saved_cfg.train.eval_windows)
     logits = model(windows[:, :-1])
@@ -124,10 +127,10 @@ def test_load_model_rebuilds_the_trained_model_for_eval(text_glob, tmp_path):
 
 
 def test_gradient_accumulation_matches_one_big_batch(text_glob):
-    cfg = tiny_config("softmax", text_glob, **{"model.vocab_size": 256})
-    mesh = sharding.make_mesh(cfg.mesh, jax.devices()[:1])
+    cfg = config.parse(tiny_config("softmax", text_glob))
+    mesh = sharding.make_mesh(cfg.mesh.shape, jax.devices()[:1])
     tokens = data.train_dataset(data.load_splits(cfg.data).train, 16, 8, seed=0)[0]
-    train_def, _ = train_state.graphdefs(cfg)
+    train_def, _ = train_state.graphdefs(cfg.model)
     results = []
     for accum in (1, 4):
         tx = optim.make(cfg.optim, 6)
@@ -141,7 +144,7 @@ def test_gradient_accumulation_matches_one_big_batch(text_glob):
 
 def test_resuming_with_a_different_model_or_data_stream_is_refused(text_glob, tmp_path):
     train_lib.train_and_evaluate(tiny_config("softmax", text_glob, **{"train.steps": 2}), tmp_path)
-    with pytest.raises(config_check.ConfigError, match=r"config.model.max_len is 32 but the checkpoint at step 2 .* used 16 \(2 such field"):
+    with pytest.raises(ConfigError, match=r"config.model.max_len is 32 but the checkpoint at step 2 .* used 16 \(2 such field"):
         train_lib.train_and_evaluate(tiny_config("softmax", text_glob, **{"train.steps": 4, "train.seq_len": 32}), tmp_path)
     longer = train_lib.train_and_evaluate(tiny_config("softmax", text_glob, **{"train.steps": 4}), tmp_path)  # more steps: fine
     assert [m["step"] for m in longer] == [3, 4]
