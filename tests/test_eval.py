@@ -1,6 +1,9 @@
-"""The extrapolation suite end to end on tiny checkpoints trained here."""
+"""The extrapolation suite end to end on tiny checkpoints trained here; freeatten-generate on them."""
 import csv
 import json
+import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -119,3 +122,27 @@ def test_switch_parsing_and_errors(trained, tmp_path):
         suite.run_suite([str(tmp_path / "empty")], [], SETTINGS, str(tmp_path / "out"))
     with pytest.raises(UserError, match="held-out tokens"):
         suite.run_suite([trained["lssa"][0]], [], suite.Settings(multipliers=(1, 4096)), str(tmp_path / "out"))
+
+
+def test_freeatten_generate_continues_a_prompt_with_the_runs_tokenizer(trained, tmp_path):
+    from freeatten_jax.data.tokenizer import ByteTokenizer
+    from freeatten_jax.nn import generate
+    from freeatten_jax.training import checkpoint
+    from freeatten_jax.training.generate_cli import generate_text
+
+    workdir = trained["lssa"][0]
+    model, _, _ = checkpoint.load_params(workdir)
+    prompt = ByteTokenizer().encode("the king ").astype(np.int32)
+    greedy = ByteTokenizer().decode(np.asarray(generate(model, prompt[None], 6, temperature=0.0))[0, len(prompt):])
+    assert generate_text(workdir, "the king ", 6, temperature=0.0) == greedy
+    eos = greedy[1]  # stops right after the first time it is generated
+    assert generate_text(workdir, "the king ", 6, temperature=0.0, eos=eos) == greedy[: greedy.index(eos) + 1]
+    sampled = {generate_text(workdir, "the king ", 6, top_k=5, top_p=0.9, seed=s) for s in range(3)}
+    assert all(len(text.encode()) == 6 for text in sampled) and len(sampled) > 1
+    code = "import sys; from freeatten_jax.training.generate_cli import main; sys.argv[0] = 'freeatten-generate'; main()"
+    cmd = [sys.executable, "-c", code, f"--workdir={workdir}", "--prompt=the king ", "--max_new_tokens=6", "--temperature=0"]
+    result = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=tmp_path, env={**os.environ, "PYTHONPATH": os.getcwd()})
+    assert result.returncode == 0 and result.stdout == "the king " + greedy + "\n", result.stderr[-2000:]
+    bad = subprocess.run([*cmd[:3], f"--workdir={tmp_path / 'none'}", "--prompt=x"], capture_output=True, text=True, timeout=300,
+                         cwd=tmp_path, env={**os.environ, "PYTHONPATH": os.getcwd()})
+    assert bad.returncode == 1 and bad.stderr.strip().splitlines()[-1].startswith("error: no checkpoint in ")

@@ -8,7 +8,7 @@ from flax import nnx
 
 from freeatten_jax import attention
 from freeatten_jax.nn import Transformer, preset
-from freeatten_jax.nn.generate import generate, prefill, sample
+from freeatten_jax.nn.decoding import generate, prefill, sample
 
 VARIANTS = list(attention.VARIANTS)
 PROMPT, CHUNK, STEPS = 16, 8, 8  # a prompt of two chunks, then single-token steps
@@ -86,6 +86,36 @@ def test_sample_greedy_top_k_and_temperature():
     cold = jnp.stack([sample(logits, k, 0.01, None) for k in keys[:50]])
     hot = jnp.stack([sample(logits, k, 100.0, None) for k in keys])
     assert np.all(np.asarray(cold) == [1, 0]) and len(set(np.asarray(hot[:, 0]).tolist())) == 4
+
+
+def test_top_p_keeps_the_smallest_set_reaching_p():
+    logits = jnp.log(jnp.array([[0.5, 0.3, 0.15, 0.05], [0.05, 0.05, 0.1, 0.8]]))
+    keys = jax.random.split(jax.random.key(1), 300)
+    drawn = np.asarray(jnp.stack([sample(logits, k, 1.0, None, 0.75) for k in keys]))
+    assert set(drawn[:, 0].tolist()) == {0, 1} and set(drawn[:, 1].tolist()) == {3}  # 0.5 + 0.3 >= 0.75; 0.8 alone
+    assert 0.55 < np.mean(drawn[:, 0] == 0) < 0.70  # renormalised: 0.5 / 0.8
+    wide = np.asarray(jnp.stack([sample(logits, k, 1.0, None, 0.9) for k in keys]))
+    assert set(wide[:, 0].tolist()) == {0, 1, 2}
+    both = np.asarray(jnp.stack([sample(logits, k, 1.0, 1, 0.99) for k in keys[:20]]))
+    assert np.all(both == [0, 3])  # top-k applies too
+
+
+def test_generation_stops_at_eos_and_pads_finished_rows():
+    model = Transformer(_cfg("lssar", num_layers=2), rngs=nnx.Rngs(0))
+    prompt = _tokens()[:, :PROMPT]
+    free = np.asarray(generate(model, prompt, 6, temperature=0.0))[:, PROMPT:]
+    eos = int(free[0, 1])
+    stopped = np.asarray(generate(model, prompt, 6, temperature=0.0, eos_id=eos))[:, PROMPT:]
+    for row_free, row in zip(free, stopped):
+        hits = np.flatnonzero(row_free == eos)
+        if hits.size:  # identical up to the first eos, then only eos
+            end = hits[0] + 1
+            np.testing.assert_array_equal(row[:end], row_free[:end])
+            assert np.all(row[end:] == eos)
+        else:
+            np.testing.assert_array_equal(row, row_free[: len(row)])
+    if all((row == eos).any() for row in free):
+        assert stopped.shape[1] < 6 or np.all(stopped[:, -1] == eos)
 
 
 def test_generate_greedy_follows_the_model_and_sampling_is_seeded():

@@ -176,3 +176,37 @@ def test_train_py_command_line_writes_metrics_and_resumes(text_glob, tmp_path):
     assert list((tmp_path / "tensorboard").glob("events.out.tfevents.*"))
     saved = json.loads(next((tmp_path / "checkpoints" / "6" / "config").glob("*")).read_text())
     assert saved["model"]["attention"] == "lssar" and saved["train"]["steps"] == 6
+
+
+@pytest.mark.parametrize("overrides", [{}, {"mlp": "swiglu", "tie_embeddings": False, "num_kv_heads": 1}])
+def test_flops_count_every_matrix_parameter(overrides):
+    """6 N counts each parameter used in a matmul once per token: all matrices but the embedding lookup."""
+    from freeatten_jax.nn import Transformer, preset
+    from freeatten_jax.training import flops
+
+    cfg = preset("tiny", num_layers=2, d_model=32, num_heads=2, mlp_dim=64, **overrides)
+    model = nnx.eval_shape(lambda: Transformer(cfg, rngs=nnx.Rngs(0)))
+    matrices = [v for path, v in nnx.to_flat_state(nnx.state(model, nnx.Param)) if v.ndim >= 2 and path[0] != "embed_VE"]
+    unembedding = cfg.d_model * cfg.vocab_size if cfg.tie_embeddings else 0  # untied: unembed_EV is a matrix above
+    assert flops.matrix_params(cfg) == sum(np.prod(v.shape) for v in matrices) + unembedding
+    assert flops.train_flops_per_token(cfg, 16) == 6 * flops.matrix_params(cfg) + 6 * 2 * 16 * 32
+    assert flops.peak_tflops("TPU v4") == 275.0 and flops.peak_tflops("cpu") is None and flops.peak_tflops("cpu", 2.0) == 2.0
+    assert flops.tflops_and_mfu(1e6, 1e6, 2, None) == {"tflops_per_device": 0.5}
+    assert flops.tflops_and_mfu(1e6, 1e6, 2, 1.0) == {"tflops_per_device": 0.5, "mfu": 0.5}
+
+
+def test_tflops_mfu_profiler_window_and_config_in_tensorboard(text_glob, tmp_path, capsys):
+    cfg = tiny_config("softmax", text_glob, **{"train.steps": 4, "train.profile_steps": (2, 3), "train.peak_tflops": 0.001})
+    metrics = train_lib.train_and_evaluate(cfg, tmp_path)
+    timed = [m for m in metrics if "tokens_per_sec" in m]
+    assert timed and all(m["mfu"] == pytest.approx(m["tflops_per_device"] / 0.001) for m in timed)
+    flops_per_token = 6 * (32 * 16 * 8 + 32 * 64 * 2 + 32 * 256) + 6 * 1 * 16 * 32  # 1 layer, E 32, 2 heads of 16, F 64, T 16
+    assert timed[-1]["tflops_per_device"] == pytest.approx(timed[-1]["tokens_per_sec"] * flops_per_token / 1e12)
+    out = capsys.readouterr().out
+    assert "TFLOP/s/device" in out and "MFU " in out and "MFU not reported" not in out
+    assert list((tmp_path / "profile").rglob("*.xplane.pb"))  # the trace of steps 2-3
+    events = b"".join(p.read_bytes() for p in (tmp_path / "tensorboard").glob("events.out.tfevents.*"))
+    assert b"profile_steps" in events and b"tflops_per_device" in events
+    cfg = tiny_config("softmax", text_glob, **{"train.steps": 1})
+    train_lib.train_and_evaluate(cfg, tmp_path / "cpu")
+    assert "MFU not reported: no known peak for device 'cpu'" in capsys.readouterr().out

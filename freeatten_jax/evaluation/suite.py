@@ -16,7 +16,7 @@ from tqdm import tqdm
 from freeatten_jax import data
 from freeatten_jax.errors import UserError
 from freeatten_jax.evaluation import attention_stats, loss, passkey, report, switches
-from freeatten_jax.nn import generate
+from freeatten_jax.nn.decoding import generate
 from freeatten_jax.training import checkpoint, config
 from freeatten_jax.training.loss import next_token_losses
 
@@ -95,7 +95,7 @@ def _passkey(model, tokenizer, lengths: list[int], settings: Settings, rng, prog
             for key in passkey.random_keys(rng, settings.passkey_keys):
                 prompt_T, needle = passkey.build_prompt(tokenizer, length, depth, key)
                 key_tokens = np.asarray(tokenizer.encode(" " + key), np.int32)
-                out = generate.generate(model, prompt_T[None], len(key_tokens) + 1, temperature=0.0)
+                out = generate(model, prompt_T[None], len(key_tokens) + 1, temperature=0.0)
                 hits.append(passkey.exact_match(tokenizer, np.asarray(out[0, length:]), key))
                 others = [k for k in passkey.random_keys(rng, settings.passkey_candidates * 2) if k != key]
                 candidates = [key_tokens] + [np.asarray(tokenizer.encode(" " + k), np.int32) for k in others[: settings.passkey_candidates - 1]]

@@ -2,7 +2,7 @@
 generation; configured by a typed `ModelConfig`. Needs only jax, flax and numpy."""
 from freeatten_jax.nn.attention_layer import Attention, KVCache
 from freeatten_jax.nn.config import ModelConfig
-from freeatten_jax.nn.generate import generate
+from freeatten_jax.nn.decoding import generate
 from freeatten_jax.nn.presets import preset
 from freeatten_jax.nn.transformer import Transformer
 

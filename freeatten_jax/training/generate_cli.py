@@ -15,7 +15,7 @@ def generate_text(workdir, prompt: str, max_new_tokens: int, *, temperature: flo
                   top_p: float | None = None, eos: str | None = None, seed: int = 0) -> str:
     """The continuation of `prompt` (prompt excluded) sampled from the run's latest checkpoint."""
     from freeatten_jax import data
-    from freeatten_jax.nn import generate
+    from freeatten_jax.nn.decoding import generate
     from freeatten_jax.training import checkpoint
 
     model, cfg, _ = checkpoint.load_params(workdir)

@@ -1,12 +1,42 @@
 """Metrics to WORKDIR/metrics.jsonl (one JSON object per line) and TensorBoard; only process 0 writes.
 
-WORKDIR may be a cloud path: the JSONL file is rewritten whole (object stores cannot append).
+WORKDIR may be a cloud path: the JSONL file is rewritten whole (object stores cannot append), and
+TensorBoard events to `gs://` go through `etils.epath` as well (tensorboardX's own GCS writer needs
+google-cloud-storage).
 """
 import json
 
 import jax
+from tensorboardX import SummaryWriter, record_writer
 
 from freeatten_jax.training import storage
+
+
+class _EpathRecordWriter:
+    """A tensorboardX record writer that rewrites the whole event file through epath on each flush."""
+
+    def __init__(self, path: str):
+        self.path, self.buffer = storage.path(path), bytearray()
+
+    def write(self, data: bytes) -> None:
+        self.buffer += data
+
+    def flush(self) -> None:
+        self.path.write_bytes(bytes(self.buffer))
+
+    def close(self) -> None:
+        self.flush()
+
+
+class _EpathWriterFactory:
+    def open(self, path: str) -> _EpathRecordWriter:
+        return _EpathRecordWriter(path)
+
+    def directory_check(self, path: str) -> None:
+        storage.path(path).mkdir(parents=True, exist_ok=True)
+
+
+record_writer.register_writer_factory("gs", _EpathWriterFactory())
 
 
 class MetricsWriter:
@@ -21,8 +51,6 @@ class MetricsWriter:
             if self.path.exists():
                 self._lines = [line for line in self.path.read_text().splitlines() if line.strip() and json.loads(line)["step"] <= resumed_step]
             self.path.write_text("".join(line + "\n" for line in self._lines))
-            from tensorboardX import SummaryWriter
-
             self._tb = SummaryWriter(str(storage.path(workdir) / "tensorboard"))
             if config is not None:  # the run's config, readable in TensorBoard's text tab
                 self._tb.add_text("config", "```\n" + json.dumps(config, indent=1) + "\n```", resumed_step)
