@@ -12,8 +12,7 @@ from tqdm import tqdm
 from freeatten_jax.configs import base
 from freeatten_jax.errors import ConfigError, UserError
 from freeatten_jax.evaluation import suite, switches
-from freeatten_jax.training import config
-from freeatten_jax.training import loop as train_lib
+from freeatten_jax.training import config, loop
 
 WORDS = "the of and to in is that it with as for was on be by at this from or an which king lord love sweet night".split()
 
@@ -37,7 +36,7 @@ def trained(tmp_path_factory):
     runs = {}
     for variant in ("lssa", "ssmax"):
         workdir = root / variant
-        metrics = train_lib.train_and_evaluate(_config(variant, str(root / "text.txt")), str(workdir))
+        metrics = loop.train_and_evaluate(_config(variant, str(root / "text.txt")), str(workdir))
         runs[variant] = (str(workdir), metrics[-1])
     return runs
 

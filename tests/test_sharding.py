@@ -153,13 +153,15 @@ def test_parameters_and_optimizer_state_carry_intended_shardings():
 def test_abstract_state_is_a_sharded_restore_target():
     mesh = _mesh((2, 2, 2))
     build = lambda: Transformer(_cfg("lssa"), rngs=nnx.Rngs(0))
-    graphdef, abstract = sharding.abstract_state(build, mesh, RULES)
+    abstract, shardings = sharding.abstract(lambda: nnx.state(build()), mesh, RULES)
+    graphdef = nnx.graphdef(nnx.eval_shape(build))
     model = sharding.build_sharded(build, mesh, RULES)
     real = nnx.state(model)
     assert jax.tree.structure(abstract) == jax.tree.structure(real)
     for a, r in zip(jax.tree.leaves(abstract), jax.tree.leaves(real)):
         assert isinstance(a, jax.ShapeDtypeStruct) and a.shape == r.shape and a.dtype == r.dtype
         assert a.sharding == r.sharding
+    assert jax.tree.leaves(shardings) == [a.sharding for a in jax.tree.leaves(abstract)]
     restored = nnx.merge(graphdef, real)
     assert isinstance(restored, Transformer)
 

@@ -64,7 +64,7 @@ def _eta(seconds: float) -> str:
 class Evaluator:
     """Mean validation loss over the first `eval_windows` held-out windows of the training length."""
 
-    def __init__(self, cfg, splits, mesh, state_shardings, eval_def):
+    def __init__(self, cfg, splits, mesh, eval_def):
         rules = cfg.mesh.rules
         windows_WL = data.eval_windows(splits.val, cfg.train.seq_len, cfg.train.eval_windows)
         batch = cfg.train.batch_size // cfg.train.grad_accum_steps  # a micro-batch: what fits in memory
@@ -154,7 +154,7 @@ def train_and_evaluate(cfg_dict, workdir) -> list[dict]:
     stop = _StopSignal()
     try:
         with sharding.use_mesh(mesh, rules):
-            evaluate = Evaluator(cfg, splits, mesh, state_shardings, eval_def)
+            evaluate = Evaluator(cfg, splits, mesh, eval_def)
             return _loop(cfg, state, start, step_fn, evaluate, train_iter, ckpt, writer, stop, mesh, workdir)
     finally:
         stop.restore()
