@@ -66,10 +66,13 @@ def test_variant_files_match_the_attention_library():
 
 def test_command_line_overrides():
     cfg = _parse("--config=configs/lssar.py:gpt2_small", "--config.train.steps=7", "--config.mesh.shape=(1,2,4)",
-                 "--config.optim.lr=0.5", "--config.data.path=/data/*.bin", "--config.train.seq_len=128")
+                 "--config.optim.lr=0.5", "--config.data.path=/data/*.bin", "--config.train.seq_len=128",
+                 "--config.train.profile_steps=(10,12)", "--config.train.peak_tflops=989")
     assert (cfg.train.steps, cfg.mesh.shape, cfg.optim.lr, cfg.data.path) == (7, (1, 2, 4), 0.5, "/data/*.bin")
     assert cfg.model.max_len == 128  # follows the training length
     assert cfg.model.num_layers == 12 and cfg.train.batch_size == 512
+    typed = config.parse(cfg)
+    assert typed.train.profile_steps == (10, 12) and typed.train.peak_tflops == 989 and typed.model.max_len == 128
 
 
 def test_lssar_power_is_overridable_from_the_command_line():
@@ -133,3 +136,14 @@ def test_console_script_takes_a_packaged_config_from_any_directory(tmp_path):
     result = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=tmp_path, env=env)
     assert result.returncode == 1
     assert result.stderr.strip().splitlines()[-1] == "error: config.train.steps=0 is invalid; allowed: an integer >= 1"
+
+
+def test_a_config_saved_before_newer_fields_existed_still_parses():
+    """Checkpoints keep their config as JSON: fields added later (profile_steps, peak_tflops) take their defaults."""
+    saved = config.to_json(base.get_config("lssa", "tiny"))
+    del saved["train"]["profile_steps"], saved["train"]["peak_tflops"]
+    cfg = config.parse(config.from_json(saved))
+    assert cfg.train.profile_steps == () and cfg.train.peak_tflops == 0.0 and cfg.model.attention == "lssa"
+    del saved["train"]["steps"]
+    with pytest.raises(ConfigError, match="config.train.steps is missing"):
+        config.parse(config.from_json(saved))

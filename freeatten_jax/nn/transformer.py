@@ -174,23 +174,23 @@ class Transformer(nnx.Module):
 
         The variant defaults to the current one; options replace the current ones.
         """
-        for block in self.blocks:
-            block.attn.set_attention(variant, **options)
+        for layer in self.attention_layers:
+            layer.set_attention(variant, **options)
 
     def set_implementation(self, implementation: str, **options) -> None:
         """How every layer computes attention, e.g. ('blockwise', block_q=256, block_k=256)."""
-        for block in self.blocks:
-            block.attn.set_implementation(implementation, **options)
+        for layer in self.attention_layers:
+            layer.set_implementation(implementation, **options)
 
     def set_rope_theta(self, theta: float) -> None:
         """Eval-time RoPE base override (e.g. 50x the training theta, as in the SSMax paper)."""
-        for block in self.blocks:
-            block.attn.set_rope_theta(theta)
+        for layer in self.attention_layers:
+            layer.set_rope_theta(theta)
 
     def set_ssmax_s(self, s: float) -> None:
         """Eval-time override of the learned SSMax s in every layer and head (ssmax models only)."""
-        for block in self.blocks:
-            block.attn.set_ssmax_s(s)
+        for layer in self.attention_layers:
+            layer.set_ssmax_s(s)
 
     @property
     def attention_layers(self) -> tuple[Attention, ...]:

@@ -48,8 +48,8 @@ class TrainConfig:
     eval_every: int  # 0: only at the end
     eval_windows: int
     checkpoint_every: int
-    profile_steps: tuple[int, ...]  # () or (first, last): a profiler trace of those steps to WORKDIR/profile
-    peak_tflops: float  # per device, for MFU; 0: known for the device, else MFU is omitted
+    profile_steps: tuple[int, ...] = ()  # () or (first, last): a profiler trace of those steps to WORKDIR/profile
+    peak_tflops: float = 0.0  # per device, for MFU; 0: known for the device, else MFU is omitted
 
 
 @dataclasses.dataclass(frozen=True)
@@ -132,11 +132,13 @@ CHECKS = {  # non-model fields; ModelConfig checks its own
 
 
 def _section(cls, cfg, name: str):
+    """cls from cfg[name]; a field with a default may be absent (configs saved before it existed)."""
     section = cfg[name]
-    missing = [f.name for f in dataclasses.fields(cls) if f.name not in section]
+    fields = dataclasses.fields(cls)
+    missing = [f.name for f in fields if f.name not in section and f.default is dataclasses.MISSING]
     if missing:
         raise ConfigError(f"config.{name}.{missing[0]} is missing")
-    return cls(**{f.name: section[f.name] for f in dataclasses.fields(cls)})
+    return cls(**{f.name: section[f.name] for f in fields if f.name in section})
 
 
 def _model(cfg_model, cfg_data) -> ModelConfig:
@@ -167,6 +169,11 @@ def from_json(d: dict) -> ml_collections.ConfigDict:
     return cfg
 
 
+def _has(cfg, field: str) -> bool:
+    section, name = field.split(".")
+    return name in cfg[section]
+
+
 def _get(cfg, field: str):
     for name in field.split("."):
         cfg = cfg[name]
@@ -177,7 +184,7 @@ def parse(cfg: ml_collections.ConfigDict) -> Config:
     """The typed configs of a run; raises ConfigError for the first invalid field (before any data is read)."""
     cfg = cfg.copy_and_resolve_references()
     for field, (ok, allowed) in CHECKS.items():
-        if not ok(value := _get(cfg, field)):
+        if _has(cfg, field) and not ok(value := _get(cfg, field)):
             raise ConfigError(f"config.{field}={value!r} is invalid; allowed: {allowed}")
     if cfg.train.batch_size % cfg.train.grad_accum_steps:
         raise ConfigError(f"config.train.batch_size={cfg.train.batch_size} must be divisible by "
@@ -189,7 +196,7 @@ def parse(cfg: ml_collections.ConfigDict) -> Config:
         model=_model(cfg.model, cfg.data),
         data=_section(DataConfig, cfg, "data"),
         optim=_section(OptimConfig, cfg, "optim"),
-        train=dataclasses.replace(train, profile_steps=tuple(train.profile_steps or ())),
+        train=dataclasses.replace(train, profile_steps=tuple(train.profile_steps)),
         mesh=MeshConfig(tuple(cfg.mesh.shape), tuple(tuple(rule) for rule in cfg.mesh.rules)),
         checkpoint=_section(CheckpointConfig, cfg, "checkpoint"),
         source=to_json(cfg),
