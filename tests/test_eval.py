@@ -123,6 +123,7 @@ def test_switch_parsing_and_errors(trained, tmp_path):
         suite.run_suite([trained["lssa"][0]], [], suite.Settings(multipliers=(1, 4096)), str(tmp_path / "out"))
 
 
+@pytest.mark.slow
 def test_freeatten_generate_continues_a_prompt_with_the_runs_tokenizer(trained, tmp_path):
     from freeatten_jax.data.tokenizer import ByteTokenizer
     from freeatten_jax.nn import generate

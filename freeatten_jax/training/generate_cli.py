@@ -5,7 +5,7 @@
 import sys
 
 import numpy as np
-from absl import flags
+from absl import flags, logging
 
 from freeatten_jax import cli
 from freeatten_jax.errors import UserError
@@ -54,4 +54,4 @@ def main() -> None:
                              top_p=top_p.value, eos=eos.value, seed=seed.value)
         print(prompt.value + text)
 
-    cli.run(run, sys.argv)
+    cli.run(run, sys.argv, verbosity=logging.ERROR)  # orbax read-only notices would mix with the text
