@@ -16,7 +16,7 @@ import sys
 class Blocker:
     def find_spec(self, name, path=None, target=None):
         if name.split(".")[0] in {BLOCKED!r}:
-            raise ImportError("blocked: " + name)
+            raise ModuleNotFoundError("blocked: " + name, name=name)  # as if not installed
 
 sys.meta_path.insert(0, Blocker())
 import jax.numpy as jnp
@@ -44,3 +44,11 @@ def test_library_runs_without_the_application_dependencies():
     result = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True, timeout=300, env=env,
                             cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     assert result.returncode == 0 and result.stdout.strip() == "ok", result.stderr[-3000:]
+
+
+def test_a_command_without_its_extra_names_the_extra_in_one_line():
+    script = SCRIPT.split("import jax.numpy")[0] + "from freeatten_jax import scripts\nscripts.train()\n"
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300,
+                            cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    assert result.returncode == 1
+    assert result.stderr.strip() == "error: ml_collections is not installed; this command needs pip install 'freeatten_jax[train]'"
