@@ -147,7 +147,7 @@ def _saved_config(workdir: str) -> config.Config:
     """The typed config saved with the latest checkpoint; CheckpointNotFoundError if there is none."""
     ckpt = checkpoint.Checkpointer(workdir, read_only=True)
     try:
-        return config.parse(config.from_json(ckpt.config(ckpt.require_latest())))
+        return ckpt.run_config(ckpt.require_latest())
     finally:
         ckpt.close()
 

@@ -45,6 +45,10 @@ class Checkpointer:
         """The command line's config saved with `step`, as JSON."""
         return self.manager.restore(step, args=ocp.args.Composite(config=ocp.args.JsonRestore()))["config"]
 
+    def run_config(self, step: int) -> config.Config:
+        """The typed config of the run that saved `step`."""
+        return config.parse(config.from_json(self.config(step)))
+
     def require_latest(self) -> int:
         """The latest step, or CheckpointNotFoundError."""
         step = self.latest_step()
@@ -67,7 +71,7 @@ def load_params(workdir, step: int | None = None, mesh=None):
     ckpt = Checkpointer(workdir, read_only=True)
     try:
         step = ckpt.require_latest() if step is None else step
-        cfg = config.parse(config.from_json(ckpt.config(step)))
+        cfg = ckpt.run_config(step)
         mesh = mesh or sharding.make_mesh((1, 1, 1), jax.devices()[:1])
         target, _ = sharding.abstract(lambda: state.model_state(cfg.model, cfg.train.seed), mesh, cfg.mesh.rules)
         restore = ocp.args.PyTreeRestore(item=target, restore_args=ocp.checkpoint_utils.construct_restore_args(target), partial_restore=True)
