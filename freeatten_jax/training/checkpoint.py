@@ -41,13 +41,13 @@ class Checkpointer:
         args = ocp.args.Composite(state=ocp.args.StandardRestore(abstract_state), data=grain.checkpoint.CheckpointRestore(data_iterator))
         return self.manager.restore(step, args=args)["state"]
 
-    def config(self, step: int) -> dict:
+    def config_json(self, step: int) -> dict:
         """The command line's config saved with `step`, as JSON."""
         return self.manager.restore(step, args=ocp.args.Composite(config=ocp.args.JsonRestore()))["config"]
 
     def run_config(self, step: int) -> config.Config:
         """The typed config of the run that saved `step`."""
-        return config.parse(config.from_json(self.config(step)))
+        return config.parse(config.from_json(self.config_json(step)))
 
     def require_latest(self) -> int:
         """The latest step, or CheckpointNotFoundError."""

@@ -135,7 +135,7 @@ def train_and_evaluate(cfg_dict, workdir) -> list[dict]:
     tx = optim.make(cfg.optim, steps)
     abstract, state_shardings = train_state.abstract_state(cfg, mesh, tx)
     if (start := ckpt.latest_step()) is not None:
-        _check_resumable(ckpt.config(start), cfg, start, workdir)
+        _check_resumable(ckpt.config_json(start), cfg, start, workdir)
         state = ckpt.restore(start, abstract, train_iter)
         if jax.process_index() == 0:
             print(f"resumed from step {start} (checkpoint in {workdir})", flush=True)
