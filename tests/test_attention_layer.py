@@ -1,5 +1,4 @@
 """The NNX Attention layer: wiring to attend, RoPE, GQA, learnable SSMax s, switches, dtypes, cache."""
-import math
 
 import jax
 import jax.numpy as jnp
