@@ -1,11 +1,2 @@
-"""LSSA (Gao et al., arXiv 2501.13428): L1-normalised softplus(log d * log N_i * cos(q, k)).
-
-    python train.py --config=configs/lssa.py:tiny --workdir=runs/lssa-tiny
-    python train.py --config=configs/lssa.py:gpt2_small --workdir=runs/lssa-small --config.data.source=bin \
-        --config.data.path='fineweb10B/fineweb_train_*.bin' --config.data.val_path='fineweb10B/fineweb_val_*.bin'
-"""
-from configs import base
-
-
-def get_config(size: str = "tiny"):
-    return base.get_config("lssa", size)
+"""`python train.py --config=configs/lssa.py:tiny` from the repo; the config itself: freeatten_jax/configs/lssa.py."""
+from freeatten_jax.configs.lssa import get_config  # noqa: F401

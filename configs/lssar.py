@@ -1,11 +1,2 @@
-"""LSSAR (Gao et al., arXiv 2501.13428): LSSA followed by re-weighting relu(N_i A - 1)^p, p = 15.
-
-    python train.py --config=configs/lssar.py:tiny --workdir=runs/lssar-tiny
-    python train.py --config=configs/lssar.py:gpt2_small --workdir=runs/lssar-small --config.data.source=bin \
-        --config.data.path='fineweb10B/fineweb_train_*.bin' --config.data.val_path='fineweb10B/fineweb_val_*.bin'
-"""
-from configs import base
-
-
-def get_config(size: str = "tiny"):
-    return base.get_config("lssar", size)
+"""`python train.py --config=configs/lssar.py:tiny` from the repo; the config itself: freeatten_jax/configs/lssar.py."""
+from freeatten_jax.configs.lssar import get_config  # noqa: F401

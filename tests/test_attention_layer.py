@@ -1,5 +1,4 @@
 """The NNX Attention layer: wiring to attend, RoPE, GQA, learnable SSMax s, switches, dtypes, cache."""
-import math
 
 import jax
 import jax.numpy as jnp
@@ -8,8 +7,8 @@ import pytest
 from flax import nnx
 
 from freeatten_jax import attention
-from freeatten_jax.attention_layer import Attention
-from freeatten_jax.rope import apply_rope
+from freeatten_jax.nn import Attention
+from freeatten_jax.nn.rope import apply_rope
 
 E, H, T = 32, 4, 12
 VARIANTS = list(attention.VARIANTS)
@@ -95,12 +94,12 @@ def test_eval_time_switches_change_no_parameters():
     before = jax.tree.map(np.asarray, nnx.state(lssa, nnx.Param))
     x, base = _x(), lssa(_x())
     lssa.set_attention("lssar", p=3.0)
-    lssa.rope_theta = 500.0
+    lssa.set_rope_theta(500.0)
     built = Attention(E, H, variant="lssar", options={"p": 3.0}, rope_theta=500.0, rngs=nnx.Rngs(5))
     np.testing.assert_allclose(lssa(x), built(x), atol=1e-6)
     assert not np.allclose(lssa(x), base, atol=1e-4)
     lssa.set_attention(p=None)
-    lssa.rope_theta = 10_000.0
+    lssa.set_rope_theta(10_000.0)
     np.testing.assert_allclose(lssa(x), base, atol=1e-6)
     jax.tree.map(np.testing.assert_array_equal, before, jax.tree.map(np.asarray, nnx.state(lssa, nnx.Param)))
 

@@ -1,34 +1,63 @@
-"""Configs: every experiment file loads and validates; command-line overrides; clear errors."""
+"""Configs: every experiment file loads and parses into typed configs; command-line overrides; clear errors."""
+import os
 import subprocess
 import sys
 
+import jax.numpy as jnp
 import pytest
 from absl import flags
 from ml_collections import config_flags
 
-import configs.base
-from freeatten_jax import attention, config_check
-from freeatten_jax.model import validate as validate_model
+from freeatten_jax import attention, cli, configs
+from freeatten_jax.configs import base
+from freeatten_jax.errors import ConfigError
+from freeatten_jax.nn import preset, sharding
+from freeatten_jax.training import config
 
 VARIANT_FILES = ["softmax", "ssmax", "lssa", "lssar", "sigmoid", "relu"]
 
 
 def _parse(*args):
     values = flags.FlagValues()
-    argv = ["train.py", *args]
+    argv = cli.config_argv(["train.py", *args])
     config_flags.DEFINE_config_file("config", None, "", flag_values=values, lock_config=True, sys_argv=argv)
     values(argv)
     return values.config
 
 
 @pytest.mark.parametrize("variant", VARIANT_FILES)
-def test_every_experiment_file_is_a_valid_config(variant):
-    cfg = _parse(f"--config=configs/{variant}.py:tiny")
-    assert cfg.model.attention == variant
-    config_check.validate(cfg)
-    cfg = cfg.copy_and_resolve_references()
-    cfg.model.vocab_size = 256
-    validate_model(cfg.model)
+@pytest.mark.parametrize("form", ["configs/{}.py:tiny", "{}:tiny"])
+def test_every_experiment_file_is_a_valid_config_by_path_or_name(variant, form):
+    cfg = config.parse(_parse("--config=" + form.format(variant)))
+    assert cfg.model.attention == variant and cfg.model.vocab_size == 256 and cfg.model.max_len == 64
+    assert cfg.model.dtype == jnp.float32 and cfg.mesh.rules == sharding.DEFAULT_RULES
+
+
+def test_packaged_names_resolve_to_the_packaged_files_and_paths_stay():
+    assert set(configs.NAMES) == set(VARIANT_FILES)
+    assert configs.resolve("lssar:tiny") == f"{configs.ROOT / 'lssar'}.py:tiny"
+    assert configs.resolve("configs/lssar.py:tiny") == "configs/lssar.py:tiny"
+    assert configs.resolve("my_experiment.py") == "my_experiment.py"
+
+
+def test_presets_leave_training_fields_to_the_training_config():
+    """A preset sets only the network's shape: the variant and the length are the training config's."""
+    with_data = lambda cfg: cfg.data.update(path="shards/*.bin") or cfg
+    cfg = config.parse(with_data(base.get_config("softmax", "ssmax_162m")))
+    assert cfg.model.attention == "softmax" and cfg.model.max_len == cfg.train.seq_len == 1024
+    assert preset("ssmax_162m").attention == "softmax" and preset("tiny").max_len == 1024  # ModelConfig defaults
+    typed = config.parse(with_data(base.get_config("lssar", "gpt2_small")))
+    want = preset("gpt2_small", attention="lssar", attention_options={"p": 15.0}, max_len=1024)
+    assert typed.model == want
+
+
+def test_vocab_size_zero_takes_the_datas():
+    cfg = base.get_config("softmax", "tiny")
+    assert config.parse(cfg).model.vocab_size == 256
+    cfg.data.update(tokenizer="bpe", bpe_vocab_size=4096)
+    assert config.parse(cfg).model.vocab_size == 4096
+    cfg.data.update(source="bin", path="x.bin")
+    assert config.parse(cfg).model.vocab_size == 50257
 
 
 def test_variant_files_match_the_attention_library():
@@ -37,10 +66,13 @@ def test_variant_files_match_the_attention_library():
 
 def test_command_line_overrides():
     cfg = _parse("--config=configs/lssar.py:gpt2_small", "--config.train.steps=7", "--config.mesh.shape=(1,2,4)",
-                 "--config.optim.lr=0.5", "--config.data.path=/data/*.bin", "--config.train.seq_len=128")
+                 "--config.optim.lr=0.5", "--config.data.path=/data/*.bin", "--config.train.seq_len=128",
+                 "--config.train.profile_steps=(10,12)", "--config.train.peak_tflops=989")
     assert (cfg.train.steps, cfg.mesh.shape, cfg.optim.lr, cfg.data.path) == (7, (1, 2, 4), 0.5, "/data/*.bin")
     assert cfg.model.max_len == 128  # follows the training length
     assert cfg.model.num_layers == 12 and cfg.train.batch_size == 512
+    typed = config.parse(cfg)
+    assert typed.train.profile_steps == (10, 12) and typed.train.peak_tflops == 989 and typed.model.max_len == 128
 
 
 def test_lssar_power_is_overridable_from_the_command_line():
@@ -62,28 +94,31 @@ def test_locked_config_rejects_unknown_fields():
         ("optim.schedule", "linear", "'cosine', 'constant'"),
         ("mesh.shape", (2, 2), "3 sizes"),
         ("train.steps", 0, "an integer >= 1"),
+        ("train.profile_steps", (3, 2), "(first, last)"),
+        ("model.dtype", "float16", "'float32', 'bfloat16'"),
+        ("model.mlp", "relu2", "'gelu', 'swiglu'"),
     ],
 )
 def test_invalid_field_is_one_line_naming_field_and_allowed_values(field, value, allowed):
-    cfg = configs.base.get_config("softmax", "tiny")
+    cfg = base.get_config("softmax", "tiny")
     section, name = field.split(".")
     cfg[section][name] = value
-    with pytest.raises(config_check.ConfigError) as err:
-        config_check.validate(cfg)
+    with pytest.raises(ConfigError) as err:
+        config.parse(cfg)
     message = str(err.value)
     assert f"config.{field}={value!r}" in message and allowed in message and "\n" not in message
 
 
 def test_unknown_variant_lists_the_valid_ones():
-    with pytest.raises(config_check.ConfigError, match="'softmax', 'ssmax', 'lssa', 'lssar'"):
-        config_check.validate(configs.base.get_config("softmaxx", "tiny"))
+    with pytest.raises(ConfigError, match="'softmax', 'ssmax', 'lssa', 'lssar'"):
+        config.parse(base.get_config("softmaxx", "tiny"))
 
 
 def test_batch_must_split_into_micro_batches():
-    cfg = configs.base.get_config("softmax", "tiny")
+    cfg = base.get_config("softmax", "tiny")
     cfg.train.grad_accum_steps = 5
-    with pytest.raises(config_check.ConfigError, match="grad_accum_steps"):
-        config_check.validate(cfg)
+    with pytest.raises(ConfigError, match="grad_accum_steps"):
+        config.parse(cfg)
 
 
 def test_train_py_reports_a_bad_variant_in_one_line(tmp_path):
@@ -91,3 +126,24 @@ def test_train_py_reports_a_bad_variant_in_one_line(tmp_path):
     result = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert result.returncode == 1
     assert result.stderr.strip().splitlines()[-1].startswith("error: config.model.attention='nope' is invalid; allowed: one of 'softmax'")
+
+
+def test_console_script_takes_a_packaged_config_from_any_directory(tmp_path):
+    """`freeatten-train --config=NAME:ARG` from a directory with no configs/ in it (the installed entry point)."""
+    code = "import sys; from freeatten_jax.training.cli import main; sys.argv[0] = 'freeatten-train'; main()"
+    env = {**os.environ, "PYTHONPATH": os.getcwd()}
+    cmd = [sys.executable, "-c", code, "--config=lssar:tiny", f"--workdir={tmp_path}", "--config.train.steps=0"]
+    result = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=tmp_path, env=env)
+    assert result.returncode == 1
+    assert result.stderr.strip().splitlines()[-1] == "error: config.train.steps=0 is invalid; allowed: an integer >= 1"
+
+
+def test_a_config_saved_before_newer_fields_existed_still_parses():
+    """Checkpoints keep their config as JSON: fields added later (profile_steps, peak_tflops) take their defaults."""
+    saved = config.to_json(base.get_config("lssa", "tiny"))
+    del saved["train"]["profile_steps"], saved["train"]["peak_tflops"]
+    cfg = config.parse(config.from_json(saved))
+    assert cfg.train.profile_steps == () and cfg.train.peak_tflops == 0.0 and cfg.model.attention == "lssa"
+    del saved["train"]["steps"]
+    with pytest.raises(ConfigError, match="config.train.steps is missing"):
+        config.parse(config.from_json(saved))

@@ -2,17 +2,17 @@
 import pathlib
 import subprocess
 
-import ml_collections
 import numpy as np
 import pytest
 
 from freeatten_jax import data
 from freeatten_jax.data import corpus
+from freeatten_jax.training.config import DataConfig
 
 
 def _cfg(**kw):
     base = dict(source="text", path="", val_path="", tokenizer="byte", bpe_vocab_size=300, val_fraction=0.1, cache_dir="", num_workers=0)
-    return ml_collections.ConfigDict({**base, **kw})
+    return DataConfig(**{**base, **kw})
 
 
 def _first_tokens(it, n):

@@ -1,14 +1,18 @@
-"""The extrapolation suite end to end on tiny checkpoints trained here."""
+"""The extrapolation suite end to end on tiny checkpoints trained here; freeatten-generate on them."""
 import csv
 import json
+import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
 from tqdm import tqdm
 
-from configs import base
-from freeatten_jax import train_lib
+from freeatten_jax.configs import base
+from freeatten_jax.errors import ConfigError, UserError
 from freeatten_jax.evaluation import suite, switches
+from freeatten_jax.training import config, loop
 
 WORDS = "the of and to in is that it with as for was on be by at this from or an which king lord love sweet night".split()
 
@@ -32,7 +36,7 @@ def trained(tmp_path_factory):
     runs = {}
     for variant in ("lssa", "ssmax"):
         workdir = root / variant
-        metrics = train_lib.train_and_evaluate(_config(variant, str(root / "text.txt")), str(workdir))
+        metrics = loop.train_and_evaluate(_config(variant, str(root / "text.txt")), str(workdir))
         runs[variant] = (str(workdir), metrics[-1])
     return runs
 
@@ -91,25 +95,54 @@ def test_reweighting_switch_changes_lssa_and_off_reproduces_it(trained, tmp_path
     assert all(a != b for a, b in zip(losses(p15), losses(none)))
 
 
+def _typed(variant):
+    return config.parse(base.get_config(variant))
+
+
 def test_switches_that_change_nothing_are_skipped():
-    lssa, lssar = base.get_config("lssa"), base.get_config("lssar")
+    lssa, lssar = _typed("lssa"), _typed("lssar")
     assert not switches.applicable(lssa, switches.parse("p=off"))
     assert switches.applicable(lssa, switches.parse("p=15"))
     assert not switches.applicable(lssar, switches.parse("p=15"))
     assert switches.applicable(lssar, switches.parse("p=3")) and switches.applicable(lssar, switches.parse("p=off"))
-    assert not switches.applicable(base.get_config("softmax"), switches.parse("p=15"))
+    assert not switches.applicable(_typed("softmax"), switches.parse("p=15"))
     assert switches.applicable(lssar, switches.parse("p=15,rope_theta=2x"))
 
 
 def test_switch_parsing_and_errors(trained, tmp_path):
     assert switches.parse("p=15,rope_theta=50x").settings == (("p", "15"), ("rope_theta", "50x"))
-    with pytest.raises(ValueError, match="valid switches: p, rope_theta, s"):
+    with pytest.raises(ConfigError, match="valid switches: p, rope_theta, s"):
         switches.parse("temperature=2")
-    with pytest.raises(ValueError, match="key=value"):
+    with pytest.raises(ConfigError, match="key=value"):
         switches.parse("p")
-    with pytest.raises(ValueError):
+    with pytest.raises(ConfigError, match="not a number"):
         switches.parse("p=fifteen")
-    with pytest.raises(FileNotFoundError, match="no checkpoint"):
+    with pytest.raises(UserError, match="no checkpoint"):
         suite.run_suite([str(tmp_path / "empty")], [], SETTINGS, str(tmp_path / "out"))
-    with pytest.raises(ValueError, match="held-out tokens"):
+    with pytest.raises(UserError, match="held-out tokens"):
         suite.run_suite([trained["lssa"][0]], [], suite.Settings(multipliers=(1, 4096)), str(tmp_path / "out"))
+
+
+@pytest.mark.slow
+def test_freeatten_generate_continues_a_prompt_with_the_runs_tokenizer(trained, tmp_path):
+    from freeatten_jax.data.tokenizer import ByteTokenizer
+    from freeatten_jax.nn import generate
+    from freeatten_jax.training import checkpoint
+    from freeatten_jax.training.generate_cli import generate_text
+
+    workdir = trained["lssa"][0]
+    model, _, _ = checkpoint.load_params(workdir)
+    prompt = ByteTokenizer().encode("the king ").astype(np.int32)
+    greedy = ByteTokenizer().decode(np.asarray(generate(model, prompt[None], 6, temperature=0.0))[0, len(prompt):])
+    assert generate_text(workdir, "the king ", 6, temperature=0.0) == greedy
+    eos = greedy[1]  # stops right after the first time it is generated
+    assert generate_text(workdir, "the king ", 6, temperature=0.0, eos=eos) == greedy[: greedy.index(eos) + 1]
+    sampled = {generate_text(workdir, "the king ", 6, top_k=5, top_p=0.9, seed=s) for s in range(3)}
+    assert all(len(text.encode()) == 6 for text in sampled) and len(sampled) > 1
+    code = "import sys; from freeatten_jax.training.generate_cli import main; sys.argv[0] = 'freeatten-generate'; main()"
+    cmd = [sys.executable, "-c", code, f"--workdir={workdir}", "--prompt=the king ", "--max_new_tokens=6", "--temperature=0"]
+    result = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=tmp_path, env={**os.environ, "PYTHONPATH": os.getcwd()})
+    assert result.returncode == 0 and result.stdout == "the king " + greedy + "\n", result.stderr[-2000:]
+    bad = subprocess.run([*cmd[:3], f"--workdir={tmp_path / 'none'}", "--prompt=x"], capture_output=True, text=True, timeout=300,
+                         cwd=tmp_path, env={**os.environ, "PYTHONPATH": os.getcwd()})
+    assert bad.returncode == 1 and bad.stderr.strip().splitlines()[-1].startswith("error: no checkpoint in ")

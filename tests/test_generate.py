@@ -6,10 +6,9 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from configs.model_presets import model_config
 from freeatten_jax import attention
-from freeatten_jax.generate import generate, prefill, sample
-from freeatten_jax.model import Transformer
+from freeatten_jax.nn import Transformer, preset
+from freeatten_jax.nn.decoding import generate, prefill, sample
 
 VARIANTS = list(attention.VARIANTS)
 PROMPT, CHUNK, STEPS = 16, 8, 8  # a prompt of two chunks, then single-token steps
@@ -17,11 +16,9 @@ IMPLEMENTATION_OPTIONS = {"reference": {}, "blockwise": {"block_q": 8, "block_k"
 IMPLEMENTATIONS = [name for name in IMPLEMENTATION_OPTIONS if name in attention.IMPLEMENTATIONS]
 
 
-def _cfg(variant="softmax", num_layers=1):
-    cfg = model_config("tiny")
-    cfg.update(num_layers=num_layers, d_model=32, num_heads=4, num_kv_heads=2, mlp_dim=64, vocab_size=50, max_len=16)
-    cfg.update(attention=variant, use_bias=True)
-    return cfg
+def _cfg(variant="softmax", num_layers=1, **overrides):
+    return preset("tiny", num_layers=num_layers, d_model=32, num_heads=4, num_kv_heads=2, mlp_dim=64, vocab_size=50, max_len=16,
+                  attention=variant, use_bias=True, **overrides)
 
 
 def _models(implementation):
@@ -91,6 +88,36 @@ def test_sample_greedy_top_k_and_temperature():
     assert np.all(np.asarray(cold) == [1, 0]) and len(set(np.asarray(hot[:, 0]).tolist())) == 4
 
 
+def test_top_p_keeps_the_smallest_set_reaching_p():
+    logits = jnp.log(jnp.array([[0.5, 0.3, 0.15, 0.05], [0.05, 0.05, 0.1, 0.8]]))
+    keys = jax.random.split(jax.random.key(1), 300)
+    drawn = np.asarray(jnp.stack([sample(logits, k, 1.0, None, 0.75) for k in keys]))
+    assert set(drawn[:, 0].tolist()) == {0, 1} and set(drawn[:, 1].tolist()) == {3}  # 0.5 + 0.3 >= 0.75; 0.8 alone
+    assert 0.55 < np.mean(drawn[:, 0] == 0) < 0.70  # renormalised: 0.5 / 0.8
+    wide = np.asarray(jnp.stack([sample(logits, k, 1.0, None, 0.9) for k in keys]))
+    assert set(wide[:, 0].tolist()) == {0, 1, 2}
+    both = np.asarray(jnp.stack([sample(logits, k, 1.0, 1, 0.99) for k in keys[:20]]))
+    assert np.all(both == [0, 3])  # top-k applies too
+
+
+def test_generation_stops_at_eos_and_pads_finished_rows():
+    model = Transformer(_cfg("lssar", num_layers=2), rngs=nnx.Rngs(0))
+    prompt = _tokens()[:, :PROMPT]
+    free = np.asarray(generate(model, prompt, 6, temperature=0.0))[:, PROMPT:]
+    eos = int(free[0, 1])
+    stopped = np.asarray(generate(model, prompt, 6, temperature=0.0, eos_id=eos))[:, PROMPT:]
+    for row_free, row in zip(free, stopped):
+        hits = np.flatnonzero(row_free == eos)
+        if hits.size:  # identical up to the first eos, then only eos
+            end = hits[0] + 1
+            np.testing.assert_array_equal(row[:end], row_free[:end])
+            assert np.all(row[end:] == eos)
+        else:
+            np.testing.assert_array_equal(row, row_free[: len(row)])
+    if all((row == eos).any() for row in free):
+        assert stopped.shape[1] < 6 or np.all(stopped[:, -1] == eos)
+
+
 def test_generate_greedy_follows_the_model_and_sampling_is_seeded():
     model = Transformer(_cfg("lssar", num_layers=2), rngs=nnx.Rngs(0))  # one cache per layer
     prompt = _tokens()[:, :PROMPT]
@@ -105,9 +132,7 @@ def test_generate_greedy_follows_the_model_and_sampling_is_seeded():
 
 
 def test_generate_uses_eval_mode_without_changing_the_callers_model():
-    cfg = _cfg("ssmax")
-    cfg.dropout = 0.5
-    model = Transformer(cfg, rngs=nnx.Rngs(0))
+    model = Transformer(_cfg("ssmax", dropout=0.5), rngs=nnx.Rngs(0))
     prompt = _tokens()[:, :4]
     first, second = generate(model, prompt, 3, temperature=0.0), generate(model, prompt, 3, temperature=0.0)
     np.testing.assert_array_equal(first, second)  # no dropout while generating

@@ -1,5 +1,6 @@
 """The transformer: parameter counts of the paper presets, config validation, packing, causality,
 dropout, remat, dtypes and the eval-time attention / RoPE switches."""
+import dataclasses
 import math
 
 import jax
@@ -8,15 +9,13 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from configs.model_presets import model_config
-from freeatten_jax.model import Transformer, validate
+from freeatten_jax.errors import ConfigError, UserError
+from freeatten_jax.nn import ModelConfig, Transformer, preset
+from freeatten_jax.nn.rope import apply_rope
 
 
 def _cfg(**overrides):
-    cfg = model_config("tiny")
-    cfg.update(num_layers=1, d_model=32, num_heads=4, mlp_dim=64, vocab_size=50, max_len=16)
-    cfg.update(overrides)
-    return cfg
+    return preset("tiny", **{"num_layers": 1, "d_model": 32, "num_heads": 4, "mlp_dim": 64, "vocab_size": 50, "max_len": 16, **overrides})
 
 
 forward = nnx.jit(lambda model, tokens: model(tokens))
@@ -33,7 +32,7 @@ def _param_count(cfg):
 
 @pytest.mark.parametrize("size, paper", [("gpt2_small", 124e6), ("ssmax_162m", 162e6)])
 def test_paper_presets_parameter_counts(size, paper):
-    count = _param_count(model_config(size))
+    count = _param_count(preset(size))
     assert abs(count - paper) / paper < 0.01, count
 
 
@@ -43,21 +42,34 @@ def test_tied_embeddings_share_the_table():
 
 @pytest.mark.parametrize(
     "field, value, allowed",
-    [("mlp", "relu2", "gelu, swiglu"), ("attention", "flash", "softmax"), ("norm", "batchnorm", "layernorm, rmsnorm"),
-     ("remat", "some", "none, dots, full"), ("dtype", "float16", "float32, bfloat16"), ("vocab_size", 0, "positive")],
+    [("mlp", "relu2", "'gelu', 'swiglu'"), ("attention", "flash", "'softmax'"), ("norm", "batchnorm", "'layernorm', 'rmsnorm'"),
+     ("remat", "some", "'none', 'dots', 'full'"), ("dtype", "float16", "'float32', 'bfloat16'"), ("vocab_size", 0, "an int >= 1"),
+     ("ssmax_s_init", -1.0, "None"), ("use_bias", 1, "True, False")],
 )
-def test_validate_names_field_and_allowed_values(field, value, allowed):
-    with pytest.raises(ValueError, match=rf"model\.{field} = .*allowed: .*{allowed}") as info:
-        validate(_cfg(**{field: value}))
-    assert "\n" not in str(info.value)
+def test_model_config_names_field_and_allowed_values(field, value, allowed):
+    with pytest.raises(ConfigError, match=rf"model\.{field}=.* is invalid; allowed: .*{allowed}") as info:
+        _cfg(**{field: value})
+    assert "\n" not in str(info.value) and isinstance(info.value, UserError) and isinstance(info.value, ValueError)
 
 
-def test_validate_rejects_inconsistent_shapes_and_options():
-    with pytest.raises(ValueError, match="num_kv_heads = 3 must divide num_heads = 4"):
-        validate(_cfg(num_kv_heads=3))
-    with pytest.raises(ValueError, match="unknown option.*'q'"):
-        validate(_cfg(attention="lssar", attention_options={"q": 1.0}))
-    validate(_cfg(attention="lssar", attention_options={"p": 3.0}, num_kv_heads=2))
+def test_model_config_rejects_inconsistent_shapes_and_options():
+    with pytest.raises(ConfigError, match="num_kv_heads=3 must divide num_heads=4"):
+        _cfg(num_kv_heads=3)
+    with pytest.raises(ConfigError, match="unknown option.*'q'"):
+        _cfg(attention="lssar", attention_options={"q": 1.0})
+    with pytest.raises(ConfigError, match="unknown option.*'s'"):
+        _cfg(attention="ssmax", attention_options={"s": 1.0})  # s is a parameter
+    cfg = _cfg(attention="lssar", attention_options={"p": 3.0}, num_kv_heads=2, dtype="bfloat16")
+    assert cfg.dtype == jnp.bfloat16 and cfg.replace(dtype=jnp.float32).dtype == jnp.float32
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        cfg.num_layers = 3
+
+
+def test_model_config_is_plain_python():
+    """The typed config needs no ml_collections: every field has a real type, equal configs compare equal."""
+    a = ModelConfig(vocab_size=50, num_layers=1, num_heads=4, d_model=32, mlp_dim=64)
+    assert a == ModelConfig(vocab_size=50, num_layers=1, num_heads=4, d_model=32, mlp_dim=64, dtype="float32")
+    assert a.initial_ssmax_s == pytest.approx(1 / math.log(1024))
 
 
 def test_ssmax_s_init_default_makes_the_factor_one_at_training_length():
@@ -103,14 +115,42 @@ def test_dropout_follows_train_and_eval():
     assert not np.allclose(forward(model, tokens), forward(plain, tokens))
 
 
-def test_remat_policies_give_the_same_gradients():
+def test_remat_policies_give_the_same_gradients_and_none_adds_no_remat():
     tokens = _tokens()
     loss = lambda m: jnp.mean(jax.nn.log_softmax(m(tokens))[..., 0])
-    grads = {
-        remat: nnx.jit(nnx.grad(loss))(Transformer(_cfg(remat=remat, attention="ssmax"), rngs=nnx.Rngs(0)))
-        for remat in ("none", "full")
-    }
-    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-6), grads["none"], grads["full"])
+    models = {remat: Transformer(_cfg(remat=remat, attention="ssmax"), rngs=nnx.Rngs(0)) for remat in ("none", "dots", "full")}
+    grads = {remat: nnx.jit(nnx.grad(loss))(model) for remat, model in models.items()}
+    for remat in ("dots", "full"):
+        jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-6), grads["none"], grads[remat])
+    jaxpr = lambda m: str(jax.make_jaxpr(lambda s: nnx.grad(loss)(nnx.merge(nnx.graphdef(m), s)))(nnx.state(m)))
+    assert "remat" not in jaxpr(models["none"]) and "remat" in jaxpr(models["full"])
+
+
+def test_attention_qk_captures_the_forward_passes_queries_and_keys():
+    """The captured q, k (after RoPE) reproduce each layer's attention: analysis sees the real model."""
+    model = Transformer(_cfg(attention="lssar", num_layers=2, num_kv_heads=2, use_bias=True), rngs=nnx.Rngs(0))
+    tokens = _tokens()
+    logits, qk = nnx.jit(lambda m, t: m.attention_qk(t))(model, tokens)
+    np.testing.assert_allclose(logits, forward(model, tokens), atol=1e-6)
+    assert [(q.shape, k.shape) for q, k in qk] == [((2, 12, 4, 8), (2, 12, 2, 8))] * 2
+    assert not nnx.state(model, nnx.Intermediate)  # nothing left behind, capture off again
+    assert all(not layer.capture for layer in model.attention_layers)
+    layer = model.attention_layers[0]
+    x = model.blocks[0].attn_norm(jnp.take(model.embed_VE[...], tokens, axis=0))
+    q_want = jnp.einsum("BTE,EHD->BTHD", x, layer.wq_EHD[...]) + layer.biases["q_HD"][...]
+    q_want = apply_rope(q_want, jnp.arange(12), layer.rope_theta)
+    np.testing.assert_allclose(qk[0][0], q_want, atol=1e-5)
+
+
+def test_set_ssmax_s_overrides_every_layer_and_head():
+    model = Transformer(_cfg(attention="ssmax", num_layers=2), rngs=nnx.Rngs(0))
+    tokens = _tokens()
+    base = forward(model, tokens)
+    model.set_ssmax_s(0.5)
+    assert all(np.all(layer.variant_options()["s"] == 0.5) for layer in model.attention_layers)
+    assert not np.allclose(forward(model, tokens), base, atol=1e-4)
+    with pytest.raises(ValueError, match="ssmax"):
+        Transformer(_cfg(), rngs=nnx.Rngs(0)).set_ssmax_s(0.5)
 
 
 def test_set_attention_and_rope_theta_at_eval_time():

@@ -11,27 +11,22 @@ import pytest
 from flax import nnx
 from jax.sharding import PartitionSpec as P
 
-from configs.model_presets import mesh_config, model_config
-from freeatten_jax import attention, sharding
-from freeatten_jax.model import Transformer
+from freeatten_jax import attention
+from freeatten_jax.nn import Transformer, preset, sharding
+from freeatten_jax.training import distributed
 
-RULES = mesh_config().rules
+RULES = sharding.DEFAULT_RULES
 MESH_SHAPES = [(8, 1, 1), (2, 2, 2), (1, 2, 4)]
 SEGMENTS = jnp.array([[0] * 6 + [1] * 10] * 8)
 POSITIONS = jnp.array([list(range(6)) + list(range(10))] * 8)
 
 
 def _cfg(variant="softmax"):
-    cfg = model_config("tiny")
-    cfg.update(num_layers=1, d_model=32, num_heads=4, num_kv_heads=2, mlp_dim=64, vocab_size=64, max_len=16)
-    cfg.update(attention=variant)
-    return cfg
+    return preset("tiny", num_layers=1, d_model=32, num_heads=4, num_kv_heads=2, mlp_dim=64, vocab_size=64, max_len=16, attention=variant)
 
 
 def _mesh(shape):
-    cfg = mesh_config()
-    cfg.shape = shape
-    return sharding.make_mesh(cfg)
+    return sharding.make_mesh(shape)
 
 
 def _loss(model, tokens, positions, segments):
@@ -158,13 +153,15 @@ def test_parameters_and_optimizer_state_carry_intended_shardings():
 def test_abstract_state_is_a_sharded_restore_target():
     mesh = _mesh((2, 2, 2))
     build = lambda: Transformer(_cfg("lssa"), rngs=nnx.Rngs(0))
-    graphdef, abstract = sharding.abstract_state(build, mesh, RULES)
+    abstract, shardings = sharding.abstract(lambda: nnx.state(build()), mesh, RULES)
+    graphdef = nnx.graphdef(nnx.eval_shape(build))
     model = sharding.build_sharded(build, mesh, RULES)
     real = nnx.state(model)
     assert jax.tree.structure(abstract) == jax.tree.structure(real)
     for a, r in zip(jax.tree.leaves(abstract), jax.tree.leaves(real)):
         assert isinstance(a, jax.ShapeDtypeStruct) and a.shape == r.shape and a.dtype == r.dtype
         assert a.sharding == r.sharding
+    assert jax.tree.leaves(shardings) == [a.sharding for a in jax.tree.leaves(abstract)]
     restored = nnx.merge(graphdef, real)
     assert isinstance(restored, Transformer)
 
@@ -193,15 +190,15 @@ def test_activations_are_constrained_only_under_use_mesh():
 def test_multi_process_detection(environ, multi, monkeypatch):
     calls = []
     monkeypatch.setattr(jax.distributed, "initialize", lambda *a, **k: calls.append(1))
-    assert sharding.is_multi_process(environ) is multi
-    assert sharding.initialize_distributed(environ) is multi
+    assert distributed.is_multi_process(environ) is multi
+    assert distributed.initialize_distributed(environ) is multi
     assert len(calls) == int(multi)
 
 
 def test_host_local_batch_becomes_the_global_sharded_batch():
     mesh = _mesh((2, 2, 2))
     local = np.arange(8 * 16, dtype=np.int32).reshape(8, 16)
-    batch = sharding.host_local_batch_to_global(local, mesh, RULES)  # one process: its rows are the batch
+    batch = distributed.host_local_batch_to_global(local, mesh, RULES)  # one process: its rows are the batch
     np.testing.assert_array_equal(batch, local)
     assert batch.sharding.is_equivalent_to(sharding.batch_sharding(mesh, RULES, (8, 16)), 2)
     assert {s.data.shape for s in batch.addressable_shards} == {(2, 16)}

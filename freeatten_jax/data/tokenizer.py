@@ -1,7 +1,9 @@
-"""Tokenizers for text sources: bytes (vocab 256, the default) or a byte-level BPE trained locally."""
-import pathlib
+"""Tokenizers for text sources: bytes (vocab 256, the default) or a byte-level BPE trained locally.
 
+The BPE is saved as JSON beside the data, which may be on cloud storage (an `etils.epath` path).
+"""
 import numpy as np
+from etils import epath
 
 
 class ByteTokenizer:
@@ -19,11 +21,12 @@ class ByteTokenizer:
 class BpeTokenizer:
     """A byte-level BPE (HF `tokenizers`), trained on the training text and saved as JSON beside the data."""
 
-    def __init__(self, path: pathlib.Path, vocab_size: int, train_texts=None):
+    def __init__(self, path: epath.PathLike, vocab_size: int, train_texts=None):
         from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
+        path = epath.Path(path)
         if path.exists():
-            self._tok = Tokenizer.from_file(str(path))
+            self._tok = Tokenizer.from_str(path.read_text())
         elif train_texts is None:
             raise FileNotFoundError(f"BPE tokenizer {path} not found and no text given to train it")
         else:
@@ -34,7 +37,7 @@ class BpeTokenizer:
             trainer = trainers.BpeTrainer(vocab_size=vocab_size, initial_alphabet=alphabet, show_progress=False)
             self._tok.train_from_iterator(train_texts, trainer=trainer)
             path.parent.mkdir(parents=True, exist_ok=True)
-            self._tok.save(str(path))
+            path.write_text(self._tok.to_str())
         self.vocab_size = self._tok.get_vocab_size()
 
     def encode(self, text: str) -> np.ndarray:
@@ -46,8 +49,8 @@ class BpeTokenizer:
         return self._tok.decode([int(i) for i in ids])
 
 
-def bpe_path(data_dir: pathlib.Path, vocab_size: int) -> pathlib.Path:
-    return data_dir / f"bpe-{vocab_size}.json"
+def bpe_path(data_dir: epath.PathLike, vocab_size: int) -> epath.Path:
+    return epath.Path(data_dir) / f"bpe-{vocab_size}.json"
 
 
 def byte_tokenizer(data_dir, vocab_size, train_texts=None):

@@ -13,27 +13,16 @@ from flax import nnx
 from freeatten_jax import attention
 
 
-def layers_qkv(model, tokens_BT):
-    """Yields (attention layer, q_BTHD, k_BTKD, v_BTKD) for each layer of a Transformer on tokens."""
-    positions_BT = jnp.broadcast_to(jnp.arange(tokens_BT.shape[1]), tokens_BT.shape)
-    x_BTE = model._embed(tokens_BT)
-    for block in model.blocks:
-        q_BTHD, k_BTKD, v_BTKD = block.attn._qkv(block.attn_norm(x_BTE), positions_BT)
-        yield block.attn, q_BTHD, k_BTKD, v_BTKD
-        x_BTE = block(x_BTE, positions_BT, None)
-
-
-@functools.partial(jax.jit, static_argnums=0)
-def _layers_qk(graphdef, state, tokens_BT):
-    """(q_BTHD, k_BTKD) of every layer, in one compiled program."""
-    return tuple((q, k) for _, q, k, _ in layers_qkv(nnx.merge(graphdef, state), tokens_BT))
+@functools.partial(jax.jit, static_argnames=("graphdef",))
+def _layers_qk(state, tokens_BT, *, graphdef):
+    """(q_BTHD, k_BTKD) of every layer from the model's own forward pass, in one compiled program."""
+    return nnx.merge(graphdef, state).attention_qk(tokens_BT)[1]
 
 
 def _layers(model, tokens_BT):
     """[(attention layer, q_BTHD, k_BTKD)] for each layer."""
     graphdef, state = nnx.split(model)
-    qk = _layers_qk(graphdef, state, tokens_BT)
-    return [(block.attn, q, k) for block, (q, k) in zip(model.blocks, qk)]
+    return [(layer, q, k) for layer, (q, k) in zip(model.attention_layers, _layers_qk(state, tokens_BT, graphdef=graphdef))]
 
 
 @functools.partial(jax.jit, static_argnames=("variant", "start", "stop"))
@@ -78,6 +67,7 @@ def needle_mass(model, tokens_1T, needle: slice) -> np.ndarray:
 
 def ssmax_s(model) -> np.ndarray | None:
     """The learned SSMax s as [layers, H], or None for other variants."""
-    if model.blocks[0].attn.s_H is None:
+    options = [layer.variant_options() for layer in model.attention_layers]
+    if "s" not in options[0]:
         return None
-    return np.stack([np.asarray(block.attn.s_H[...]) for block in model.blocks])
+    return np.stack([np.asarray(o["s"]) for o in options])

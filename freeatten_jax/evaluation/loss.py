@@ -2,17 +2,19 @@
 
 Glossary: W windows, L = T + 1 window tokens (inputs and shifted targets), T positions, V vocab.
 """
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 from flax import nnx
 
+from freeatten_jax.training.loss import next_token_losses
 
-@jax.jit
-def _losses(graphdef, state, tokens_WL):
-    logits_WTV = nnx.merge(graphdef, state)(tokens_WL[:, :-1])
-    return optax.softmax_cross_entropy_with_integer_labels(logits_WTV, tokens_WL[:, 1:])
+
+@functools.partial(jax.jit, static_argnames=("graphdef",))
+def _losses(state, tokens_WL, *, graphdef):
+    return next_token_losses(nnx.merge(graphdef, state), tokens_WL)
 
 
 def token_losses(model, windows_WL: np.ndarray, tokens_per_batch: int = 16384) -> np.ndarray:
@@ -21,7 +23,7 @@ def token_losses(model, windows_WL: np.ndarray, tokens_per_batch: int = 16384) -
     count = len(windows_WL)
     batch = min(count, max(1, tokens_per_batch // windows_WL.shape[1]))
     padded_WL = np.concatenate([windows_WL, np.zeros((-count % batch, windows_WL.shape[1]), windows_WL.dtype)])  # one shape: one compile
-    parts = [np.asarray(_losses(graphdef, state, jnp.asarray(padded_WL[i : i + batch]))) for i in range(0, count, batch)]
+    parts = [np.asarray(_losses(state, jnp.asarray(padded_WL[i : i + batch]), graphdef=graphdef)) for i in range(0, count, batch)]
     return np.concatenate(parts)[:count]
 
 

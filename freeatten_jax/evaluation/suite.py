@@ -3,6 +3,7 @@
 Glossary: W windows, L window tokens, C candidate keys, T prompt tokens.
 """
 import dataclasses
+import functools
 import json
 import pathlib
 
@@ -12,8 +13,12 @@ import numpy as np
 from flax import nnx
 from tqdm import tqdm
 
-from freeatten_jax import checkpoint, data, generate
+from freeatten_jax import data
+from freeatten_jax.errors import UserError
 from freeatten_jax.evaluation import attention_stats, loss, passkey, report, switches
+from freeatten_jax.nn.decoding import generate
+from freeatten_jax.training import checkpoint, config
+from freeatten_jax.training.loss import next_token_losses
 
 
 @dataclasses.dataclass(frozen=True)
@@ -35,7 +40,7 @@ class SplitCache:
         self._cache = {}
 
     def __call__(self, cfg_data) -> data.Splits:
-        key = json.dumps(cfg_data.to_dict(), sort_keys=True)
+        key = json.dumps(dataclasses.asdict(cfg_data), sort_keys=True)
         if key not in self._cache:
             self._cache[key] = data.load_splits(cfg_data)
         return self._cache[key]
@@ -44,19 +49,17 @@ class SplitCache:
 def _windows(splits: data.Splits, length: int, max_windows: int, multiplier: int) -> np.ndarray:
     available = sum(len(s) for s in splits.val)
     if available < length + 1:
-        raise ValueError(
+        raise data.DataError(
             f"evaluation length {length} ({multiplier}x the training length) needs {length + 1} held-out tokens; "
             f"the validation split has {available}: use smaller --multipliers or more validation data"
         )
     return data.eval_windows(splits.val, length, max_windows)
 
 
-@jax.jit
-def _token_log_probs(graphdef, state, tokens_CL):
+@functools.partial(jax.jit, static_argnames=("graphdef",))
+def _token_log_probs(state, tokens_CL, *, graphdef):
     """log p(token_l | tokens_<l) for l >= 1: [C, L - 1]."""
-    logits_CLV = nnx.merge(graphdef, state)(tokens_CL[:, :-1])
-    log_probs_CLV = jax.nn.log_softmax(logits_CLV, axis=-1)
-    return jnp.take_along_axis(log_probs_CLV, tokens_CL[:, 1:, None], axis=-1)[..., 0]
+    return -next_token_losses(nnx.merge(graphdef, state), tokens_CL)
 
 
 def _key_log_likelihoods(model, prompt_T: np.ndarray, candidates: list[np.ndarray]) -> np.ndarray:
@@ -66,7 +69,7 @@ def _key_log_likelihoods(model, prompt_T: np.ndarray, candidates: list[np.ndarra
     for size in sorted({len(c) for c in candidates}):  # candidates of one token length form one batch
         index = [i for i, c in enumerate(candidates) if len(c) == size]
         tokens_CL = np.stack([np.concatenate([prompt_T, candidates[i]]) for i in index]).astype(np.int32)
-        log_probs = np.asarray(_token_log_probs(graphdef, state, jnp.asarray(tokens_CL)))
+        log_probs = np.asarray(_token_log_probs(state, jnp.asarray(tokens_CL), graphdef=graphdef))
         totals[index] = log_probs[:, len(prompt_T) - 1 :].sum(-1)
     return totals
 
@@ -92,7 +95,7 @@ def _passkey(model, tokenizer, lengths: list[int], settings: Settings, rng, prog
             for key in passkey.random_keys(rng, settings.passkey_keys):
                 prompt_T, needle = passkey.build_prompt(tokenizer, length, depth, key)
                 key_tokens = np.asarray(tokenizer.encode(" " + key), np.int32)
-                out = generate.generate(model, prompt_T[None], len(key_tokens) + 1, temperature=0.0)
+                out = generate(model, prompt_T[None], len(key_tokens) + 1, temperature=0.0)
                 hits.append(passkey.exact_match(tokenizer, np.asarray(out[0, length:]), key))
                 others = [k for k in passkey.random_keys(rng, settings.passkey_candidates * 2) if k != key]
                 candidates = [key_tokens] + [np.asarray(tokenizer.encode(" " + k), np.int32) for k in others[: settings.passkey_candidates - 1]]
@@ -109,13 +112,13 @@ def _passkey(model, tokenizer, lengths: list[int], settings: Settings, rng, prog
 
 def evaluate(workdir: str, switch: switches.Switch, settings: Settings, splits_of, progress) -> dict:
     """Every measurement for one checkpoint under one switch."""
-    model, cfg, step = checkpoint.load_model(workdir)
+    model, cfg, step = checkpoint.load_params(workdir)
     switches.apply(model, cfg, switch)
     model.set_implementation(settings.implementation)
     train_len = cfg.train.seq_len
     splits = splits_of(cfg.data)
     run = {"name": pathlib.Path(workdir).name, "workdir": str(workdir), "step": int(step), "variant": cfg.model.attention,
-           "switch": switch.label, "train_len": train_len, "rope_theta": float(model.blocks[0].attn.rope_theta), "lengths": []}
+           "switch": switch.label, "train_len": train_len, "rope_theta": float(model.attention_layers[0].rope_theta), "lengths": []}
     longest = None
     for m in sorted(settings.multipliers):  # the last one is the longest: per-position loss and analysis
         windows_WL = _windows(splits, m * train_len, settings.max_windows, m)
@@ -140,14 +143,11 @@ def evaluate(workdir: str, switch: switches.Switch, settings: Settings, splits_o
     return run
 
 
-def _saved_config(workdir: str):
-    """The config saved with the latest checkpoint; a clear error if there is none."""
+def _saved_config(workdir: str) -> config.Config:
+    """The typed config saved with the latest checkpoint; CheckpointNotFoundError if there is none."""
     ckpt = checkpoint.Checkpointer(workdir, read_only=True)
     try:
-        step = ckpt.latest_step()
-        if step is None:
-            raise FileNotFoundError(f"{workdir}: no checkpoint found (expected {pathlib.Path(workdir) / 'checkpoints'}); train it first")
-        return ckpt.config(step)
+        return ckpt.run_config(ckpt.require_latest())
     finally:
         ckpt.close()
 
@@ -158,7 +158,7 @@ def run_suite(workdirs: list[str], switch_texts: list[str], settings: Settings, 
     configs = {w: _saved_config(w) for w in workdirs}
     jobs = [(w, s) for w in workdirs for s in [switches.NONE, *parsed] if switches.applicable(configs[w], s)]
     if not jobs:
-        raise ValueError("nothing to evaluate")
+        raise UserError("nothing to evaluate: no switch applies to these checkpoints")
     per_job = len(settings.multipliers) + 1 + len(settings.multipliers) * len(settings.passkey_depths)
     runs, splits_of = [], SplitCache()
     with tqdm(total=len(jobs) * per_job, desc="eval", unit="task") as progress:

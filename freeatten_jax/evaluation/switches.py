@@ -4,9 +4,8 @@ A switch is written `key=value[,key=value]`, e.g. `p=15`, `p=off`, `rope_theta=5
 """
 import dataclasses
 
-import jax.numpy as jnp
-
 from freeatten_jax import attention
+from freeatten_jax.errors import ConfigError
 
 REWEIGHTABLE = ("lssa", "lssar")
 
@@ -34,12 +33,19 @@ def _s(model, cfg, value: str) -> None:
     """Overrides the learned SSMax s of every layer and head."""
     if cfg.model.attention != "ssmax":
         raise ValueError(f"switch s applies to ssmax checkpoints, not {cfg.model.attention!r}")
-    for block in model.blocks:
-        block.attn.s_H[...] = jnp.full_like(block.attn.s_H[...], float(value))
+    model.set_ssmax_s(float(value))
 
 
 APPLY = {"p": _p, "rope_theta": _rope_theta, "s": _s}
 NONE = Switch("none")
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
 
 
 def parse(text: str) -> Switch:
@@ -48,11 +54,12 @@ def parse(text: str) -> Switch:
     for item in text.split(","):
         key, sep, value = item.partition("=")
         if not sep or not value:
-            raise ValueError(f"switch item {item!r} is not key=value (in {text!r})")
+            raise ConfigError(f"switch item {item!r} is not key=value (in {text!r})")
         if key not in APPLY:
-            raise ValueError(f"unknown switch {key!r} in {text!r}; valid switches: {', '.join(APPLY)}")
-        if value != "off" or key != "p":
-            float(value[:-1] if key == "rope_theta" and value.endswith("x") else value)  # ValueError if not a number
+            raise ConfigError(f"unknown switch {key!r} in {text!r}; valid switches: {', '.join(APPLY)}")
+        number = value[:-1] if key == "rope_theta" and value.endswith("x") else value
+        if not (key == "p" and value == "off" or _is_number(number)):
+            raise ConfigError(f"switch {key}={value!r} is not a number (in {text!r})")
         settings.append((key, value))
     return Switch(text, tuple(settings))
 

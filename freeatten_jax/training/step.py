@@ -1,17 +1,14 @@
 """Pure step functions: `train_step(state, tokens_BL) -> (state, metrics)` and the validation loss sums.
 
-Glossary: B batch, L = T + 1 window (inputs tokens[:, :-1], targets tokens[:, 1:]), T length, V vocab,
-A gradient-accumulation micro-batches.
+Glossary: B batch, L = T + 1 window (inputs tokens[:, :-1], targets tokens[:, 1:]), T length,
+A gradient-accumulation micro-batches. The graphdef is always the static keyword `graphdef`.
 """
 import jax
 import jax.numpy as jnp
 import optax
 from flax import nnx
 
-
-def _losses(model, tokens_BL):
-    """Next-token cross-entropy per position [B, T]."""
-    return optax.softmax_cross_entropy_with_integer_labels(model(tokens_BL[:, :-1]), tokens_BL[:, 1:])
+from freeatten_jax.training.loss import next_token_losses
 
 
 def _grad_step(graphdef, params, rest, tokens_BL):
@@ -21,7 +18,7 @@ def _grad_step(graphdef, params, rest, tokens_BL):
     under a bare jax.grad.
     """
     model = nnx.merge(graphdef, params, rest, copy=True)  # fresh variables at this trace level (inside scan)
-    loss_fn = lambda m: _losses(m, tokens_BL).mean()
+    loss_fn = lambda m: next_token_losses(m, tokens_BL).mean()
     loss, grads = nnx.value_and_grad(loss_fn, argnums=nnx.DiffState(0, nnx.Param))(model)
     return loss, grads, nnx.state(model, nnx.Not(nnx.Param))
 
@@ -49,5 +46,5 @@ def train_step(state, tokens_BL, *, graphdef, tx, schedule, accum_steps: int):
 
 def eval_step(state, tokens_BL, weights_B, *, graphdef):
     """(sum of weighted token losses, number of weighted tokens) for a batch of validation windows."""
-    losses_BT = _losses(nnx.merge(graphdef, state["params"], state["rest"]), tokens_BL)
+    losses_BT = next_token_losses(nnx.merge(graphdef, state["params"], state["rest"]), tokens_BL)
     return jnp.sum(losses_BT * weights_B[:, None]), jnp.sum(weights_B) * losses_BT.shape[1]

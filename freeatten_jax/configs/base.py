@@ -1,11 +1,16 @@
 """Shared training configuration; experiment files (softmax.py, lssar.py, ...) set the variant and size.
 
-Every field can be overridden on the command line, e.g. `--config.train.steps=200`.
+Every field can be overridden on the command line, e.g. `--config.train.steps=200`; model fields
+and their allowed values: freeatten_jax.nn.config.ModelConfig.
 """
+import dataclasses
+
+import jax.numpy as jnp
 import ml_collections
 
-from configs import model_presets
 from freeatten_jax import attention
+from freeatten_jax.nn import presets, sharding
+from freeatten_jax.nn.config import LEARNED_OPTIONS
 
 
 # Per-size training settings (the papers' for the GPT-2-sized models, SPEC §5).
@@ -19,15 +24,24 @@ TRAINING = {
 }
 
 
+def _model(size: str) -> ml_collections.ConfigDict:
+    """The preset's ModelConfig as command-line fields (dtypes by name; ssmax_s_init -1 = 1/log(max_len))."""
+    fields = dataclasses.asdict(presets.preset(size))
+    fields.update(dtype=jnp.dtype(fields["dtype"]).name, param_dtype=jnp.dtype(fields["param_dtype"]).name, ssmax_s_init=-1.0)
+    return ml_collections.ConfigDict(fields)
+
+
 def get_config(variant: str = "softmax", size: str = "tiny") -> ml_collections.ConfigDict:
     cfg = ml_collections.ConfigDict()
-    cfg.model = model_presets.model_config(size)
+    cfg.model = _model(size)
     cfg.model.attention = variant
     # the variant's own options with their defaults (lssar: p), so `--config.model.attention_options.p=3` works
     defaults = attention.VARIANTS[variant].defaults if variant in attention.VARIANTS else {}  # unknown: validation says so
-    cfg.model.attention_options = {k: v for k, v in defaults.items() if k not in ("s", "b")}
+    cfg.model.attention_options = {k: v for k, v in defaults.items() if k not in LEARNED_OPTIONS}
     cfg.model.vocab_size = 0  # 0: the data's vocabulary (256 bytes, data.bpe_vocab_size, or 50257 for .bin shards)
-    cfg.mesh = model_presets.mesh_config()
+    cfg.mesh = ml_collections.ConfigDict()
+    cfg.mesh.shape = (-1, 1, 1)  # ('data', 'fsdp', 'tensor'), e.g. (1, -1, 1) for FSDP; -1 fills the remaining devices
+    cfg.mesh.rules = sharding.DEFAULT_RULES  # logical axis -> mesh axes
 
     cfg.data = ml_collections.ConfigDict()
     cfg.data.source = "shakespeare"  # shakespeare (default corpus) | text (data.path glob) | bin (llm.c token shards)
@@ -60,6 +74,8 @@ def get_config(variant: str = "softmax", size: str = "tiny") -> ml_collections.C
     cfg.train.eval_every = 50  # 0: only at the end
     cfg.train.eval_windows = 64  # held-out windows of seq_len tokens per validation
     cfg.train.checkpoint_every = 100
+    cfg.train.profile_steps = ()  # e.g. (10, 12): a jax.profiler trace of steps 10-12 to WORKDIR/profile
+    cfg.train.peak_tflops = 0.0  # per-device peak for MFU; 0: known for the device (H100, A100, TPU v4-v6), else not shown
 
     cfg.model.max_len = cfg.train.get_ref("seq_len")  # the training length (sets SSMax's initial s)
     cfg.update_from_flattened_dict(TRAINING[size])

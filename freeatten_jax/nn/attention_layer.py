@@ -4,8 +4,9 @@ Glossary: B batch, T new positions, S cache slots, E model width, H query heads,
 K key/value heads, D head dim.
 
 The variant, its options, the implementation and the RoPE theta are plain attributes: switching
-them at eval time (`set_attention`, `rope_theta`) changes no parameter. Only `ssmax` owns
-parameters beyond the projections: a learnable per-head `s` (and optionally `b`).
+them at eval time (`set_attention`, `set_rope_theta`) changes no parameter. Only `ssmax` owns
+parameters beyond the projections: a learnable per-head `s` (and optionally `b`, see `set_ssmax_s`).
+With `capture = True` the layer sows its rotated q and k (`nnx.Intermediate` "qk") for analysis.
 """
 import dataclasses
 import functools
@@ -16,19 +17,11 @@ import jax.numpy as jnp
 from flax import nnx
 
 from freeatten_jax import attention
-from freeatten_jax.params import Init, param
-from freeatten_jax.rope import apply_rope
+from freeatten_jax.nn.config import check_attention
+from freeatten_jax.nn.params import Init, param
+from freeatten_jax.nn.rope import apply_rope
 
-LEARNED_OPTIONS = ("s", "b")  # ssmax options held as parameters, never passed by the user
 default_init = jax.nn.initializers.normal(0.02)
-
-
-def check_attention(variant: str, options: dict[str, Any]) -> None:
-    """Raises ValueError on an unknown variant or an option the variant does not take."""
-    allowed = [name for name in attention.get_variant(variant).defaults if name not in LEARNED_OPTIONS]
-    unknown = sorted(set(options) - set(allowed))
-    if unknown:
-        raise ValueError(f"attention variant {variant!r} got unknown option(s) {unknown}; it accepts: {allowed or 'none'}")
 
 
 @functools.partial(
@@ -130,6 +123,17 @@ class Attention(nnx.Module):
                 self.b_H = param(None, zeros, (h,), ("heads",), param_dtype)
         self.variant, self.options = "softmax", ()
         self.set_attention(variant, **(options or {}))
+        self.capture = False  # sow (q_BTHD, k_BTKD) on every call, for attention analysis
+
+    def set_rope_theta(self, theta: float) -> None:
+        """Eval-time RoPE base (e.g. 50x the training theta, as in the SSMax paper)."""
+        self.rope_theta = float(theta)
+
+    def set_ssmax_s(self, s: float) -> None:
+        """Overrides the learned SSMax s of every head (an eval-time switch)."""
+        if self.s_H is None:
+            raise ValueError(f"set_ssmax_s needs an ssmax layer, this one is {self.variant!r}")
+        self.s_H[...] = jnp.full_like(self.s_H[...], s)
 
     def set_attention(self, variant: str | None = None, **options) -> None:
         """Switches the variant (default: keep it) and replaces its options, e.g. ('lssar', p=15)."""
@@ -159,6 +163,8 @@ class Attention(nnx.Module):
             mask.update(q_segment_ids=segment_ids_BT, kv_segment_ids=segment_ids_BT)
         positions_BT = jnp.broadcast_to(jnp.arange(t) if positions_BT is None else positions_BT, (b, t))
         q_BTHD, k_BTKD, v_BTKD = self._qkv(x_BTE, positions_BT)
+        if self.capture:
+            self.sow(nnx.Intermediate, "qk", (q_BTHD, k_BTKD))
         out_BTHD = self._attend(q_BTHD, k_BTKD, v_BTKD, **mask)
         return self._project_out(out_BTHD)
 

@@ -2,79 +2,25 @@
 
 Glossary: B batch, T positions, S cache slots, E d_model, F mlp_dim, V vocabulary.
 Pre-norm blocks: x + Attention(Norm(x)), then x + MLP(Norm(x)); RoPE inside attention; logits in
-float32. Every field of the model config is listed in `FIELDS`; `validate` checks them.
+float32. Built from a `ModelConfig` (freeatten_jax.nn.config), which checks every field.
 """
 import math
-from typing import Any, Callable, NamedTuple
+from typing import Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
-import ml_collections
 from flax import nnx
 
-from freeatten_jax import attention, sharding
-from freeatten_jax.attention_layer import Attention, KVCache, check_attention, default_init
-from freeatten_jax.params import param
+from freeatten_jax.nn import sharding
+from freeatten_jax.nn.attention_layer import Attention, KVCache, default_init
+from freeatten_jax.nn.config import ModelConfig
+from freeatten_jax.nn.params import param
 
-DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
-REMAT_POLICIES = {
-    "none": jax.checkpoint_policies.everything_saveable,
+REMAT_POLICIES = {  # "none": blocks are not wrapped in a remat at all
     "dots": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
     "full": jax.checkpoint_policies.nothing_saveable,
 }
 ACTIVATIONS_BTE = ("act_batch", "act_length", "act_embed")
-
-
-# ----------------------------------------------------------------------------- config
-
-
-def _positive(x) -> bool:
-    return isinstance(x, int) and not isinstance(x, bool) and x > 0
-
-
-# field -> (check, allowed values as shown in the error)
-FIELDS: dict[str, tuple[Callable[[Any], bool], str]] = {
-    "attention": (lambda v: v in attention.VARIANTS, ", ".join(attention.VARIANTS)),
-    "attention_options": (lambda v: hasattr(v, "items"), "a dict of the variant's options"),
-    "implementation": (lambda v: v in attention.IMPLEMENTATIONS, ", ".join(attention.IMPLEMENTATIONS)),
-    "vocab_size": (_positive, "a positive int"),
-    "num_layers": (_positive, "a positive int"),
-    "num_heads": (_positive, "a positive int"),
-    "num_kv_heads": (lambda v: isinstance(v, int) and v >= 0, "0 (= num_heads) or a divisor of num_heads"),
-    "d_model": (_positive, "a positive int divisible by num_heads into an even head_dim"),
-    "mlp_dim": (_positive, "a positive int"),
-    "mlp": (lambda v: v in MLPS, "gelu, swiglu"),
-    "norm": (lambda v: v in NORMS, "layernorm, rmsnorm"),
-    "tie_embeddings": (lambda v: isinstance(v, bool), "True, False"),
-    "use_bias": (lambda v: isinstance(v, bool), "True, False"),
-    "dropout": (lambda v: isinstance(v, (int, float)) and 0 <= v < 1, "a rate in [0, 1)"),
-    "remat": (lambda v: v in REMAT_POLICIES, ", ".join(REMAT_POLICIES)),
-    "dtype": (lambda v: v in DTYPES, ", ".join(DTYPES)),
-    "param_dtype": (lambda v: v in DTYPES, ", ".join(DTYPES)),
-    "rope_theta": (lambda v: isinstance(v, (int, float)) and v > 0, "a positive number"),
-    "ssmax_s_init": (lambda v: isinstance(v, (int, float)) and (v > 0 or v == -1), "-1 (= 1/log(max_len)) or > 0"),
-    "ssmax_bias": (lambda v: isinstance(v, bool), "True, False"),
-    "max_len": (lambda v: _positive(v) and v > 1, "the training length, an int > 1"),
-}
-
-
-def validate(cfg_model: ml_collections.ConfigDict) -> None:
-    """Raises ValueError naming the first missing or invalid field and its allowed values."""
-    for field, (ok, allowed) in FIELDS.items():
-        if field not in cfg_model:
-            raise ValueError(f"model.{field} is missing; allowed: {allowed}")
-        if not ok(cfg_model[field]):
-            raise ValueError(f"model.{field} = {cfg_model[field]!r} is invalid; allowed: {allowed}")
-    if cfg_model.num_kv_heads and cfg_model.num_heads % cfg_model.num_kv_heads:
-        raise ValueError(f"model.num_kv_heads = {cfg_model.num_kv_heads} must divide num_heads = {cfg_model.num_heads}")
-    if cfg_model.d_model % cfg_model.num_heads or (cfg_model.d_model // cfg_model.num_heads) % 2:
-        raise ValueError(f"model.d_model = {cfg_model.d_model} must split into num_heads even head dims")
-    check_attention(cfg_model.attention, dict(cfg_model.attention_options))
-
-
-def ssmax_s_init(cfg_model) -> float:
-    """The configured initial SSMax s; -1 means 1/log(max_len): s log N_i starts at 1 at the training length."""
-    return 1.0 / math.log(cfg_model.max_len) if cfg_model.ssmax_s_init == -1 else float(cfg_model.ssmax_s_init)
 
 
 # ----------------------------------------------------------------------------- layers
@@ -121,9 +67,9 @@ MLPS = {"gelu": MlpKind(jax.nn.gelu, gated=False), "swiglu": MlpKind(jax.nn.silu
 class Mlp(nnx.Module):
     """GELU MLP or gated SwiGLU, E -> F -> E."""
 
-    def __init__(self, cfg, out_init, *, rngs: nnx.Rngs):
-        e, f, pdtype = cfg.d_model, cfg.mlp_dim, DTYPES[cfg.param_dtype]
-        self.kind, self.dtype = MLPS[cfg.mlp], DTYPES[cfg.dtype]
+    def __init__(self, cfg: ModelConfig, out_init, *, rngs: nnx.Rngs):
+        e, f, pdtype = cfg.d_model, cfg.mlp_dim, cfg.param_dtype
+        self.kind, self.dtype = MLPS[cfg.mlp], cfg.dtype
         self.w_in_EF = param(rngs.params(), default_init, (e, f), ("embed", "mlp"), pdtype)
         self.w_gate_EF = param(rngs.params(), default_init, (e, f), ("embed", "mlp"), pdtype) if self.kind.gated else None
         self.w_out_FE = param(rngs.params(), out_init, (f, e), ("mlp", "embed"), pdtype)
@@ -145,14 +91,14 @@ class Mlp(nnx.Module):
 class Block(nnx.Module):
     """Pre-norm residual block: attention, then MLP; dropout on each branch."""
 
-    def __init__(self, cfg, *, rngs: nnx.Rngs):
-        dtype, pdtype = DTYPES[cfg.dtype], DTYPES[cfg.param_dtype]
+    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+        dtype, pdtype = cfg.dtype, cfg.param_dtype
         out_init = jax.nn.initializers.normal(0.02 / math.sqrt(2 * cfg.num_layers))  # GPT-2 residual scaling
         self.attn_norm = NORMS[cfg.norm](cfg.d_model, dtype, pdtype)
         self.attn = Attention(
             cfg.d_model, cfg.num_heads, rngs=rngs, num_kv_heads=cfg.num_kv_heads or None,
             variant=cfg.attention, options=dict(cfg.attention_options), implementation=cfg.implementation,
-            use_bias=cfg.use_bias, rope_theta=cfg.rope_theta, ssmax_s_init=ssmax_s_init(cfg),
+            use_bias=cfg.use_bias, rope_theta=cfg.rope_theta, ssmax_s_init=cfg.initial_ssmax_s,
             ssmax_bias=cfg.ssmax_bias, dtype=dtype, param_dtype=pdtype, out_init=out_init,
         )
         self.mlp_norm = NORMS[cfg.norm](cfg.d_model, dtype, pdtype)
@@ -188,12 +134,10 @@ class Transformer(nnx.Module):
     the lifted remat and the dropout streams are NNX state, which plain jax.grad cannot update.
     """
 
-    def __init__(self, cfg_model: ml_collections.ConfigDict, *, rngs: nnx.Rngs):
-        validate(cfg_model)
-        cfg = cfg_model
-        v, e, pdtype = cfg.vocab_size, cfg.d_model, DTYPES[cfg.param_dtype]
-        self.dtype = DTYPES[cfg.dtype]
-        self.remat_policy = REMAT_POLICIES[cfg.remat]
+    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+        v, e, pdtype = cfg.vocab_size, cfg.d_model, cfg.param_dtype
+        self.dtype = cfg.dtype
+        self.remat = cfg.remat
         self.embed_VE = param(rngs.params(), default_init, (v, e), ("vocab", "embed"), pdtype)
         self.embed_dropout = nnx.Dropout(cfg.dropout, rngs=rngs)
         self.blocks = nnx.List([Block(cfg, rngs=rngs) for _ in range(cfg.num_layers)])
@@ -204,7 +148,7 @@ class Transformer(nnx.Module):
     def __call__(self, tokens_BT, *, positions_BT=None, segment_ids_BT=None) -> jax.Array:
         """Logits [B, T, V] float32; positions default to 0..T-1 (pass per-document ones when packed)."""
         x_BTE = self._embed(tokens_BT)
-        run = nnx.remat(_run_block, policy=self.remat_policy)
+        run = _run_block if self.remat == "none" else nnx.remat(_run_block, policy=REMAT_POLICIES[self.remat])
         for block in self.blocks:
             x_BTE = run(block, x_BTE, positions_BT, segment_ids_BT)
         return self._logits(x_BTE)
@@ -230,18 +174,40 @@ class Transformer(nnx.Module):
 
         The variant defaults to the current one; options replace the current ones.
         """
-        for block in self.blocks:
-            block.attn.set_attention(variant, **options)
+        for layer in self.attention_layers:
+            layer.set_attention(variant, **options)
 
     def set_implementation(self, implementation: str, **options) -> None:
         """How every layer computes attention, e.g. ('blockwise', block_q=256, block_k=256)."""
-        for block in self.blocks:
-            block.attn.set_implementation(implementation, **options)
+        for layer in self.attention_layers:
+            layer.set_implementation(implementation, **options)
 
     def set_rope_theta(self, theta: float) -> None:
         """Eval-time RoPE base override (e.g. 50x the training theta, as in the SSMax paper)."""
-        for block in self.blocks:
-            block.attn.rope_theta = float(theta)
+        for layer in self.attention_layers:
+            layer.set_rope_theta(theta)
+
+    def set_ssmax_s(self, s: float) -> None:
+        """Eval-time override of the learned SSMax s in every layer and head (ssmax models only)."""
+        for layer in self.attention_layers:
+            layer.set_ssmax_s(s)
+
+    @property
+    def attention_layers(self) -> tuple[Attention, ...]:
+        """Every layer's attention (variant, options and learned s via `variant_options()`)."""
+        return tuple(block.attn for block in self.blocks)
+
+    def attention_qk(self, tokens_BT, *, positions_BT=None, segment_ids_BT=None):
+        """(logits, ((q_BTHD, k_BTKD) per layer)): the rotated queries and keys of the real forward pass."""
+        for layer in self.attention_layers:
+            layer.capture = True
+        try:
+            logits_BTV = self(tokens_BT, positions_BT=positions_BT, segment_ids_BT=segment_ids_BT)
+        finally:
+            for layer in self.attention_layers:
+                layer.capture = False
+        captured = nnx.pop(self, nnx.Intermediate)
+        return logits_BTV, tuple(captured["blocks"][i]["attn"]["qk"].get_value()[0] for i in range(len(self.blocks)))
 
     def _embed(self, tokens_BT):
         x_BTE = jnp.take(self.embed_VE[...], tokens_BT, axis=0).astype(self.dtype)

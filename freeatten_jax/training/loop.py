@@ -1,6 +1,5 @@
-"""The training loop: resume, steps, validation, logging, checkpoints, preemption and NaN handling."""
+"""The training loop: resume, steps, validation, logging, checkpoints, profiling, preemption and NaN handling."""
 import functools
-import json
 import signal
 import time
 
@@ -9,24 +8,22 @@ import numpy as np
 from absl import logging
 from jax.experimental import multihost_utils
 
-from freeatten_jax import config_check, data, model, optim, sharding, train_state, train_step
-from freeatten_jax.checkpoint import Checkpointer
-from freeatten_jax.metrics_writer import MetricsWriter
+from freeatten_jax import data
+from freeatten_jax.errors import ConfigError, UserError
+from freeatten_jax.nn import sharding
+from freeatten_jax.training import config, distributed, flops, optim, state as train_state, step as train_step, storage
+from freeatten_jax.training.checkpoint import Checkpointer
+from freeatten_jax.training.metrics import MetricsWriter
 
 
-class NonFiniteLossError(FloatingPointError):
+class NonFiniteLossError(UserError, FloatingPointError):
     """Training produced a NaN or Inf loss or gradient."""
 
 
-def resolve(cfg, splits: data.Splits):
-    """The config with data-dependent fields filled in (model.vocab_size 0 -> the data's)."""
-    cfg = cfg.copy_and_resolve_references()
-    if cfg.model.vocab_size == 0:
-        cfg.model.vocab_size = splits.vocab_size
-    elif cfg.model.vocab_size < splits.vocab_size:
-        raise config_check.ConfigError(f"config.model.vocab_size={cfg.model.vocab_size} is smaller than the data's "
-                                       f"vocabulary ({splits.vocab_size}); allowed: 0 (take the data's) or >= {splits.vocab_size}")
-    return cfg
+def _check_vocab(cfg: config.Config, splits: data.Splits) -> None:
+    if cfg.model.vocab_size < splits.vocab_size:
+        raise ConfigError(f"config.model.vocab_size={cfg.model.vocab_size} is smaller than the data's "
+                          f"vocabulary ({splits.vocab_size}); allowed: 0 (take the data's) or >= {splits.vocab_size}")
 
 
 def _mesh_devices(shape):
@@ -67,7 +64,7 @@ def _eta(seconds: float) -> str:
 class Evaluator:
     """Mean validation loss over the first `eval_windows` held-out windows of the training length."""
 
-    def __init__(self, cfg, splits, mesh, state_shardings, eval_def):
+    def __init__(self, cfg, splits, mesh, eval_def):
         rules = cfg.mesh.rules
         windows_WL = data.eval_windows(splits.val, cfg.train.seq_len, cfg.train.eval_windows)
         batch = cfg.train.batch_size // cfg.train.grad_accum_steps  # a micro-batch: what fits in memory
@@ -77,15 +74,15 @@ class Evaluator:
         self.tokens_sharding = sharding.batch_sharding(mesh, rules, self.tokens_NBL.shape[1:])
         self.weights_sharding = sharding.logical_spec(("batch",), self.weights_NB.shape[1:], mesh, rules)
         self.weights_sharding = jax.sharding.NamedSharding(mesh, self.weights_sharding)
-        self.step = jax.jit(functools.partial(train_step.eval_step, graphdef=eval_def),
-                            in_shardings=(state_shardings, self.tokens_sharding, self.weights_sharding))
+        self.step = jax.jit(train_step.eval_step, static_argnames=("graphdef",))  # inputs arrive placed
+        self.graphdef = eval_def
 
     def __call__(self, state) -> float:
         total = count = 0.0
         for tokens_BL, weights_B in zip(self.tokens_NBL, self.weights_NB):
             tokens = jax.make_array_from_callback(tokens_BL.shape, self.tokens_sharding, lambda i: tokens_BL[i])
             weights = jax.make_array_from_callback(weights_B.shape, self.weights_sharding, lambda i: weights_B[i])
-            loss_sum, n = self.step(state, tokens, weights)
+            loss_sum, n = self.step(state, tokens, weights, graphdef=self.graphdef)
             total, count = total + float(loss_sum), count + float(n)
         return total / count
 
@@ -101,73 +98,64 @@ def _flat(d: dict, prefix: str = "") -> dict:
     return items
 
 
-def _check_resumable(saved, cfg, step: int, workdir) -> None:
+def _check_resumable(saved: dict, cfg: config.Config, step: int, workdir) -> None:
     """Refuses to resume when a field that shapes the state or the data stream changed since the checkpoint."""
-    as_json = lambda c: _flat(json.loads(json.dumps(c.to_dict())))
-    old, new = as_json(saved), as_json(cfg)
+    old, new = _flat(saved), _flat(cfg.source)
     changed = [k for k in sorted(set(old) | set(new)) if k.startswith(RESUME_FIXED) and old.get(k) != new.get(k)]
     if changed:
         k = changed[0]
-        raise config_check.ConfigError(f"config.{k} is {new.get(k)!r} but the checkpoint at step {step} in {workdir} used "
-                                       f"{old.get(k)!r} ({len(changed)} such field(s)); resume with the same value or use a new --workdir")
+        raise ConfigError(f"config.{k} is {new.get(k)!r} but the checkpoint at step {step} in {workdir} used "
+                          f"{old.get(k)!r} ({len(changed)} such field(s)); resume with the same value or use a new --workdir")
 
 
-def _validate_model(cfg_model) -> None:
+def train_and_evaluate(cfg_dict, workdir) -> list[dict]:
+    """Trains (resuming from WORKDIR's latest checkpoint if any); returns the metrics written this run.
+
+    `cfg_dict` is the command line's ConfigDict; every field is checked before any data is read.
+    """
+    distributed.initialize_distributed()
+    cfg = config.parse(cfg_dict)
     try:
-        model.validate(cfg_model)
+        mesh = sharding.make_mesh(cfg.mesh.shape, _mesh_devices(cfg.mesh.shape))
     except ValueError as e:
-        raise config_check.ConfigError(f"config.{e}") from None
-
-
-def train_and_evaluate(cfg, workdir) -> list[dict]:
-    """Trains (resuming from WORKDIR's latest checkpoint if any); returns the metrics written this run."""
-    sharding.initialize_distributed()
-    config_check.validate(cfg)
-    early = cfg.model.copy_and_resolve_references()
-    early.vocab_size = early.vocab_size or 1  # the data's vocabulary is only known after loading it
-    _validate_model(early)  # a typo fails before the corpus download
-    try:
-        mesh = sharding.make_mesh(cfg.mesh, _mesh_devices(cfg.mesh.shape))
-    except ValueError as e:
-        raise config_check.ConfigError(f"config.{e}") from None
+        raise ConfigError(f"config.{e}") from None
     splits = data.load_splits(cfg.data)
-    cfg = resolve(cfg, splits)
-    _validate_model(cfg.model)
+    _check_vocab(cfg, splits)
     rules, steps = cfg.mesh.rules, cfg.train.steps
     hosts, batch = jax.process_count(), cfg.train.batch_size
     replicas = mesh.shape["data"] * mesh.shape["fsdp"]
     micro = batch // cfg.train.grad_accum_steps
     if batch % hosts or micro % replicas:
-        raise config_check.ConfigError(f"config.train.batch_size={batch} must be divisible by the {hosts} processes, and "
-                                       f"each of its {cfg.train.grad_accum_steps} micro-batches ({micro}) by the "
-                                       f"{replicas} data-parallel devices (mesh data x fsdp)")
+        raise ConfigError(f"config.train.batch_size={batch} must be divisible by the {hosts} processes, and "
+                          f"each of its {cfg.train.grad_accum_steps} micro-batches ({micro}) by the "
+                          f"{replicas} data-parallel devices (mesh data x fsdp)")
     train_iter = data.train_iterator(splits.train, cfg.train.seq_len, batch // hosts, seed=cfg.train.seed,
                                      process_index=jax.process_index(), process_count=hosts, num_workers=cfg.data.num_workers)
     ckpt = Checkpointer(workdir, cfg.checkpoint)
     tx = optim.make(cfg.optim, steps)
     abstract, state_shardings = train_state.abstract_state(cfg, mesh, tx)
     if (start := ckpt.latest_step()) is not None:
-        _check_resumable(ckpt.config(start), cfg, start, workdir)
+        _check_resumable(ckpt.config_json(start), cfg, start, workdir)
         state = ckpt.restore(start, abstract, train_iter)
         if jax.process_index() == 0:
             print(f"resumed from step {start} (checkpoint in {workdir})", flush=True)
     else:
         state, start = train_state.create(cfg, mesh, tx, state_shardings), 0
-    train_def, eval_def = train_state.graphdefs(cfg)
-    batch_shape = (batch, cfg.train.seq_len + 1)
-    step_fn = jax.jit(
-        functools.partial(train_step.train_step, graphdef=train_def, tx=tx, schedule=optim.schedule(cfg.optim, steps),
-                          accum_steps=cfg.train.grad_accum_steps),
-        in_shardings=(state_shardings, sharding.batch_sharding(mesh, rules, batch_shape)),
+    train_def, eval_def = train_state.graphdefs(cfg.model)
+    step_fn = jax.jit(  # the state and the batch arrive placed; the new state keeps the shardings
+        train_step.train_step,
+        static_argnames=("graphdef", "tx", "schedule", "accum_steps"),
         out_shardings=(state_shardings, None),
         donate_argnums=0,
     )
-    writer = MetricsWriter(workdir, start)
+    step_fn = functools.partial(step_fn, graphdef=train_def, tx=tx, schedule=optim.schedule(cfg.optim, steps),
+                                accum_steps=cfg.train.grad_accum_steps)
+    writer = MetricsWriter(workdir, start, cfg.source)
     stop = _StopSignal()
     try:
         with sharding.use_mesh(mesh, rules):
-            evaluate = Evaluator(cfg, splits, mesh, state_shardings, eval_def)
-            return _loop(cfg, state, start, step_fn, evaluate, train_iter, ckpt, writer, stop, mesh)
+            evaluate = Evaluator(cfg, splits, mesh, eval_def)
+            return _loop(cfg, state, start, step_fn, evaluate, train_iter, ckpt, writer, stop, mesh, workdir)
     finally:
         stop.restore()
         ckpt.wait()
@@ -177,9 +165,32 @@ def train_and_evaluate(cfg, workdir) -> list[dict]:
             train_iter.close()
 
 
-def _loop(cfg, state, start, step_fn, evaluate, train_iter, ckpt, writer, stop, mesh):
+class _Profiler:
+    """A jax.profiler trace of steps [first, last] into WORKDIR/profile (TensorBoard's profile tab)."""
+
+    def __init__(self, steps: tuple[int, ...], workdir):
+        self.first, self.last = steps or (0, -1)
+        self.dir, self.running = str(storage.path(workdir) / "profile"), False
+
+    def before(self, step: int) -> None:
+        if step == self.first:
+            jax.profiler.start_trace(self.dir)
+            self.running = True
+
+    def after(self, step: int, outputs) -> None:
+        if self.running and step >= self.last:
+            jax.block_until_ready(outputs)
+            jax.profiler.stop_trace()
+            self.running = False
+
+
+def _loop(cfg, state, start, step_fn, evaluate, train_iter, ckpt, writer, stop, mesh, workdir):
     t = cfg.train
     tokens_per_step = t.batch_size * t.seq_len
+    flops_per_token = flops.train_flops_per_token(cfg.model, t.seq_len)
+    device = jax.devices()[0]
+    peak = flops.peak_tflops(device.device_kind, t.peak_tflops)
+    profiler = _Profiler(t.profile_steps, workdir)
     written = []
     timer = [start, time.perf_counter()]  # (step, time) rates are measured from
     began = timer[1]
@@ -189,6 +200,8 @@ def _loop(cfg, state, start, step_fn, evaluate, train_iter, ckpt, writer, stop, 
         return written
     log(f"training {cfg.model.attention} for steps {start + 1}..{t.steps}: {mesh.devices.size} devices, "
         f"mesh {dict(mesh.shape)}, batch {t.batch_size} x {t.seq_len} tokens", flush=True)
+    if peak is None:
+        log(f"MFU not reported: no known peak for device {device.device_kind!r}; set --config.train.peak_tflops", flush=True)
 
     def finish(step, metrics, state):
         """Checks a step's metrics, then logs / validates / checkpoints as scheduled (state: after the step)."""
@@ -201,6 +214,7 @@ def _loop(cfg, state, start, step_fn, evaluate, train_iter, ckpt, writer, stop, 
             row = {"loss": float(metrics["loss"]), "grad_norm": float(metrics["grad_norm"]), "lr": float(metrics["lr"])}
             if step > timer[0]:
                 row["tokens_per_sec"] = (step - timer[0]) * tokens_per_step / (time.perf_counter() - timer[1])
+                row.update(flops.tflops_and_mfu(row["tokens_per_sec"], flops_per_token, mesh.devices.size, peak))
         if _evaluates(t, step):
             row["val_loss"] = evaluate(state)
         if row:
@@ -209,14 +223,16 @@ def _loop(cfg, state, start, step_fn, evaluate, train_iter, ckpt, writer, stop, 
             written.append({"step": step, **row})
             log(_progress_line(t, step, row, metrics["lr"]), flush=True)
         if step % t.checkpoint_every == 0 or step == t.steps:
-            ckpt.save(step, state, train_iter, cfg)
+            ckpt.save(step, state, train_iter, cfg.source)
         if row or step % t.checkpoint_every == 0:
             timer[:] = step, time.perf_counter()
 
     pending = None  # (step, metrics) of a step whose bookkeeping needs no state: checked one step late
     for step in range(start + 1, t.steps + 1):
-        tokens = sharding.host_local_batch_to_global(next(train_iter), mesh, cfg.mesh.rules)
+        tokens = distributed.host_local_batch_to_global(next(train_iter), mesh, cfg.mesh.rules)
+        profiler.before(step)
         state, metrics = step_fn(state, tokens)
+        profiler.after(step, metrics)
         if step == start + 1:  # exclude compilation from the rates
             jax.block_until_ready(metrics)
             timer[:] = step, time.perf_counter()
@@ -229,9 +245,10 @@ def _loop(cfg, state, start, step_fn, evaluate, train_iter, ckpt, writer, stop, 
             pending = None
         if stopping:
             if step % t.checkpoint_every and step != t.steps:
-                ckpt.save(step, state, train_iter, cfg)
+                ckpt.save(step, state, train_iter, cfg.source)
             log(f"stopped at step {step}; rerun the same command to resume", flush=True)
             break
+    profiler.after(t.steps, state)  # a window reaching past the last step ends here
     return written
 
 
@@ -245,5 +262,7 @@ def _progress_line(t, step: int, row: dict, lr: float) -> str:
     parts += [f"lr {lr:.2e}", f"elapsed {_eta(row['elapsed_sec'])}"]
     if "tokens_per_sec" in row:
         rate = row["tokens_per_sec"]
-        parts += [f"{rate:,.0f} tok/s", f"ETA {_eta((t.steps - step) * t.batch_size * t.seq_len / rate)}"]
+        parts += [f"{rate:,.0f} tok/s", f"{row['tflops_per_device']:.3g} TFLOP/s/device"]
+        parts += [f"MFU {row['mfu']:.1%}"] if "mfu" in row else []
+        parts += [f"ETA {_eta((t.steps - step) * t.batch_size * t.seq_len / rate)}"]
     return " | ".join(parts)

@@ -9,18 +9,30 @@ Activations are constrained at block boundaries only inside `use_mesh(mesh, rule
 import contextlib
 import contextvars
 import math
-import os
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 import jax
-import numpy as np
 from flax import nnx
 from jax.sharding import AxisType, NamedSharding, PartitionSpec
 
-from freeatten_jax.params import logical_names
+from freeatten_jax.nn.params import logical_names
 
 MESH_AXES = ("data", "fsdp", "tensor")
 Rules = Sequence[tuple[str, str | tuple[str, ...] | None]]
+DEFAULT_RULES: Rules = (  # pure data parallel over ('data', 'fsdp'); FSDP and tensor axes used when sized > 1
+    ("batch", ("data", "fsdp")),  # inputs [B, T]
+    ("length", None),
+    ("act_batch", ("data", "fsdp")),  # activations at block boundaries [B, T, E]
+    ("act_length", None),
+    ("act_embed", None),
+    ("act_vocab", "tensor"),
+    ("vocab", "tensor"),  # parameters
+    ("embed", "fsdp"),
+    ("heads", "tensor"),
+    ("kv_heads", "tensor"),
+    ("head_dim", None),
+    ("mlp", "tensor"),
+)
 _ACTIVE_RULES: contextvars.ContextVar[Rules | None] = contextvars.ContextVar("rules", default=None)
 
 
@@ -36,10 +48,10 @@ def mesh_shape(shape: Sequence[int], num_devices: int) -> tuple[int, ...]:
     return filled
 
 
-def make_mesh(cfg_mesh, devices=None) -> jax.sharding.Mesh:
-    """The ('data', 'fsdp', 'tensor') mesh sized by cfg_mesh.shape (Auto axes: XLA propagates)."""
+def make_mesh(shape: Sequence[int] = (-1, 1, 1), devices=None) -> jax.sharding.Mesh:
+    """The ('data', 'fsdp', 'tensor') mesh of `shape` (-1 fills; Auto axes: XLA propagates)."""
     devices = jax.devices() if devices is None else devices
-    shape = mesh_shape(cfg_mesh.shape, len(devices))
+    shape = mesh_shape(shape, len(devices))
     return jax.make_mesh(shape, MESH_AXES, axis_types=(AxisType.Auto,) * len(MESH_AXES), devices=devices)
 
 
@@ -61,21 +73,25 @@ def logical_spec(names: Sequence[str | None], shape: Sequence[int], mesh, rules:
 
 
 def state_shardings(state, mesh, rules: Rules):
-    """NamedShardings for an nnx.State (model or optimizer): the variables' logical names, resolved."""
+    """NamedShardings for a pytree of nnx Variables (model or optimizer state) and plain arrays: each
+    variable by its logical names, any other leaf (a step counter) replicated."""
 
-    def sharding(variable):
-        names = logical_names(variable) or (None,) * len(variable.shape)
-        return variable.replace(NamedSharding(mesh, logical_spec(names, variable.shape, mesh, rules)))
+    def sharding(x):
+        if not isinstance(x, nnx.Variable):
+            return NamedSharding(mesh, PartitionSpec())
+        names = logical_names(x) or (None,) * len(x.shape)
+        return x.replace(NamedSharding(mesh, logical_spec(names, x.shape, mesh, rules)))
 
     return jax.tree.map(sharding, state, is_leaf=lambda x: isinstance(x, nnx.Variable))
 
 
-def abstract_state(build: Callable[[], nnx.Module], mesh, rules: Rules):
-    """(graphdef, state of ShapeDtypeStructs with their shardings): a restore target for orbax."""
-    graphdef, state = nnx.split(nnx.eval_shape(build))
-    shardings = state_shardings(state, mesh, rules)
+def abstract(make: Callable[[], Any], mesh, rules: Rules):
+    """(ShapeDtypeStructs of make()'s pytree carrying their shardings, the shardings): a restore
+    target for orbax, or out_shardings for creating it; nothing is allocated."""
+    shapes = jax.eval_shape(make)
+    shardings = state_shardings(shapes, mesh, rules)
     to_struct = lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s)
-    return graphdef, jax.tree.map(to_struct, state, shardings)
+    return jax.tree.map(to_struct, shapes, shardings), shardings
 
 
 def build_sharded(build: Callable[[], nnx.Module], mesh, rules: Rules) -> nnx.Module:
@@ -109,34 +125,3 @@ def constrain(x: jax.Array, names: Sequence[str | None]) -> jax.Array:
     if rules is None or mesh.empty:
         return x
     return jax.lax.with_sharding_constraint(x, logical_spec(names, x.shape, mesh, rules))
-
-
-_MULTI_PROCESS_SIGNS = {
-    "JAX_COORDINATOR_ADDRESS": lambda v: bool(v),
-    "SLURM_NTASKS": lambda v: int(v) > 1,
-    "OMPI_COMM_WORLD_SIZE": lambda v: int(v) > 1,
-    "TPU_WORKER_HOSTNAMES": lambda v: "," in v,
-    "MEGASCALE_COORDINATOR_ADDRESS": lambda v: bool(v),
-}
-
-
-def is_multi_process(environ=os.environ) -> bool:
-    """True when the environment describes several JAX processes (TPU slice, SLURM, MPI)."""
-    return any(sign(environ[name]) for name, sign in _MULTI_PROCESS_SIGNS.items() if environ.get(name))
-
-
-def initialize_distributed(environ=os.environ) -> bool:
-    """Calls jax.distributed.initialize() (auto-detected cluster) once, when multi-process."""
-    if jax.distributed.is_initialized():
-        return True
-    if not is_multi_process(environ):
-        return False
-    jax.distributed.initialize()
-    return True
-
-
-def host_local_batch_to_global(batch: np.ndarray, mesh, rules: Rules) -> jax.Array:
-    """Assembles each process's rows of a [B, T] batch into one global, sharded jax.Array."""
-    global_shape = (batch.shape[0] * jax.process_count(), *batch.shape[1:])
-    sharding = batch_sharding(mesh, rules, global_shape)
-    return jax.make_array_from_process_local_data(sharding, batch, global_shape)

@@ -28,27 +28,36 @@ def prefill(model, tokens_BT, cache, *, chunk: int | None = None, positions_BT=N
     return jnp.concatenate(pieces, axis=1), cache
 
 
-def sample(logits_BV, key, temperature: float, top_k: int | None) -> jax.Array:
-    """Next tokens [B]: greedy when temperature == 0, else from softmax(logits / temperature) over the top k."""
+def sample(logits_BV, key, temperature: float, top_k: int | None = None, top_p: float | None = None) -> jax.Array:
+    """Next tokens [B]: greedy when temperature == 0, else from softmax(logits / temperature) restricted to
+    the top k tokens and to the smallest set whose probability reaches top_p (nucleus sampling)."""
     if temperature == 0:
         return jnp.argmax(logits_BV, axis=-1)
     logits_BV = logits_BV / temperature
     if top_k is not None:
         kth_B1 = jax.lax.top_k(logits_BV, top_k)[0][:, -1:]
         logits_BV = jnp.where(logits_BV < kth_B1, -jnp.inf, logits_BV)
+    if top_p is not None:
+        sorted_BV = jnp.sort(logits_BV, axis=-1)[:, ::-1]
+        before_BV = jnp.cumsum(jax.nn.softmax(sorted_BV, axis=-1), axis=-1) - jax.nn.softmax(sorted_BV, axis=-1)
+        cutoff_B1 = jnp.min(jnp.where(before_BV < top_p, sorted_BV, jnp.inf), axis=-1, keepdims=True)  # the last kept logit
+        logits_BV = jnp.where(logits_BV < cutoff_B1, -jnp.inf, logits_BV)
     return jax.random.categorical(key, logits_BV, axis=-1)
 
 
-@functools.partial(jax.jit, static_argnames=("graphdef", "chunk", "temperature", "top_k"), donate_argnames=("cache",))
-def _prefill_and_sample(graphdef, state, tokens_BT, cache, key, *, chunk, temperature, top_k):
+_SAMPLING = ("temperature", "top_k", "top_p")
+
+
+@functools.partial(jax.jit, static_argnames=("graphdef", "chunk", *_SAMPLING), donate_argnames=("cache",))
+def _prefill_and_sample(state, tokens_BT, cache, key, *, graphdef, chunk, temperature, top_k, top_p):
     logits_BTV, cache = prefill(nnx.merge(graphdef, state), tokens_BT, cache, chunk=chunk)
-    return sample(logits_BTV[:, -1], key, temperature, top_k), cache
+    return sample(logits_BTV[:, -1], key, temperature, top_k, top_p), cache
 
 
-@functools.partial(jax.jit, static_argnames=("graphdef", "temperature", "top_k"), donate_argnames=("cache",))
-def _step(graphdef, state, token_B, cache, key, *, temperature, top_k):
+@functools.partial(jax.jit, static_argnames=("graphdef", *_SAMPLING), donate_argnames=("cache",))
+def _step(state, token_B, cache, key, *, graphdef, temperature, top_k, top_p):
     logits_B1V, cache = nnx.merge(graphdef, state).decode(token_B[:, None], cache)
-    return sample(logits_B1V[:, 0], key, temperature, top_k), cache
+    return sample(logits_B1V[:, 0], key, temperature, top_k, top_p), cache
 
 
 def generate(
@@ -58,12 +67,15 @@ def generate(
     *,
     temperature: float = 1.0,
     top_k: int | None = None,
+    top_p: float | None = None,
+    eos_id: int | None = None,
     seed: int = 0,
     prefill_chunk: int | None = None,
 ) -> jax.Array:
-    """The prompt followed by max_new_tokens sampled tokens, [B, T + max_new_tokens].
+    """The prompt followed by up to max_new_tokens sampled tokens, [B, T + generated].
 
     Runs an eval-mode copy of `model` (the caller's model is left as it is); temperature 0 is greedy.
+    With `eos_id`, a row that samples it keeps emitting it, and generation stops once every row has.
     """
     if max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
@@ -74,10 +86,14 @@ def generate(
     prompt_BT = jnp.asarray(prompt_BT)
     cache = copy.init_cache(prompt_BT.shape[0], prompt_BT.shape[1] + max_new_tokens)
     keys = jax.random.split(jax.random.key(seed), max_new_tokens)
-    sampling = dict(temperature=temperature, top_k=top_k)
-    token_B, cache = _prefill_and_sample(graphdef, state, prompt_BT, cache, keys[0], chunk=prefill_chunk, **sampling)
+    sampling = dict(graphdef=graphdef, temperature=temperature, top_k=top_k, top_p=top_p)
+    token_B, cache = _prefill_and_sample(state, prompt_BT, cache, keys[0], chunk=prefill_chunk, **sampling)
     new_tokens = [token_B]
     for key in keys[1:]:
-        token_B, cache = _step(graphdef, state, token_B, cache, key, **sampling)
+        if eos_id is not None and bool(jnp.all(token_B == eos_id)):
+            break
+        token_B, cache = _step(state, token_B, cache, key, **sampling)
+        if eos_id is not None:
+            token_B = jnp.where(new_tokens[-1] == eos_id, eos_id, token_B)
         new_tokens.append(token_B)
     return jnp.concatenate([prompt_BT, jnp.stack(new_tokens, axis=1).astype(prompt_BT.dtype)], axis=1)

@@ -1,0 +1,44 @@
+"""`freeatten-eval`: the long-context extrapolation suite (loss vs length, passkey retrieval, attention analysis).
+
+    freeatten-eval --workdir=runs/softmax --workdir=runs/lssa --switch=p=15 --out=reports/x
+
+Each checkpoint is evaluated as trained and under every applicable `--switch` (LSSAR re-weighting
+`p=15` / `p=off` on lssa/lssar runs, `rope_theta=50x` or an absolute base, SSMax `s=0.3`).
+"""
+import sys
+
+from absl import flags, logging
+
+from freeatten_jax import cli
+
+
+def main() -> None:
+    workdirs = flags.DEFINE_multi_string("workdir", None, "Training run directory (repeat for several).", required=True)
+    out = flags.DEFINE_string("out", None, "Directory for report.md, results.json, CSV files and plots.", required=True)
+    switches = flags.DEFINE_multi_string("switch", [], "Eval-time switch, e.g. p=15, p=off, rope_theta=50x, s=0.3.")
+    multipliers = flags.DEFINE_list("multipliers", ["1", "2", "4", "8", "16"], "Evaluation lengths in training lengths.")
+    max_windows = flags.DEFINE_integer("max_windows", 16, "Held-out windows per length.")
+    depths = flags.DEFINE_list("passkey_depths", ["0.1", "0.5", "0.9"], "Needle depths (0 = start, 1 = end).")
+    keys = flags.DEFINE_integer("passkey_keys", 3, "Random keys per passkey cell.")
+    candidates = flags.DEFINE_integer("passkey_candidates", 10, "Keys ranked by likelihood, the true one included.")
+    analysis = flags.DEFINE_integer("analysis_windows", 1, "Windows of the longest length for the entropy analysis.")
+    implementation = flags.DEFINE_string("implementation", "auto", "Attention implementation at every length.")
+    seed = flags.DEFINE_integer("seed", 0, "Seed of the passkey keys.")
+
+    def evaluate(_):
+        from freeatten_jax.evaluation import suite
+
+        settings = suite.Settings(
+            multipliers=tuple(sorted(int(m) for m in multipliers.value)),
+            max_windows=max_windows.value,
+            passkey_depths=tuple(float(d) for d in depths.value),
+            passkey_keys=keys.value,
+            passkey_candidates=candidates.value,
+            analysis_windows=analysis.value,
+            implementation=implementation.value,
+            seed=seed.value,
+        )
+        suite.run_suite(workdirs.value, switches.value, settings, out.value)
+        print(f"report: {out.value}/report.md")
+
+    cli.run(evaluate, sys.argv, verbosity=logging.ERROR)  # orbax's read-only notices drown the progress bar

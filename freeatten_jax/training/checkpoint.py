@@ -1,0 +1,82 @@
+"""Orbax checkpoints in WORKDIR/checkpoints (local or cloud): train state (params, optimizer, step, RNG
+streams), the data iterator's state and the config as JSON; `load_params` rebuilds a trained model."""
+import grain
+import jax
+import orbax.checkpoint as ocp
+
+from freeatten_jax.errors import UserError
+from freeatten_jax.nn import sharding
+from freeatten_jax.training import config, state, storage
+
+ITEMS = ("state", "data", "config")
+
+
+class CheckpointNotFoundError(UserError, FileNotFoundError):
+    """A workdir holds no checkpoint."""
+
+
+class Checkpointer:
+    """An async CheckpointManager keeping the last `max_to_keep` steps."""
+
+    def __init__(self, workdir, cfg_checkpoint=None, *, read_only: bool = False):
+        keep = cfg_checkpoint.max_to_keep if cfg_checkpoint else None
+        async_save = bool(cfg_checkpoint and cfg_checkpoint.async_save)
+        options = ocp.CheckpointManagerOptions(max_to_keep=keep, enable_async_checkpointing=async_save, read_only=read_only)
+        self.directory = storage.path(workdir) / "checkpoints"
+        self.manager = ocp.CheckpointManager(self.directory, options=options, item_names=ITEMS)
+
+    def latest_step(self) -> int | None:
+        return self.manager.latest_step()
+
+    def save(self, step: int, train_state, data_iterator, source: dict) -> None:
+        args = ocp.args.Composite(
+            state=ocp.args.StandardSave(train_state),
+            data=grain.checkpoint.CheckpointSave(data_iterator),
+            config=ocp.args.JsonSave(source),
+        )
+        self.manager.save(step, args=args, force=True)
+
+    def restore(self, step: int, abstract_state, data_iterator):
+        """The state at `step`; `data_iterator` is moved to where it was at that step."""
+        args = ocp.args.Composite(state=ocp.args.StandardRestore(abstract_state), data=grain.checkpoint.CheckpointRestore(data_iterator))
+        return self.manager.restore(step, args=args)["state"]
+
+    def config_json(self, step: int) -> dict:
+        """The command line's config saved with `step`, as JSON."""
+        return self.manager.restore(step, args=ocp.args.Composite(config=ocp.args.JsonRestore()))["config"]
+
+    def run_config(self, step: int) -> config.Config:
+        """The typed config of the run that saved `step`."""
+        return config.parse(config.from_json(self.config_json(step)))
+
+    def require_latest(self) -> int:
+        """The latest step, or CheckpointNotFoundError."""
+        step = self.latest_step()
+        if step is None:
+            raise CheckpointNotFoundError(f"no checkpoint in {self.directory}; train it first")
+        return step
+
+    def wait(self) -> None:
+        self.manager.wait_until_finished()
+
+    def close(self) -> None:
+        self.manager.close()
+
+
+def load_params(workdir, step: int | None = None, mesh=None):
+    """(model in eval mode, its typed Config, step) from a run's checkpoint (the latest by default).
+
+    Reads the parameters and model variables only (no optimizer state); `mesh` defaults to one device.
+    """
+    ckpt = Checkpointer(workdir, read_only=True)
+    try:
+        step = ckpt.require_latest() if step is None else step
+        cfg = ckpt.run_config(step)
+        mesh = mesh or sharding.make_mesh((1, 1, 1), jax.devices()[:1])
+        target, _ = sharding.abstract(lambda: state.model_state(cfg.model, cfg.train.seed), mesh, cfg.mesh.rules)
+        restore = ocp.args.PyTreeRestore(item=target, restore_args=ocp.checkpoint_utils.construct_restore_args(target), partial_restore=True)
+        restored = ckpt.manager.restore(step, args=ocp.args.Composite(state=restore))["state"]
+    finally:
+        ckpt.close()
+    _, eval_def = state.graphdefs(cfg.model)
+    return state.model_of(eval_def, restored), cfg, step

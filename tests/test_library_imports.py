@@ -1,0 +1,54 @@
+"""The library (`attend`, the NNX layer, the transformer from a ModelConfig, generation) imports and runs
+with the application's dependencies unimportable: `pip install .` (core) is enough to use it.
+
+flax itself imports optax and absl (flax needs them), so those cannot be blocked; everything of the
+application's own is (ml_collections, orbax, grain, matplotlib, tokenizers, tensorboardX, etils, tqdm).
+"""
+import os
+import subprocess
+import sys
+
+BLOCKED = ("ml_collections", "orbax", "grain", "matplotlib", "tokenizers", "tensorboardX", "etils", "tqdm")
+
+SCRIPT = f"""
+import sys
+
+class Blocker:
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in {BLOCKED!r}:
+            raise ModuleNotFoundError("blocked: " + name, name=name)  # as if not installed
+
+sys.meta_path.insert(0, Blocker())
+import jax.numpy as jnp
+from flax import nnx
+from freeatten_jax import attention
+from freeatten_jax.nn import Attention, ModelConfig, Transformer, generate, preset
+
+q = jnp.ones((1, 8, 2, 16))
+assert attention.attend(q, q, q, variant="lssar").shape == (1, 8, 2, 16)
+layer = Attention(32, 2, variant="ssmax", rngs=nnx.Rngs(0))
+assert layer(jnp.ones((1, 8, 32))).shape == (1, 8, 32)
+cfg = ModelConfig(vocab_size=40, num_layers=1, num_heads=2, d_model=32, mlp_dim=64, attention="lssa")
+model = Transformer(cfg, rngs=nnx.Rngs(0))
+assert model(jnp.zeros((2, 8), jnp.int32)).shape == (2, 8, 40)
+assert generate(model, jnp.zeros((1, 3), jnp.int32), 2, temperature=0.0).shape == (1, 5)
+assert Transformer(preset("tiny", num_layers=1), rngs=nnx.Rngs(0)) is not None
+loaded = sorted({{m.split(".")[0] for m in sys.modules}} & set({BLOCKED!r}))
+assert not loaded, loaded
+print("ok")
+"""
+
+
+def test_library_runs_without_the_application_dependencies():
+    env = {**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": ""}
+    result = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True, timeout=300, env=env,
+                            cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    assert result.returncode == 0 and result.stdout.strip() == "ok", result.stderr[-3000:]
+
+
+def test_a_command_without_its_extra_names_the_extra_in_one_line():
+    script = SCRIPT.split("import jax.numpy")[0] + "from freeatten_jax import scripts\nscripts.train()\n"
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300,
+                            cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    assert result.returncode == 1
+    assert result.stderr.strip() == "error: ml_collections is not installed; this command needs pip install 'freeatten_jax[train]'"
