@@ -17,6 +17,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from freeatten_jax import attention
+from freeatten_jax.nn import sharding
 from freeatten_jax.nn.config import check_attention
 from freeatten_jax.nn.params import Init, param
 from freeatten_jax.nn.rope import apply_rope
@@ -165,7 +166,7 @@ class Attention(nnx.Module):
         q_BTHD, k_BTKD, v_BTKD = self._qkv(x_BTE, positions_BT)
         if self.capture:
             self.sow(nnx.Intermediate, "qk", (q_BTHD, k_BTKD))
-        out_BTHD = self._attend(q_BTHD, k_BTKD, v_BTKD, **mask)
+        out_BTHD = self._attend(q_BTHD, k_BTKD, v_BTKD, over_context=True, **mask)
         return self._project_out(out_BTHD)
 
     def decode(self, x_BTE, cache: KVCache, *, positions_BT=None, segment_ids_BT=None) -> tuple[jax.Array, KVCache]:
@@ -211,11 +212,15 @@ class Attention(nnx.Module):
                 learned["b"] = self.b_H[...]
         return {**dict(self.options), **learned}
 
-    def _attend(self, q_BTHD, k_BSKD, v_BSKD, **mask):
-        return attention.attend(
-            q_BTHD, k_BSKD, v_BSKD, variant=self.variant, implementation=self.implementation,
-            **self.variant_options(), **dict(self.implementation_options), **mask,
-        )
+    def _attend(self, q_BTHD, k_BSKD, v_BSKD, *, over_context: bool = False, **mask):
+        """`attention.attend`; `context_parallel_attend` (a ring over the mesh, blockwise on each device) when
+        over_context and the active mesh shards the sequence (`sharding.context_parallelism`). Decoding
+        passes over_context=False: its KV cache attends gathered."""
+        options = dict(variant=self.variant, **self.variant_options(), **dict(self.implementation_options), **mask)
+        context = sharding.context_parallelism(q_BTHD.shape[:3], k_BSKD.shape[2]) if over_context else None
+        if context is not None:
+            return attention.context_parallel_attend(q_BTHD, k_BSKD, v_BSKD, **context, **options)
+        return attention.attend(q_BTHD, k_BSKD, v_BSKD, implementation=self.implementation, **options)
 
     def _project_out(self, out_BTHD):
         y_BTE = jnp.einsum("BTHD,HDE->BTE", out_BTHD, self.wo_HDE[...].astype(self.dtype))

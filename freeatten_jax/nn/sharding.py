@@ -1,10 +1,11 @@
-"""One mesh ('data', 'fsdp', 'tensor') and logical-axis rules: sharding by configuration alone.
+"""One mesh ('data', 'fsdp', 'tensor', 'context') and logical-axis rules: sharding by configuration alone.
 
 Parameters carry logical axis names (`freeatten_jax.params`); `rules` map each name to mesh
 axes, e.g. ('embed', 'fsdp'), ('heads', 'tensor'), ('batch', ('data', 'fsdp')). A mesh axis that
-does not divide a dimension is dropped for that dimension (it is replicated), so GQA with fewer
-key/value heads than 'tensor' devices, or an odd vocabulary of 50,257, still shards the rest.
-Activations are constrained at block boundaries only inside `use_mesh(mesh, rules)`.
+does not divide a dimension, or has size 1, is dropped for that dimension (it is replicated), so GQA
+with fewer key/value heads than 'tensor' devices, or an odd vocabulary of 50,257, still shards the rest.
+Activations are constrained at block boundaries only inside `use_mesh(mesh, rules)`; there, when
+'act_length' maps to a mesh axis of size > 1 ('context'), attention runs context-parallel (`context_parallelism`).
 """
 import contextlib
 import contextvars
@@ -17,13 +18,13 @@ from jax.sharding import AxisType, NamedSharding, PartitionSpec
 
 from freeatten_jax.nn.params import logical_names
 
-MESH_AXES = ("data", "fsdp", "tensor")
+MESH_AXES = ("data", "fsdp", "tensor", "context")  # a shape of 3 entries leaves 'context' at 1
 Rules = Sequence[tuple[str, str | tuple[str, ...] | None]]
 DEFAULT_RULES: Rules = (  # pure data parallel over ('data', 'fsdp'); FSDP and tensor axes used when sized > 1
     ("batch", ("data", "fsdp")),  # inputs [B, T]
-    ("length", None),
+    ("length", "context"),
     ("act_batch", ("data", "fsdp")),  # activations at block boundaries [B, T, E]
-    ("act_length", None),
+    ("act_length", "context"),  # sequence (context) parallelism: attention goes round a ring
     ("act_embed", None),
     ("act_vocab", "tensor"),
     ("vocab", "tensor"),  # parameters
@@ -37,8 +38,9 @@ _ACTIVE_RULES: contextvars.ContextVar[Rules | None] = contextvars.ContextVar("ru
 
 
 def mesh_shape(shape: Sequence[int], num_devices: int) -> tuple[int, ...]:
-    """Fills the one -1 entry so that the product equals num_devices."""
+    """Fills the one -1 entry so that the product equals num_devices; a missing 'context' entry is 1."""
     shape = tuple(int(n) for n in shape)
+    shape += (1,) * (len(shape) == len(MESH_AXES) - 1)
     known = math.prod(n for n in shape if n != -1)
     if len(shape) != len(MESH_AXES) or shape.count(-1) > 1 or known <= 0 or num_devices % known:
         raise ValueError(f"mesh.shape {shape} must give {MESH_AXES} with at most one -1 and divide {num_devices} devices")
@@ -49,7 +51,7 @@ def mesh_shape(shape: Sequence[int], num_devices: int) -> tuple[int, ...]:
 
 
 def make_mesh(shape: Sequence[int] = (-1, 1, 1), devices=None) -> jax.sharding.Mesh:
-    """The ('data', 'fsdp', 'tensor') mesh of `shape` (-1 fills; Auto axes: XLA propagates)."""
+    """The ('data', 'fsdp', 'tensor', 'context') mesh of `shape` (-1 fills; Auto axes: XLA propagates)."""
     devices = jax.devices() if devices is None else devices
     shape = mesh_shape(shape, len(devices))
     return jax.make_mesh(shape, MESH_AXES, axis_types=(AxisType.Auto,) * len(MESH_AXES), devices=devices)
@@ -64,7 +66,7 @@ def logical_spec(names: Sequence[str | None], shape: Sequence[int], mesh, rules:
     used, spec = set(), []
     for name, dim in zip(names, shape):
         target = table.get(name) if name is not None else None
-        axes = [a for a in ((target,) if isinstance(target, str) else tuple(target or ())) if a not in used]
+        axes = [a for a in ((target,) if isinstance(target, str) else tuple(target or ())) if a not in used and mesh.shape[a] > 1]
         while axes and dim % math.prod(mesh.shape[a] for a in axes):
             axes.pop()
         used.update(axes)
@@ -125,3 +127,18 @@ def constrain(x: jax.Array, names: Sequence[str | None]) -> jax.Array:
     if rules is None or mesh.empty:
         return x
     return jax.lax.with_sharding_constraint(x, logical_spec(names, x.shape, mesh, rules))
+
+
+def context_parallelism(shape_BTH: Sequence[int], kv_heads: int) -> dict | None:
+    """The mesh arguments of `attention.context_parallel_attend` (mesh, axis_name, batch_axis, head_axis)
+    for queries of `shape_BTH` when, under `use_mesh`, 'act_length' shards the sequence; else None."""
+    rules, mesh = _ACTIVE_RULES.get(), jax.sharding.get_abstract_mesh()
+    if rules is None or mesh.empty:
+        return None
+    batch, length, heads = logical_spec(("act_batch", "act_length", "heads"), shape_BTH, mesh, rules)
+    if length is None:
+        return None
+    if not isinstance(length, str):
+        raise ValueError(f"rule 'act_length' shards the sequence over {length}: context parallelism takes one mesh axis")
+    same_kv = logical_spec(("act_batch", "act_length", "kv_heads"), (*shape_BTH[:2], kv_heads), mesh, rules)[2] == heads
+    return dict(mesh=mesh, axis_name=length, batch_axis=batch, head_axis=heads if same_kv else None)
