@@ -5,9 +5,12 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
+from test_train import text_glob, tiny_config  # noqa: F401 (a fixture)
 
 from freeatten_jax import attention
+from freeatten_jax.errors import ConfigError
 from freeatten_jax.nn import Transformer, preset, sharding
+from freeatten_jax.training import loop
 
 RULES = sharding.DEFAULT_RULES
 
@@ -44,3 +47,21 @@ def test_forward_over_context_4_equals_the_unsharded_forward(variant, ring_calls
     assert [(c["axis_name"], c["batch_axis"]) for c in ring_calls] == [("context", "data")] * 2  # both layers
     assert {s.data.shape for s in logits.addressable_shards} == {(1, 8, 64)}  # batch over data, sequence over context
     np.testing.assert_allclose(logits, expected, atol=1e-5)
+
+
+@pytest.mark.slow
+def test_training_over_data_2_context_4_logs_the_losses_of_one_device(text_glob, tmp_path, ring_calls):
+    losses = {}
+    for shape in ((1, 1, 1), (2, 1, 1, 4)):
+        cfg = tiny_config("lssar", text_glob, **{"train.steps": 5, "train.eval_every": 0, "mesh.shape": shape})
+        losses[shape] = {m["step"]: m["loss"] for m in loop.train_and_evaluate(cfg, tmp_path / str(shape)) if "loss" in m}
+        assert bool(ring_calls) == (len(shape) == 4)
+    assert sorted(losses[(2, 1, 1, 4)]) == [1, 2, 3, 4, 5]
+    np.testing.assert_allclose(losses[(2, 1, 1, 4)][5], losses[(1, 1, 1)][5], rtol=1e-5)
+    np.testing.assert_allclose(list(losses[(2, 1, 1, 4)].values()), list(losses[(1, 1, 1)].values()), rtol=1e-5)
+
+
+def test_a_sequence_that_does_not_split_into_zigzag_chunks_is_refused(text_glob, tmp_path):
+    cfg = tiny_config("lssa", text_glob, **{"train.seq_len": 12, "mesh.shape": (2, 1, 1, 4)})
+    with pytest.raises(ConfigError, match=r"config.train.seq_len=12 must be a multiple of 2 x the mesh's context axis \(8\)"):
+        loop.train_and_evaluate(cfg, tmp_path)

@@ -40,7 +40,7 @@ def get_config(variant: str = "softmax", size: str = "tiny") -> ml_collections.C
     cfg.model.attention_options = {k: v for k, v in defaults.items() if k not in LEARNED_OPTIONS}
     cfg.model.vocab_size = 0  # 0: the data's vocabulary (256 bytes, data.bpe_vocab_size, or 50257 for .bin shards)
     cfg.mesh = ml_collections.ConfigDict()
-    cfg.mesh.shape = (-1, 1, 1)  # ('data', 'fsdp', 'tensor'), e.g. (1, -1, 1) for FSDP; -1 fills the remaining devices
+    cfg.mesh.shape = (-1, 1, 1)  # ('data', 'fsdp', 'tensor'[, 'context']), e.g. (1, -1, 1) for FSDP; -1 fills the rest
     cfg.mesh.rules = sharding.DEFAULT_RULES  # logical axis -> mesh axes
 
     cfg.data = ml_collections.ConfigDict()

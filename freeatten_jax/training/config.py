@@ -91,8 +91,8 @@ def _number(ok, text) -> tuple[Callable[[Any], bool], str]:
 
 
 def _mesh_shape() -> tuple[Callable[[Any], bool], str]:
-    ok = lambda v: isinstance(v, (tuple, list)) and len(v) == 3 and all(isinstance(n, int) and (n >= 1 or n == -1) for n in v)
-    return ok, "3 sizes (data, fsdp, tensor), each >= 1 or -1 for 'the rest', e.g. '(1,1,1)'"
+    ok = lambda v: isinstance(v, (tuple, list)) and len(v) in (3, 4) and all(isinstance(n, int) and (n >= 1 or n == -1) for n in v)
+    return ok, "3 or 4 sizes (data, fsdp, tensor[, context]), each >= 1 or -1 for 'the rest', e.g. '(1,1,1)' or '(2,1,1,4)'"
 
 
 def _profile_steps() -> tuple[Callable[[Any], bool], str]:

@@ -129,6 +129,9 @@ def train_and_evaluate(cfg_dict, workdir) -> list[dict]:
         raise ConfigError(f"config.train.batch_size={batch} must be divisible by the {hosts} processes, and "
                           f"each of its {cfg.train.grad_accum_steps} micro-batches ({micro}) by the "
                           f"{replicas} data-parallel devices (mesh data x fsdp)")
+    if (context := mesh.shape["context"]) > 1 and cfg.train.seq_len % (2 * context):
+        raise ConfigError(f"config.train.seq_len={cfg.train.seq_len} must be a multiple of 2 x the mesh's context "
+                          f"axis ({2 * context}): context parallelism splits the sequence into 2 chunks per device")
     train_iter = data.train_iterator(splits.train, cfg.train.seq_len, batch // hosts, seed=cfg.train.seed,
                                      process_index=jax.process_index(), process_count=hosts, num_workers=cfg.data.num_workers)
     ckpt = Checkpointer(workdir, cfg.checkpoint)
