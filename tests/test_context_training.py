@@ -1,18 +1,23 @@
 """Context parallelism in the model, trainer and eval on 8 forced host devices: the sequence sharded over
 the mesh axis 'context' gives the same logits, losses and eval as one device, through the ring."""
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
 from test_train import text_glob, tiny_config  # noqa: F401 (a fixture)
+from tqdm import tqdm
 
 from freeatten_jax import attention
-from freeatten_jax.errors import ConfigError
+from freeatten_jax.errors import ConfigError, UserError
+from freeatten_jax.evaluation import suite, switches
 from freeatten_jax.nn import Transformer, preset, sharding
 from freeatten_jax.training import loop
 
 RULES = sharding.DEFAULT_RULES
+SETTINGS = suite.Settings(multipliers=(1, 16), max_windows=2, passkey_depths=(), analysis_windows=1)
 
 
 def _model(variant):
@@ -25,7 +30,7 @@ def ring_calls(monkeypatch):
     """Counts the layers' calls of context_parallel_attend (traced), so a silent fallback to `attend` fails."""
     calls = []
     real = attention.context_parallel_attend
-    monkeypatch.setattr(attention, "context_parallel_attend", lambda *a, **k: calls.append(k) or real(*a, **k))
+    monkeypatch.setattr(attention, "context_parallel_attend", lambda *a, **k: calls.append({**k, "q_len": a[0].shape[1]}) or real(*a, **k))
     return calls
 
 
@@ -65,3 +70,21 @@ def test_a_sequence_that_does_not_split_into_zigzag_chunks_is_refused(text_glob,
     cfg = tiny_config("lssa", text_glob, **{"train.seq_len": 12, "mesh.shape": (2, 1, 1, 4)})
     with pytest.raises(ConfigError, match=r"config.train.seq_len=12 must be a multiple of 2 x the mesh's context axis \(8\)"):
         loop.train_and_evaluate(cfg, tmp_path)
+
+
+@pytest.mark.slow
+def test_eval_at_16x_over_context_8_equals_single_device_eval(text_glob, tmp_path, ring_calls):
+    workdir = str(tmp_path / "run")
+    loop.train_and_evaluate(tiny_config("lssar", text_glob, **{"train.steps": 2, "train.eval_every": 0}), workdir)
+    settings = dataclasses.replace(SETTINGS, context=8)
+    single = suite.evaluate(workdir, switches.NONE, SETTINGS, suite.SplitCache(), tqdm(disable=True))
+    assert not ring_calls
+    sharded = suite.evaluate(workdir, switches.NONE, settings, suite.SplitCache(), tqdm(disable=True))
+    assert {(c["axis_name"], c["q_len"]) for c in ring_calls} == {("context", 16), ("context", 256)}
+    assert [x["length"] for x in sharded["lengths"]] == [16, 256]  # 16 and 16x the training length
+    for one, many in zip(single["lengths"], sharded["lengths"]):
+        np.testing.assert_allclose(many["loss"], one["loss"], rtol=1e-5)
+        np.testing.assert_allclose(many["loss_last_train_len"], one["loss_last_train_len"], rtol=1e-5)
+    np.testing.assert_allclose(sharded["per_position"], single["per_position"], rtol=1e-5, atol=1e-6)
+    with pytest.raises(UserError, match="evaluation length 16 must be a multiple of 2 x --context \\(32\\)"):
+        suite._check_context(16, 16)

@@ -24,6 +24,8 @@ def main() -> None:
     analysis = flags.DEFINE_integer("analysis_windows", 1, "Windows of the longest length for the entropy analysis.")
     implementation = flags.DEFINE_string("implementation", "auto", "Attention implementation at every length.")
     seed = flags.DEFINE_integer("seed", 0, "Seed of the passkey keys.")
+    context = flags.DEFINE_integer("context", 1, "Devices sharing each window's sequence (context parallelism; "
+                                   "lengths must be multiples of 2x it) for the loss vs length.")
 
     def evaluate(_):
         from freeatten_jax.evaluation import suite
@@ -37,6 +39,7 @@ def main() -> None:
             analysis_windows=analysis.value,
             implementation=implementation.value,
             seed=seed.value,
+            context=context.value,
         )
         suite.run_suite(workdirs.value, switches.value, settings, out.value)
         print(f"report: {out.value}/report.md")

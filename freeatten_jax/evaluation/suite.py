@@ -16,6 +16,7 @@ from tqdm import tqdm
 from freeatten_jax import data
 from freeatten_jax.errors import UserError
 from freeatten_jax.evaluation import attention_stats, loss, passkey, report, switches
+from freeatten_jax.nn import sharding
 from freeatten_jax.nn.decoding import generate
 from freeatten_jax.training import checkpoint, config
 from freeatten_jax.training.loss import next_token_losses
@@ -31,6 +32,7 @@ class Settings:
     analysis_windows: int = 1  # windows of the longest length for the entropy analysis
     implementation: str = "auto"  # attention implementation used at every length
     seed: int = 0
+    context: int = 1  # devices sharing each window's sequence (context parallelism) for the loss vs length
 
 
 class SplitCache:
@@ -112,7 +114,8 @@ def _passkey(model, tokenizer, lengths: list[int], settings: Settings, rng, prog
 
 def evaluate(workdir: str, switch: switches.Switch, settings: Settings, splits_of, progress) -> dict:
     """Every measurement for one checkpoint under one switch."""
-    model, cfg, step = checkpoint.load_params(workdir)
+    mesh = _context_mesh(settings.context)
+    model, cfg, step = checkpoint.load_params(workdir, mesh=mesh)
     switches.apply(model, cfg, switch)
     model.set_implementation(settings.implementation)
     train_len = cfg.train.seq_len
@@ -122,7 +125,9 @@ def evaluate(workdir: str, switch: switches.Switch, settings: Settings, splits_o
     longest = None
     for m in sorted(settings.multipliers):  # the last one is the longest: per-position loss and analysis
         windows_WL = _windows(splits, m * train_len, settings.max_windows, m)
-        losses_WT = loss.token_losses(model, windows_WL)
+        _check_context(m * train_len, settings.context)
+        with sharding.use_mesh(mesh, sharding.DEFAULT_RULES):  # the sequence over 'context' when it is > 1
+            losses_WT = loss.token_losses(model, windows_WL)
         run["lengths"].append({"length": m * train_len, "multiplier": m, **loss.summarise(losses_WT, train_len)})
         run["per_position"] = losses_WT.mean(0).tolist()
         longest = windows_WL
@@ -141,6 +146,19 @@ def evaluate(workdir: str, switch: switches.Switch, settings: Settings, splits_o
     s = attention_stats.ssmax_s(model)
     run["ssmax_s"] = None if s is None else s.tolist()
     return run
+
+
+def _context_mesh(context: int) -> jax.sharding.Mesh:
+    """The mesh of the first `context` devices, all on the 'context' axis (parameters replicated)."""
+    if context > jax.device_count():
+        raise UserError(f"--context={context} needs {context} devices; there are {jax.device_count()}")
+    return sharding.make_mesh((1, 1, 1, context), jax.devices()[:context])
+
+
+def _check_context(length: int, context: int) -> None:
+    if context > 1 and length % (2 * context):
+        raise UserError(f"evaluation length {length} must be a multiple of 2 x --context ({2 * context}) "
+                        "for context parallelism: change --multipliers or --context")
 
 
 def _saved_config(workdir: str) -> config.Config:
