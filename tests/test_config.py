@@ -75,6 +75,10 @@ def test_command_line_overrides():
     assert typed.train.profile_steps == (10, 12) and typed.train.peak_tflops == 989 and typed.model.max_len == 128
 
 
+def test_mesh_shape_takes_a_context_entry_from_the_command_line():
+    assert config.parse(_parse("--config=configs/lssa.py:tiny", "--config.mesh.shape=(2,1,1,4)")).mesh.shape == (2, 1, 1, 4)
+
+
 def test_lssar_power_is_overridable_from_the_command_line():
     assert _parse("--config=configs/lssar.py:tiny").model.attention_options.p == 15.0
     assert _parse("--config=configs/lssar.py:tiny", "--config.model.attention_options.p=3").model.attention_options.p == 3.0
@@ -92,7 +96,7 @@ def test_locked_config_rejects_unknown_fields():
         ("data.source", "wikipedia", "'shakespeare', 'text', 'bin'"),
         ("data.tokenizer", "gpt2", "'byte', 'bpe'"),
         ("optim.schedule", "linear", "'cosine', 'constant'"),
-        ("mesh.shape", (2, 2), "3 sizes"),
+        ("mesh.shape", (2, 2), "3 or 4 sizes"),
         ("train.steps", 0, "an integer >= 1"),
         ("train.profile_steps", (3, 2), "(first, last)"),
         ("model.dtype", "float16", "'float32', 'bfloat16'"),

@@ -55,14 +55,34 @@ def _single_device():
 
 
 def test_mesh_shape_fills_minus_one_and_rejects_bad_shapes():
-    assert sharding.mesh_shape((-1, 1, 1), 8) == (8, 1, 1)
-    assert sharding.mesh_shape((1, -1, 2), 8) == (1, 4, 2)
+    assert sharding.mesh_shape((-1, 1, 1), 8) == (8, 1, 1, 1)
+    assert sharding.mesh_shape((1, -1, 2), 8) == (1, 4, 2, 1)
     mesh = _mesh((2, -1, 2))
-    assert dict(mesh.shape) == {"data": 2, "fsdp": 2, "tensor": 2}
+    assert dict(mesh.shape) == {"data": 2, "fsdp": 2, "tensor": 2, "context": 1}
     assert all(t == jax.sharding.AxisType.Auto for t in mesh.axis_types)
-    for bad in [(3, -1, 1), (-1, -1, 1), (2, 2, 1), (8, 1)]:
+    for bad in [(3, -1, 1), (-1, -1, 1), (2, 2, 1), (8, 1), (1, 1, 1, 1, 8)]:
         with pytest.raises(ValueError, match="mesh.shape"):
             sharding.mesh_shape(bad, 8)
+
+
+def test_context_axis_defaults_to_1_and_shards_the_sequence_for_attention():
+    assert sharding.mesh_shape((2, -1, 1), 8) == (2, 4, 1, 1)
+    assert sharding.mesh_shape((2, 1, 1, -1), 8) == (2, 1, 1, 4)
+    mesh = _mesh((2, 1, 2, 2))
+    assert dict(mesh.shape) == {"data": 2, "fsdp": 1, "tensor": 2, "context": 2}
+    assert sharding.logical_spec(("act_batch", "act_length", "act_embed"), (8, 16, 32), mesh, RULES) == P("data", "context", None)
+    assert sharding.logical_spec(("batch", "length"), (8, 17), mesh, RULES) == P("data", None)  # inputs and targets
+    assert sharding.context_parallelism((8, 16, 4), 2) is None  # outside use_mesh
+    with sharding.use_mesh(mesh, RULES):
+        expected = dict(mesh=mesh.abstract_mesh, axis_name="context", batch_axis="data", head_axis="tensor")
+        assert sharding.context_parallelism((8, 16, 4), 2) == expected
+        assert sharding.context_parallelism((8, 16, 4), 1)["head_axis"] is None  # one kv head: heads replicated
+        assert sharding.context_parallelism((8, 15, 4), 2) is None  # a length the axis does not divide
+    with sharding.use_mesh(_mesh((8, 1, 1)), RULES):
+        assert sharding.context_parallelism((8, 16, 4), 2) is None  # context of size 1
+    with sharding.use_mesh(mesh, (*RULES, ("act_length", ("tensor", "context")))):
+        with pytest.raises(ValueError, match="context parallelism takes one mesh axis"):
+            sharding.context_parallelism((8, 16, 4), 2)
 
 
 def test_logical_spec_resolves_rules_and_replicates_what_does_not_divide():
