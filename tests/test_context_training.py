@@ -88,3 +88,22 @@ def test_eval_at_16x_over_context_8_equals_single_device_eval(text_glob, tmp_pat
     np.testing.assert_allclose(sharded["per_position"], single["per_position"], rtol=1e-5, atol=1e-6)
     with pytest.raises(UserError, match="evaluation length 16 must be a multiple of 2 x --context \\(32\\)"):
         suite._check_context(16, 16)
+
+
+def test_kv_cache_decoding_under_a_context_mesh_attends_gathered(ring_calls):
+    """Out of scope for the ring (one query a step): decoding falls back to `attend`, with the same logits."""
+    model = _model("lssa")
+    tokens = jax.random.randint(jax.random.key(2), (2, 17), 0, 64)
+
+    @nnx.jit
+    def prefill_and_step(model, tokens):
+        logits, cache = model.decode(tokens[:, :16], model.init_cache(2, 32))
+        return jnp.concatenate([logits, model.decode(tokens[:, 16:], cache)[0]], axis=1)
+
+    expected = prefill_and_step(model, tokens)
+    mesh = sharding.make_mesh((1, 1, 1, 4), jax.devices()[:4])
+    graphdef, state = nnx.split(model)
+    with sharding.use_mesh(mesh, RULES):
+        logits = prefill_and_step(nnx.merge(graphdef, jax.device_put(state, sharding.state_shardings(state, mesh, RULES))), tokens)
+    assert not ring_calls
+    np.testing.assert_allclose(logits, expected, atol=1e-5)

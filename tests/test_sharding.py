@@ -16,7 +16,7 @@ from freeatten_jax.nn import Transformer, preset, sharding
 from freeatten_jax.training import distributed
 
 RULES = sharding.DEFAULT_RULES
-MESH_SHAPES = [(8, 1, 1), (2, 2, 2), (1, 2, 4)]
+MESH_SHAPES = [(8, 1, 1), (2, 2, 2), (1, 2, 4), pytest.param((2, 1, 1, 4), marks=pytest.mark.slow)]  # the last: context parallelism
 SEGMENTS = jnp.array([[0] * 6 + [1] * 10] * 8)
 POSITIONS = jnp.array([list(range(6)) + list(range(10))] * 8)
 
