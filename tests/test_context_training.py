@@ -86,8 +86,14 @@ def test_eval_at_16x_over_context_8_equals_single_device_eval(text_glob, tmp_pat
         np.testing.assert_allclose(many["loss"], one["loss"], rtol=1e-5)
         np.testing.assert_allclose(many["loss_last_train_len"], one["loss_last_train_len"], rtol=1e-5)
     np.testing.assert_allclose(sharded["per_position"], single["per_position"], rtol=1e-5, atol=1e-6)
+
+
+def test_eval_refuses_lengths_and_context_sizes_it_cannot_split():
     with pytest.raises(UserError, match="evaluation length 16 must be a multiple of 2 x --context \\(32\\)"):
         suite._check_context(16, 16)
+    suite._check_context(16, 1)
+    with pytest.raises(UserError, match="--context=9 is invalid; allowed: 1 to the 8 devices"):
+        suite._context_mesh(9)
 
 
 def test_kv_cache_decoding_under_a_context_mesh_attends_gathered(ring_calls):

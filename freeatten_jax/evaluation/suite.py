@@ -150,8 +150,8 @@ def evaluate(workdir: str, switch: switches.Switch, settings: Settings, splits_o
 
 def _context_mesh(context: int) -> jax.sharding.Mesh:
     """The mesh of the first `context` devices, all on the 'context' axis (parameters replicated)."""
-    if context > jax.device_count():
-        raise UserError(f"--context={context} needs {context} devices; there are {jax.device_count()}")
+    if not 1 <= context <= jax.device_count():
+        raise UserError(f"--context={context} is invalid; allowed: 1 to the {jax.device_count()} devices")
     return sharding.make_mesh((1, 1, 1, context), jax.devices()[:context])
 
 
