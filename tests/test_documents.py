@@ -1,6 +1,7 @@
 """Document masking: segment ids and positions from EOS, the sources' separators and defaults, packed
 losses equal to per-document runs, and exact resume of a document-masked run on .bin shards."""
-import jax
+import traceback
+
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -112,7 +113,12 @@ def test_document_masked_run_on_bin_shards_resumes_exactly(tmp_path, monkeypatch
     data.write_shard(tmp_path / "train.bin", _document_stream(np.random.default_rng(0), 400))
     seen = []
     segments = documents.segments
-    monkeypatch.setattr(documents, "segments", lambda tokens, eos_id: seen.append(eos_id) or segments(tokens, eos_id))
+    def spy(tokens, eos_id):  # which steps trace document masking, with which EOS
+        callers = {frame.name for frame in traceback.extract_stack()}
+        seen.append((eos_id, "train_step" in callers, "eval_step" in callers))
+        return segments(tokens, eos_id)
+
+    monkeypatch.setattr(documents, "segments", spy)
     cfg = base.get_config("ssmax", "tiny")
     cfg.update_from_flattened_dict({
         "model.num_layers": 1, "model.d_model": 32, "model.num_heads": 2, "model.mlp_dim": 64,
@@ -122,7 +128,7 @@ def test_document_masked_run_on_bin_shards_resumes_exactly(tmp_path, monkeypatch
         "optim.lr": 1e-2, "mesh.shape": (1, 1, 1),
     })
     loop.train_and_evaluate(cfg, tmp_path / "straight")
-    assert set(seen) == {EOS}
+    assert set(seen) == {(EOS, True, False), (EOS, False, True)}
     cfg.train.steps = 3
     assert [m["step"] for m in loop.train_and_evaluate(cfg, tmp_path / "resumed")] == [1, 2, 3]
     cfg.train.steps = 6
