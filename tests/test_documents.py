@@ -99,11 +99,11 @@ def test_packed_losses_equal_each_document_run_alone(variant):
     eos = 39
     tail, first, second = [5, 17, 3, 26], [eos, 8, 30, 1], [eos, 11, 4, 9, 13]  # the window ends with `second`
     window = jnp.array([tail + first + second])
-    losses = next_token_losses(model, window, eos_id=eos)[0]
-    # each document's own window: its tokens, then the next one's opening EOS as the last target
-    alone = next_token_losses(model, jnp.array([tail + [eos], first + [eos], second]))
+    separate = jnp.array([tail + [eos], first + [eos], second])  # each document's window: its tokens, then the next EOS
+    losses = nnx.jit(lambda m: (next_token_losses(m, window, eos_id=eos)[0], next_token_losses(m, separate),
+                                next_token_losses(m, window)[0]))
+    losses, alone, unmasked = losses(model)
     np.testing.assert_allclose(losses, alone.reshape(-1), rtol=1e-5, atol=1e-5)
-    unmasked = next_token_losses(model, window)[0]
     assert not np.allclose(unmasked[len(tail):], alone[1:].reshape(-1), atol=1e-3)
 
 
