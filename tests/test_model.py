@@ -79,7 +79,7 @@ def test_ssmax_s_init_default_makes_the_factor_one_at_training_length():
     np.testing.assert_array_equal(model.blocks[0].attn.s_H[...], 0.5)
 
 
-@pytest.mark.parametrize("variant", ["softmax", "lssar"])
+@pytest.mark.parametrize("variant", ["softmax", "lssar", "ssmax"])
 def test_causal_and_packing_aware(variant):
     """Future tokens never change past logits; a packed row equals its documents run separately."""
     model = Transformer(_cfg(attention=variant, mlp="swiglu", norm="rmsnorm", use_bias=True), rngs=nnx.Rngs(0))

@@ -52,6 +52,8 @@ def get_config(variant: str = "softmax", size: str = "tiny") -> ml_collections.C
     cfg.data.val_fraction = 0.05
     cfg.data.cache_dir = ""  # default: $XDG_CACHE_HOME/freeatten_jax or ~/.cache/freeatten_jax
     cfg.data.num_workers = 0  # grain worker processes (0: load in the training process)
+    cfg.data.document_masking = "auto"  # auto (on for .bin shards, off for text) | on | off: attention restarts per document
+    cfg.data.eos_id = -1  # the token opening each document; -1: 50256 for .bin, a new token past the text tokenizer's
 
     cfg.optim = ml_collections.ConfigDict()
     cfg.optim.lr = 3e-3

@@ -2,6 +2,9 @@
 
 Every source yields a train and a validation list of 1-D token sequences. The split is deterministic:
 the last `val_fraction` of each text file or shard is held out (or the `val_path` shards, if given).
+Document masking (`document_masking`, data.documents): .bin shards already open each document with
+EOS (GPT-2's 50256 in llm.c shards); text sources then insert an EOS before each file's train and
+validation part, by default a new token just past the tokenizer's vocabulary.
 """
 import dataclasses
 import glob
@@ -15,6 +18,8 @@ from freeatten_jax.data.tokenizer import TOKENIZERS
 from freeatten_jax.errors import UserError
 
 GPT2_VOCAB = 50257  # the token ids in llm.c / modded-nanogpt FineWeb shards
+GPT2_EOS = 50256  # <|endoftext|>, written before every document of those shards
+DOCUMENT_MASKING = {"auto": lambda source: source == "bin", "on": lambda source: True, "off": lambda source: False}
 
 
 class DataError(UserError, ValueError):
@@ -49,9 +54,11 @@ def _text_splits(paths, cfg, data_dir: pathlib.Path) -> Splits:
     texts = [p.read_bytes().decode("utf-8", errors="replace") for p in paths]
     cut = [_split_point(len(t), cfg.val_fraction) for t in texts]
     tok = TOKENIZERS[cfg.tokenizer](data_dir, cfg.bpe_vocab_size, [t[:c] for t, c in zip(texts, cut)])
-    train = np.concatenate([tok.encode(t[:c]) for t, c in zip(texts, cut)])
-    val = np.concatenate([tok.encode(t[c:]) for t, c in zip(texts, cut)])
-    return Splits([train], [val], tok.vocab_size, tok)
+    eos = document_eos(cfg)
+    opening = [] if eos is None else [np.asarray([eos], np.int32)]  # an EOS opens each part (int32: it may be 65536)
+    stream = lambda parts: np.concatenate([piece for part in parts for piece in (*opening, tok.encode(part))])
+    train, val = stream(t[:c] for t, c in zip(texts, cut)), stream(t[c:] for t, c in zip(texts, cut))
+    return Splits([train], [val], tok.vocab_size if eos is None else max(tok.vocab_size, eos + 1), tok)
 
 
 def _shakespeare_dir(cfg):
@@ -86,11 +93,28 @@ def bin_shards(cfg) -> Splits:
 SOURCES = {"shakespeare": shakespeare, "text": text, "bin": bin_shards}
 
 
-def vocab_size(cfg_data) -> int:
-    """The vocabulary the configured data uses, known before loading it (tokens are below it)."""
+def _tokenizer_vocab(cfg_data) -> int:
     if cfg_data.source == "bin":
         return GPT2_VOCAB
     return 256 if cfg_data.tokenizer == "byte" else cfg_data.bpe_vocab_size
+
+
+def document_eos(cfg_data) -> int | None:
+    """The token that opens each document when document masking is on, else None.
+
+    `eos_id` -1 means GPT-2's EOS for .bin shards, a new token past the tokenizer's vocabulary for text.
+    """
+    if not DOCUMENT_MASKING[cfg_data.document_masking](cfg_data.source):
+        return None
+    if cfg_data.eos_id >= 0:
+        return cfg_data.eos_id
+    return GPT2_EOS if cfg_data.source == "bin" else _tokenizer_vocab(cfg_data)
+
+
+def vocab_size(cfg_data) -> int:
+    """The vocabulary the configured data uses, known before loading it (tokens are below it)."""
+    eos = document_eos(cfg_data)
+    return _tokenizer_vocab(cfg_data) if eos is None else max(_tokenizer_vocab(cfg_data), eos + 1)
 
 
 def tokenizer(cfg_data):

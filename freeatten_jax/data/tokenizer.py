@@ -15,7 +15,9 @@ class ByteTokenizer:
         return np.frombuffer(text.encode("utf-8"), np.uint8).astype(np.uint16)
 
     def decode(self, ids) -> str:
-        return bytes(np.asarray(ids, np.uint8).tolist()).decode("utf-8", errors="replace")
+        """Ids past the bytes (the document separator of document masking) decode to nothing."""
+        ids = np.asarray(ids)
+        return bytes(ids[ids < 256].astype(np.uint8).tolist()).decode("utf-8", errors="replace")
 
 
 class BpeTokenizer:

@@ -22,6 +22,8 @@ class DataConfig:
     val_fraction: float
     cache_dir: str
     num_workers: int
+    document_masking: str = "off"  # data.DOCUMENT_MASKING: auto (on for .bin shards) | on | off
+    eos_id: int = -1  # the token opening each document; -1: the source's (data.document_eos)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -109,6 +111,8 @@ CHECKS = {  # non-model fields; ModelConfig checks its own
     "data.bpe_vocab_size": _int(257, 65536),
     "data.val_fraction": _FRACTION,
     "data.num_workers": _int(0),
+    "data.document_masking": _one_of(tuple(data.DOCUMENT_MASKING)),
+    "data.eos_id": _int(-1, 65535),
     "optim.lr": _POSITIVE,
     "optim.schedule": _one_of(tuple(optim.SCHEDULES)),
     "optim.warmup_steps": _int(0),
@@ -191,10 +195,10 @@ def parse(cfg: ml_collections.ConfigDict) -> Config:
                           f"config.train.grad_accum_steps={cfg.train.grad_accum_steps}")
     if cfg.data.source in ("text", "bin") and not cfg.data.path:
         raise ConfigError(f"config.data.path is empty; data.source={cfg.data.source!r} needs a glob of files")
-    train = _section(TrainConfig, cfg, "train")
+    train, data_cfg = _section(TrainConfig, cfg, "train"), _section(DataConfig, cfg, "data")
     return Config(
-        model=_model(cfg.model, cfg.data),
-        data=_section(DataConfig, cfg, "data"),
+        model=_model(cfg.model, data_cfg),
+        data=data_cfg,
         optim=_section(OptimConfig, cfg, "optim"),
         train=dataclasses.replace(train, profile_steps=tuple(train.profile_steps)),
         mesh=MeshConfig(tuple(cfg.mesh.shape), tuple(tuple(rule) for rule in cfg.mesh.rules)),

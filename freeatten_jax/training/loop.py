@@ -74,15 +74,15 @@ class Evaluator:
         self.tokens_sharding = sharding.batch_sharding(mesh, rules, self.tokens_NBL.shape[1:])
         self.weights_sharding = sharding.logical_spec(("batch",), self.weights_NB.shape[1:], mesh, rules)
         self.weights_sharding = jax.sharding.NamedSharding(mesh, self.weights_sharding)
-        self.step = jax.jit(train_step.eval_step, static_argnames=("graphdef",))  # inputs arrive placed
-        self.graphdef = eval_def
+        self.step = jax.jit(train_step.eval_step, static_argnames=("graphdef", "eos_id"))  # inputs arrive placed
+        self.graphdef, self.eos_id = eval_def, data.document_eos(cfg.data)
 
     def __call__(self, state) -> float:
         total = count = 0.0
         for tokens_BL, weights_B in zip(self.tokens_NBL, self.weights_NB):
             tokens = jax.make_array_from_callback(tokens_BL.shape, self.tokens_sharding, lambda i: tokens_BL[i])
             weights = jax.make_array_from_callback(weights_B.shape, self.weights_sharding, lambda i: weights_B[i])
-            loss_sum, n = self.step(state, tokens, weights, graphdef=self.graphdef)
+            loss_sum, n = self.step(state, tokens, weights, graphdef=self.graphdef, eos_id=self.eos_id)
             total, count = total + float(loss_sum), count + float(n)
         return total / count
 
@@ -147,12 +147,12 @@ def train_and_evaluate(cfg_dict, workdir) -> list[dict]:
     train_def, eval_def = train_state.graphdefs(cfg.model)
     step_fn = jax.jit(  # the state and the batch arrive placed; the new state keeps the shardings
         train_step.train_step,
-        static_argnames=("graphdef", "tx", "schedule", "accum_steps"),
+        static_argnames=("graphdef", "tx", "schedule", "accum_steps", "eos_id"),
         out_shardings=(state_shardings, None),
         donate_argnums=0,
     )
     step_fn = functools.partial(step_fn, graphdef=train_def, tx=tx, schedule=optim.schedule(cfg.optim, steps),
-                                accum_steps=cfg.train.grad_accum_steps)
+                                accum_steps=cfg.train.grad_accum_steps, eos_id=data.document_eos(cfg.data))
     writer = MetricsWriter(workdir, start, cfg.source)
     stop = _StopSignal()
     try:
