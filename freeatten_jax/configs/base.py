@@ -52,6 +52,8 @@ def get_config(variant: str = "softmax", size: str = "tiny") -> ml_collections.C
     cfg.data.val_fraction = 0.05
     cfg.data.cache_dir = ""  # default: $XDG_CACHE_HOME/freeatten_jax or ~/.cache/freeatten_jax
     cfg.data.num_workers = 0  # grain worker processes (0: load in the training process)
+    cfg.data.encoding = "utf-8"  # of text files (source=text)
+    cfg.data.errors = "strict"  # strict: undecodable bytes are an error naming the file and offset | replace | ignore
 
     cfg.optim = ml_collections.ConfigDict()
     cfg.optim.lr = 3e-3

@@ -1,7 +1,9 @@
 """The training config: the ml_collections `ConfigDict` of the command line, turned into typed, frozen
 configs by `parse` (the only place that reads a ConfigDict). Errors are one line naming the field."""
+import codecs
 import dataclasses
 import json
+import math
 from typing import Any, Callable
 
 import ml_collections
@@ -22,6 +24,8 @@ class DataConfig:
     val_fraction: float
     cache_dir: str
     num_workers: int
+    encoding: str = "utf-8"  # of text files (source=text)
+    errors: str = "strict"  # on bytes the encoding rejects: strict (an error naming the file and offset) | replace | ignore
 
 
 @dataclasses.dataclass(frozen=True)
@@ -100,7 +104,15 @@ def _profile_steps() -> tuple[Callable[[Any], bool], str]:
     return ok, "() for none, or (first, last) steps with 1 <= first <= last, e.g. '(10,12)'"
 
 
+def _known_encoding(name) -> bool:
+    try:
+        return isinstance(name, str) and bool(codecs.lookup(name))
+    except LookupError:
+        return False
+
+
 _POSITIVE = _number(lambda v: v > 0, "a number > 0")
+_FINITE_POSITIVE = _number(lambda v: math.isfinite(v) and v > 0, "a finite number > 0")
 _FRACTION = _number(lambda v: 0 <= v < 1, "a number in [0, 1)")
 
 CHECKS = {  # non-model fields; ModelConfig checks its own
@@ -109,7 +121,9 @@ CHECKS = {  # non-model fields; ModelConfig checks its own
     "data.bpe_vocab_size": _int(257, 65536),
     "data.val_fraction": _FRACTION,
     "data.num_workers": _int(0),
-    "optim.lr": _POSITIVE,
+    "data.encoding": (_known_encoding, "a Python codec name, e.g. 'utf-8' or 'latin-1'"),
+    "data.errors": _one_of(("strict", "replace", "ignore")),
+    "optim.lr": _FINITE_POSITIVE,
     "optim.schedule": _one_of(tuple(optim.SCHEDULES)),
     "optim.warmup_steps": _int(0),
     "optim.min_lr_ratio": _FRACTION,
