@@ -20,7 +20,7 @@ ITEMS = ("state", "data", "config")
 
 
 class CheckpointNotFoundError(UserError, FileNotFoundError):
-    """A workdir holds no checkpoint."""
+    """A workdir holds no (readable) checkpoint."""
 
 
 class CheckpointWriteError(UserError, OSError):
@@ -131,6 +131,11 @@ def load_params(workdir, step: int | None = None, mesh=None):
         target, _ = sharding.abstract(lambda: state.model_state(cfg.model, cfg.train.seed), mesh, cfg.mesh.rules)
         restore = ocp.args.PyTreeRestore(item=target, restore_args=ocp.checkpoint_utils.construct_restore_args(target), partial_restore=True)
         restored = ckpt.manager.restore(step, args=ocp.args.Composite(state=restore))["state"]
+    except UserError:
+        raise
+    except Exception as e:  # missing, truncated or garbage files: orbax, tensorstore and json raise many types
+        raise CheckpointNotFoundError(f"checkpoint step {step} in {ckpt.directory} cannot be read "
+                                      f"({type(e).__name__}: {(str(e).strip().splitlines() or [''])[0][:200]})") from e
     finally:
         ckpt.close()
     _, eval_def = state.graphdefs(cfg.model)
