@@ -71,15 +71,17 @@ CORRUPTIONS = {
 @pytest.mark.parametrize("corruption", CORRUPTIONS)
 def test_a_corrupt_latest_checkpoint_is_moved_aside_and_the_run_replays_exactly(corruption, runs, run6, text_glob, capsys):
     CORRUPTIONS[corruption](run6 / "checkpoints" / "6")
+    capsys.readouterr()
     loop.train_and_evaluate(_cfg(text_glob, 8), run6)
     out = capsys.readouterr().out
+    assert f"resumed from step 4 (checkpoint in {run6}; confirmed good)" in out
     notices = [line for line in out.splitlines() if "unreadable" in line]
     assert len(notices) == 1 and notices[0].startswith("checkpoint 6 is unreadable (") and notices[0].endswith("continuing from step 4")
     assert [p.name for p in (run6 / "quarantine").iterdir()] == ["step_6-unreadable"]
     _assert_replays_exactly(run6, runs[1])
 
 
-def test_a_blow_up_stops_in_one_line_quarantines_unconfirmed_checkpoints_and_a_sane_rerun_proceeds(run6, text_glob):
+def test_a_blow_up_stops_in_one_line_quarantines_unconfirmed_checkpoints_and_a_sane_rerun_proceeds(run6, text_glob, capsys):
     wild = {"optim.lr": 1e9, "optim.warmup_steps": 0, "train.checkpoint_every": 1}  # step 7 explodes the weights; 8 is NaN
     with pytest.raises(loop.NonFiniteLossError) as err:
         loop.train_and_evaluate(_cfg(text_glob, 12, **wild), run6)
@@ -93,6 +95,7 @@ def test_a_blow_up_stops_in_one_line_quarantines_unconfirmed_checkpoints_and_a_s
     model, _, _ = checkpoint.load_params(run6)
     assert all(np.isfinite(x).all() for x in jax.tree.leaves(nnx.state(model, nnx.Param)))
     sane = loop.train_and_evaluate(_cfg(text_glob, restart + 4), run6)
+    assert f"resumed from step 6 (checkpoint in {run6}; confirmed good)" in capsys.readouterr().out
     assert [m["step"] for m in sane] == list(range(restart + 1, restart + 5)) and all(np.isfinite(m["loss"]) for m in sane)
     assert json.loads((run6 / "confirmed.json").read_text())["step"] == restart + 2  # step restart + 3 confirmed it
 

@@ -11,6 +11,7 @@ import uuid
 import grain
 import jax
 import orbax.checkpoint as ocp
+from jax.experimental import multihost_utils
 
 from freeatten_jax.errors import UserError
 from freeatten_jax.nn import sharding
@@ -38,6 +39,11 @@ def probe_writable(directory) -> None:
     except OSError as e:
         raise CheckpointWriteError(f"cannot write checkpoints to {directory}: {e.strerror or e}; "
                                    f"make it writable or use another --workdir (the checkpoints in it are untouched)") from None
+
+
+def describe(error: Exception) -> str:
+    """`Type: first line` of an exception (orbax and tensorstore messages run to many lines)."""
+    return f"{type(error).__name__}: {(str(error).strip().splitlines() or [''])[0][:200]}"
 
 
 class Checkpointer:
@@ -69,6 +75,8 @@ class Checkpointer:
             while target.exists():
                 target = target.with_name(target.name + "+")
             (self.directory / str(step)).rename(target)
+        if jax.process_count() > 1:  # every process sees the move before it lists the steps again (untested multi-host)
+            multihost_utils.sync_global_devices(f"quarantine step {step}")
         self.manager.reload()
         return target
 
@@ -134,8 +142,7 @@ def load_params(workdir, step: int | None = None, mesh=None):
     except UserError:
         raise
     except Exception as e:  # missing, truncated or garbage files: orbax, tensorstore and json raise many types
-        raise CheckpointNotFoundError(f"checkpoint step {step} in {ckpt.directory} cannot be read "
-                                      f"({type(e).__name__}: {(str(e).strip().splitlines() or [''])[0][:200]})") from e
+        raise CheckpointNotFoundError(f"checkpoint step {step} in {ckpt.directory} cannot be read ({describe(e)})") from e
     finally:
         ckpt.close()
     _, eval_def = state.graphdefs(cfg.model)

@@ -13,7 +13,7 @@ from freeatten_jax import data
 from freeatten_jax.errors import ConfigError, UserError
 from freeatten_jax.nn import sharding
 from freeatten_jax.training import config, distributed, flops, lock, optim, state as train_state, step as train_step, storage
-from freeatten_jax.training.checkpoint import Checkpointer
+from freeatten_jax.training.checkpoint import Checkpointer, describe
 from freeatten_jax.training.metrics import MetricsWriter
 
 
@@ -125,12 +125,13 @@ def _resume(ckpt, abstract, train_iter, cfg, workdir):
         except UserError:
             raise
         except Exception as e:  # truncated, missing or garbage files: orbax, tensorstore and json raise many types
-            reason = f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[0][:200]}"
-            unreadable.append((step, reason, ckpt.quarantine(step, "unreadable")))
+            unreadable.append((step, describe(e), ckpt.quarantine(step, "unreadable")))
             continue
         for bad, reason, moved in unreadable:
             _log(f"checkpoint {bad} is unreadable ({reason}); moved it to {moved}; continuing from step {step}")
-        _log(f"resumed from step {step} (checkpoint in {workdir})")
+        confirmed = ckpt.confirmed_step()
+        verdict = "confirmed good" if confirmed is not None and step <= confirmed else "not yet confirmed: its next step has not run"
+        _log(f"resumed from step {step} (checkpoint in {workdir}; {verdict})")
         return state, step
     for bad, reason, moved in unreadable:
         _log(f"checkpoint {bad} is unreadable ({reason}); moved it to {moved}; starting from scratch")
