@@ -1,4 +1,5 @@
 """What every console script shares: packaged config names on the command line, and user errors as one line."""
+import re
 import sys
 from typing import Callable
 
@@ -7,26 +8,66 @@ from absl import app, flags, logging
 from freeatten_jax import configs
 from freeatten_jax.errors import UserError
 
+# Raised while parsing the command line (bad flag values, config files that fail to load, unknown fields).
+_ARGV_ERRORS = (flags.Error, AttributeError, KeyError, TypeError, ValueError, OSError)
+
 
 def config_argv(argv: list[str]) -> list[str]:
     """argv with `--config=lssar:tiny` turned into the packaged config file's path (file paths kept)."""
     return [f"--config={configs.resolve(a.split('=', 1)[1])}" if a.startswith("--config=") else a for a in argv]
 
 
+def _traceback_wanted(argv: list[str]) -> bool:
+    return any(a.startswith(("--verbosity", "-v=", "--v=")) for a in argv)
+
+
+def _one_line(error: BaseException, argv: list[str]) -> str:
+    """The error's last meaningful line (config_flags wraps tracebacks into its messages), naming the flag at fault."""
+    if isinstance(error, AttributeError) and (name := re.search(r"'(\w+)", str(error))):  # a misspelt config field
+        flag = next((a.split("=")[0] for a in argv if a.split("=")[0].endswith("." + name[1])), name[1])
+        close = re.search(r'Did you mean "(\w+)"', str(error))
+        return f"{flag}: no such config field" + (f"; did you mean {flag.rpartition('.')[0]}.{close[1]}?" if close else "")
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    text = re.sub(r"^[\w.]+(Error|Exception): ", "", lines[-1] if lines else type(error).__name__)
+    if "Errno 2" in text and "config" in str(error):
+        return f"--config: cannot load the config file: {text} (packaged configs: {', '.join(configs.NAMES)})"
+    return text
+
+
+def config_value(holder):
+    """The --config flag's ConfigDict; a config file that failed to load is a UserError (config_flags defers it)."""
+    try:
+        holder.value.keys()
+    except OSError as e:
+        raise UserError(_one_line(e.__cause__ or e, sys.argv)) from e
+    return holder.value
+
+
 def run(main: Callable[[list[str]], None], argv: list[str], verbosity=logging.WARNING) -> None:
-    """absl's app.run of `main`; a UserError exits with status 1 and one `error: ...` line.
+    """absl's app.run of `main`; a bad command line or a UserError exits with status 1 and one `error: ...` line
+    (with --verbosity given, the traceback instead).
 
     Library INFO logs (orbax) drown the progress lines: `verbosity` applies unless --verbosity is given.
     """
 
+    def parse(args):
+        try:
+            return flags.FLAGS(args)
+        except _ARGV_ERRORS as e:
+            if _traceback_wanted(args):
+                raise
+            sys.exit(f"error: {_one_line(e, args)}")
+
     def wrapped(args):
         if len(args) > 1:
-            raise app.UsageError(f"unexpected arguments: {args[1:]}")
+            sys.exit(f"error: unexpected arguments: {' '.join(args[1:])}")
         if not flags.FLAGS["verbosity"].present:
             logging.set_verbosity(verbosity)
         try:
             main(args)
         except UserError as e:
+            if flags.FLAGS["verbosity"].present:
+                raise
             sys.exit(f"error: {e}")
 
-    app.run(wrapped, argv=argv)
+    app.run(wrapped, argv=argv, flags_parser=parse)

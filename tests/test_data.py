@@ -189,3 +189,19 @@ def test_default_corpus_is_fetched_verified_and_cached(tmp_path, monkeypatch):
     splits = data.load_splits(_cfg(source="shakespeare", val_fraction=0.05))
     assert splits.vocab_size == 256 and len(splits.val[0]) > 200_000
     assert not list(pathlib.Path(tmp_path).rglob("*.egg-info"))  # never installed or built
+
+
+def test_text_is_strict_utf8_unless_an_encoding_or_errors_option_says_otherwise(tmp_path):
+    (tmp_path / "a.txt").write_bytes("caf\xe9 noir\n".encode("latin-1") * 20)
+    with pytest.raises(data.DataError, match=r"a\.txt: not valid utf-8 at byte 3 \(invalid continuation byte"):
+        data.load_splits(_cfg(path=str(tmp_path / "*.txt")))
+    latin = data.load_splits(_cfg(path=str(tmp_path / "*.txt"), encoding="latin-1"))
+    assert latin.tokenizer.decode(latin.train[0][:6]) == "café "
+    replaced = data.load_splits(_cfg(path=str(tmp_path / "*.txt"), errors="replace"))
+    assert replaced.tokenizer.decode(replaced.train[0][:7]) == "caf\ufffd "
+
+
+def test_a_token_id_past_the_vocabulary_names_the_shard_and_offset(tmp_path):
+    data.write_shard(tmp_path / "s.bin", np.r_[np.zeros(70, int), 50257, np.zeros(29, int)])
+    with pytest.raises(data.DataError, match=r"s\.bin: token id 50257 at token offset 70 \(byte 1164\) is outside the vocabulary of 50257 ids"):
+        data.load_splits(_cfg(source="bin", path=str(tmp_path / "*.bin")))

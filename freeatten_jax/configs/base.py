@@ -54,6 +54,8 @@ def get_config(variant: str = "softmax", size: str = "tiny") -> ml_collections.C
     cfg.data.num_workers = 0  # grain worker processes (0: load in the training process)
     cfg.data.document_masking = "auto"  # auto (on for .bin shards, off for text) | on | off: attention restarts per document
     cfg.data.eos_id = -1  # the token opening each document; -1: 50256 for .bin, a new token past the text tokenizer's
+    cfg.data.encoding = "utf-8"  # of text files (source=text)
+    cfg.data.errors = "strict"  # strict: undecodable bytes are an error naming the file and offset | replace | ignore
 
     cfg.optim = ml_collections.ConfigDict()
     cfg.optim.lr = 3e-3

@@ -50,8 +50,29 @@ def _split_point(n: int, val_fraction: float) -> int:
     return n - int(round(n * val_fraction))
 
 
+def _decode(path, cfg) -> str:
+    """A text file's contents; undecodable bytes are an error naming the file and byte offset (data.errors=strict)."""
+    raw = path.read_bytes()
+    try:
+        return raw.decode(cfg.encoding, errors=cfg.errors)
+    except UnicodeDecodeError as e:
+        raise DataError(f"{path}: not valid {cfg.encoding} at byte {e.start} ({e.reason}: {raw[e.start:e.start + 4]!r}); "
+                        f"set config.data.encoding (e.g. 'latin-1') or config.data.errors='replace'") from None
+
+
+def _check_tokens(shard: shards.Shard, vocab: int, block: int = 1 << 24) -> shards.Shard:
+    """The shard, after checking every token id is below `vocab` (a larger one would index past the embedding)."""
+    for start in range(0, len(shard), block):
+        tokens = shard[start : start + block]
+        if (bad := np.flatnonzero(tokens >= vocab)).size:
+            i = shard.start + start + int(bad[0])
+            raise DataError(f"{shard.path}: token id {int(tokens[bad[0]])} at token offset {i} (byte "
+                            f"{shards.HEADER_BYTES + 2 * i}) is outside the vocabulary of {vocab} ids")
+    return shard
+
+
 def _text_splits(paths, cfg, data_dir: pathlib.Path) -> Splits:
-    texts = [p.read_bytes().decode("utf-8", errors="replace") for p in paths]
+    texts = [_decode(p, cfg) for p in paths]
     cut = [_split_point(len(t), cfg.val_fraction) for t in texts]
     tok = TOKENIZERS[cfg.tokenizer](data_dir, cfg.bpe_vocab_size, [t[:c] for t, c in zip(texts, cut)])
     eos = document_eos(cfg)
@@ -81,9 +102,9 @@ def text(cfg) -> Splits:
 
 
 def bin_shards(cfg) -> Splits:
-    train = [shards.Shard(p) for p in _glob(cfg.path, "path")]
+    train = [_check_tokens(shards.Shard(p), GPT2_VOCAB) for p in _glob(cfg.path, "path")]
     if cfg.val_path:
-        val = [shards.Shard(p) for p in _glob(cfg.val_path, "val_path")]
+        val = [_check_tokens(shards.Shard(p), GPT2_VOCAB) for p in _glob(cfg.val_path, "val_path")]
     else:
         cuts = [_split_point(len(s), cfg.val_fraction) for s in train]
         train, val = [shards.Shard(s.path, 0, c) for s, c in zip(train, cuts)], [shards.Shard(s.path, c) for s, c in zip(train, cuts)]

@@ -10,6 +10,18 @@ import sys
 from absl import flags, logging
 
 from freeatten_jax import cli
+from freeatten_jax.errors import UserError
+
+
+def _numbers(flag: str, values: list[str], kind, ok, allowed: str) -> tuple:
+    """The flag's comma-separated values as `kind`; a bad one is a UserError naming the flag."""
+    try:
+        numbers = tuple(kind(v) for v in values)
+    except ValueError:
+        numbers = ()
+    if not numbers or not all(map(ok, numbers)):
+        raise UserError(f"--{flag}={','.join(values)} is invalid; allowed: {allowed}")
+    return numbers
 
 
 def main() -> None:
@@ -31,9 +43,10 @@ def main() -> None:
         from freeatten_jax.evaluation import suite
 
         settings = suite.Settings(
-            multipliers=tuple(sorted(int(m) for m in multipliers.value)),
+            multipliers=tuple(sorted(_numbers("multipliers", multipliers.value, int, lambda m: m >= 1,
+                                              "integers >= 1 (lengths in training lengths), e.g. 1,2,4"))),
             max_windows=max_windows.value,
-            passkey_depths=tuple(float(d) for d in depths.value),
+            passkey_depths=_numbers("passkey_depths", depths.value, float, lambda d: 0 <= d <= 1, "numbers in [0, 1], e.g. 0.1,0.5"),
             passkey_keys=keys.value,
             passkey_candidates=candidates.value,
             analysis_windows=analysis.value,

@@ -27,7 +27,8 @@ def main() -> None:
         from freeatten_jax.training import loop
 
         # Compiled programs are cached on disk, so resuming or rerunning a run starts faster.
-        jax.config.update("jax_compilation_cache_dir", str(cache_root(config.value.data.cache_dir) / "jax_compilation_cache"))
-        loop.train_and_evaluate(config.value, workdir.value)
+        cfg = cli.config_value(config)
+        jax.config.update("jax_compilation_cache_dir", str(cache_root(cfg.data.cache_dir) / "jax_compilation_cache"))
+        loop.train_and_evaluate(cfg, workdir.value)
 
     cli.run(train, argv)

@@ -1,7 +1,9 @@
 """The training config: the ml_collections `ConfigDict` of the command line, turned into typed, frozen
 configs by `parse` (the only place that reads a ConfigDict). Errors are one line naming the field."""
+import codecs
 import dataclasses
 import json
+import math
 from typing import Any, Callable
 
 import ml_collections
@@ -24,6 +26,8 @@ class DataConfig:
     num_workers: int
     document_masking: str = "off"  # data.DOCUMENT_MASKING: auto (on for .bin shards) | on | off
     eos_id: int = -1  # the token opening each document; -1: the source's (data.document_eos)
+    encoding: str = "utf-8"  # of text files (source=text)
+    errors: str = "strict"  # on bytes the encoding rejects: strict (an error naming the file and offset) | replace | ignore
 
 
 @dataclasses.dataclass(frozen=True)
@@ -102,7 +106,15 @@ def _profile_steps() -> tuple[Callable[[Any], bool], str]:
     return ok, "() for none, or (first, last) steps with 1 <= first <= last, e.g. '(10,12)'"
 
 
+def _known_encoding(name) -> bool:
+    try:
+        return isinstance(name, str) and bool(codecs.lookup(name))
+    except LookupError:
+        return False
+
+
 _POSITIVE = _number(lambda v: v > 0, "a number > 0")
+_FINITE_POSITIVE = _number(lambda v: math.isfinite(v) and v > 0, "a finite number > 0")
 _FRACTION = _number(lambda v: 0 <= v < 1, "a number in [0, 1)")
 
 CHECKS = {  # non-model fields; ModelConfig checks its own
@@ -113,7 +125,9 @@ CHECKS = {  # non-model fields; ModelConfig checks its own
     "data.num_workers": _int(0),
     "data.document_masking": _one_of(tuple(data.DOCUMENT_MASKING)),
     "data.eos_id": _int(-1, 65535),
-    "optim.lr": _POSITIVE,
+    "data.encoding": (_known_encoding, "a Python codec name, e.g. 'utf-8' or 'latin-1'"),
+    "data.errors": _one_of(("strict", "replace", "ignore")),
+    "optim.lr": _FINITE_POSITIVE,
     "optim.schedule": _one_of(tuple(optim.SCHEDULES)),
     "optim.warmup_steps": _int(0),
     "optim.min_lr_ratio": _FRACTION,

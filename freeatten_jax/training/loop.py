@@ -4,6 +4,7 @@ import signal
 import time
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 from absl import logging
 from jax.experimental import multihost_utils
@@ -11,8 +12,8 @@ from jax.experimental import multihost_utils
 from freeatten_jax import data
 from freeatten_jax.errors import ConfigError, UserError
 from freeatten_jax.nn import sharding
-from freeatten_jax.training import config, distributed, flops, optim, state as train_state, step as train_step, storage
-from freeatten_jax.training.checkpoint import Checkpointer
+from freeatten_jax.training import config, distributed, flops, lock, optim, state as train_state, step as train_step, storage
+from freeatten_jax.training.checkpoint import Checkpointer, describe
 from freeatten_jax.training.metrics import MetricsWriter
 
 
@@ -99,22 +100,57 @@ def _flat(d: dict, prefix: str = "") -> dict:
 
 
 def _check_resumable(saved: dict, cfg: config.Config, step: int, workdir) -> None:
-    """Refuses to resume when a field that shapes the state or the data stream changed since the checkpoint."""
+    """Refuses to resume when a field that shapes the state or the data stream changed since the checkpoint
+    (a field the checkpoint lacks was added since: it had its default)."""
     old, new = _flat(saved), _flat(cfg.source)
-    changed = [k for k in sorted(set(old) | set(new)) if k.startswith(RESUME_FIXED) and old.get(k) != new.get(k)]
+    changed = [k for k in sorted(set(old) | set(new)) if k.startswith(RESUME_FIXED) and k in old and old[k] != new.get(k)]
     if changed:
         k = changed[0]
         raise ConfigError(f"config.{k} is {new.get(k)!r} but the checkpoint at step {step} in {workdir} used "
                           f"{old.get(k)!r} ({len(changed)} such field(s)); resume with the same value or use a new --workdir")
 
 
-def train_and_evaluate(cfg_dict, workdir) -> list[dict]:
-    """Trains (resuming from WORKDIR's latest checkpoint if any); returns the metrics written this run.
+def _log(*args, **kwargs) -> None:
+    if jax.process_index() == 0:
+        print(*args, **{**kwargs, "flush": True})
 
-    `cfg_dict` is the command line's ConfigDict; every field is checked before any data is read.
+
+def _resume(ckpt, abstract, train_iter, cfg, workdir):
+    """(state, step) from the newest checkpoint that restores cleanly, else (None, 0); unreadable ones are moved aside."""
+    unreadable = []
+    for step in reversed(ckpt.all_steps()):
+        try:
+            _check_resumable(ckpt.config_json(step), cfg, step, workdir)
+            state = ckpt.restore(step, abstract, train_iter)
+        except UserError:
+            raise
+        except Exception as e:  # truncated, missing or garbage files: orbax, tensorstore and json raise many types
+            unreadable.append((step, describe(e), ckpt.quarantine(step, "unreadable")))
+            continue
+        for bad, reason, moved in unreadable:
+            _log(f"checkpoint {bad} is unreadable ({reason}); moved it to {moved}; continuing from step {step}")
+        confirmed = ckpt.confirmed_step()
+        verdict = "confirmed good" if confirmed is not None and step <= confirmed else "not yet confirmed: its next step has not run"
+        _log(f"resumed from step {step} (checkpoint in {workdir}; {verdict})")
+        return state, step
+    for bad, reason, moved in unreadable:
+        _log(f"checkpoint {bad} is unreadable ({reason}); moved it to {moved}; starting from scratch")
+    return None, 0
+
+
+def train_and_evaluate(cfg_dict, workdir) -> list[dict]:
+    """Trains (resuming from WORKDIR's newest readable checkpoint if any); returns the metrics written this run.
+
+    `cfg_dict` is the command line's ConfigDict; every field is checked before any data is read. Process 0
+    holds WORKDIR/lock for the run: a second trainer on the same workdir stops at once.
     """
     distributed.initialize_distributed()
     cfg = config.parse(cfg_dict)
+    with lock.hold(workdir):
+        return _train(cfg, workdir)
+
+
+def _train(cfg: config.Config, workdir) -> list[dict]:
     try:
         mesh = sharding.make_mesh(cfg.mesh.shape, _mesh_devices(cfg.mesh.shape))
     except ValueError as e:
@@ -137,13 +173,9 @@ def train_and_evaluate(cfg_dict, workdir) -> list[dict]:
     ckpt = Checkpointer(workdir, cfg.checkpoint)
     tx = optim.make(cfg.optim, steps)
     abstract, state_shardings = train_state.abstract_state(cfg, mesh, tx)
-    if (start := ckpt.latest_step()) is not None:
-        _check_resumable(ckpt.config_json(start), cfg, start, workdir)
-        state = ckpt.restore(start, abstract, train_iter)
-        if jax.process_index() == 0:
-            print(f"resumed from step {start} (checkpoint in {workdir})", flush=True)
-    else:
-        state, start = train_state.create(cfg, mesh, tx, state_shardings), 0
+    state, start = _resume(ckpt, abstract, train_iter, cfg, workdir)
+    if state is None:
+        state = train_state.create(cfg, mesh, tx, state_shardings)
     train_def, eval_def = train_state.graphdefs(cfg.model)
     step_fn = jax.jit(  # the state and the batch arrive placed; the new state keeps the shardings
         train_step.train_step,
@@ -197,7 +229,8 @@ def _loop(cfg, state, start, step_fn, evaluate, train_iter, ckpt, writer, stop, 
     written = []
     timer = [start, time.perf_counter()]  # (step, time) rates are measured from
     began = timer[1]
-    log = print if jax.process_index() == 0 else (lambda *a, **k: None)
+    log = _log
+    unconfirmed = [start or None]  # the newest checkpoint whose next step has not yet been seen finite
     if start >= t.steps:
         log(f"already trained to step {start} of {t.steps}: nothing to do", flush=True)
         return written
@@ -210,8 +243,9 @@ def _loop(cfg, state, start, step_fn, evaluate, train_iter, ckpt, writer, stop, 
         """Checks a step's metrics, then logs / validates / checkpoints as scheduled (state: after the step)."""
         metrics = jax.device_get(metrics)
         if not metrics["finite"]:
-            raise NonFiniteLossError(f"step {step}: loss {float(metrics['loss'])}, grad norm {float(metrics['grad_norm'])}: "
-                                     f"not finite; stopped without saving (last good checkpoint: step {ckpt.latest_step()})")
+            raise _non_finite(ckpt, step, f"loss {float(metrics['loss'])}, grad norm {float(metrics['grad_norm'])}", step - 1)
+        if unconfirmed[0] == step - 1:
+            ckpt.confirm(step - 1)
         row = {}
         if step % t.log_every == 0 or step == t.steps:
             row = {"loss": float(metrics["loss"]), "grad_norm": float(metrics["grad_norm"]), "lr": float(metrics["lr"])}
@@ -226,7 +260,8 @@ def _loop(cfg, state, start, step_fn, evaluate, train_iter, ckpt, writer, stop, 
             written.append({"step": step, **row})
             log(_progress_line(t, step, row, metrics["lr"]), flush=True)
         if step % t.checkpoint_every == 0 or step == t.steps:
-            ckpt.save(step, state, train_iter, cfg.source)
+            _save(ckpt, step, state, train_iter, cfg.source)
+            unconfirmed[0] = step
         if row or step % t.checkpoint_every == 0:
             timer[:] = step, time.perf_counter()
 
@@ -248,11 +283,36 @@ def _loop(cfg, state, start, step_fn, evaluate, train_iter, ckpt, writer, stop, 
             pending = None
         if stopping:
             if step % t.checkpoint_every and step != t.steps:
-                ckpt.save(step, state, train_iter, cfg.source)
+                _save(ckpt, step, state, train_iter, cfg.source)
             log(f"stopped at step {step}; rerun the same command to resume", flush=True)
             break
     profiler.after(t.steps, state)  # a window reaching past the last step ends here
     return written
+
+
+@jax.jit
+def _all_finite(tree) -> jax.Array:
+    return jnp.all(jnp.stack([jnp.isfinite(x).all() for x in jax.tree.leaves(tree)]))
+
+
+def _save(ckpt, step: int, state, train_iter, source: dict) -> None:
+    """Saves `state` unless a parameter is NaN or Inf (a finite step can still overflow the update)."""
+    if not _all_finite(state["params"]):
+        raise _non_finite(ckpt, step, "parameters after the update", step)
+    ckpt.save(step, state, train_iter, source)
+
+
+def _non_finite(ckpt, step: int, what: str, first_bad: int) -> NonFiniteLossError:
+    """Moves checkpoints >= `first_bad` aside (the state the bad step came from, or later: unconfirmed) and
+    says where a rerun starts."""
+    ckpt.wait()
+    moved = [s for s in ckpt.all_steps() if s >= first_bad]
+    for s in moved:
+        ckpt.quarantine(s, "non-finite")
+    aside = f"moved unconfirmed checkpoint(s) {', '.join(map(str, moved))} to {ckpt.workdir / 'quarantine'}; " if moved else ""
+    restart = ckpt.latest_step()
+    return NonFiniteLossError(f"step {step}: {what}: not finite; stopped without saving; {aside}a rerun starts from "
+                              + (f"checkpoint step {restart}" if restart is not None else "scratch (no good checkpoint)"))
 
 
 def _evaluates(t, step: int) -> bool:

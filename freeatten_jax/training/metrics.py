@@ -7,6 +7,7 @@ google-cloud-storage).
 import json
 
 import jax
+from absl import logging
 from tensorboardX import SummaryWriter, record_writer
 
 from freeatten_jax.training import storage
@@ -39,8 +40,21 @@ class _EpathWriterFactory:
 record_writer.register_writer_factory("gs", _EpathWriterFactory())
 
 
+def _parsed(path) -> list[tuple[str, dict]]:
+    """(line, row) for each whole line; a torn line (a crash mid-write) is dropped with a warning."""
+    rows = []
+    for number, line in enumerate(path.read_text().splitlines(), 1):
+        try:
+            rows.append((line, json.loads(line)))
+        except json.JSONDecodeError:
+            if line.strip():
+                logging.warning("%s: dropped line %d, which is not whole JSON (a write cut short): %.80r", path, number, line)
+    return rows
+
+
 class MetricsWriter:
-    """Appends {step, ...} lines; on resume, drops lines past the restored step so the file stays one run."""
+    """Appends {step, ...} lines; on resume, drops lines past the restored step (and torn ones) so that the file
+    holds each step once."""
 
     def __init__(self, workdir, resumed_step: int = 0, config: dict | None = None):
         self.enabled = jax.process_index() == 0
@@ -49,7 +63,7 @@ class MetricsWriter:
         if self.enabled:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             if self.path.exists():
-                self._lines = [line for line in self.path.read_text().splitlines() if line.strip() and json.loads(line)["step"] <= resumed_step]
+                self._lines = [line for line, row in _parsed(self.path) if row["step"] <= resumed_step]
             self.path.write_text("".join(line + "\n" for line in self._lines))
             self._tb = SummaryWriter(str(storage.path(workdir) / "tensorboard"))
             if config is not None:  # the run's config, readable in TensorBoard's text tab
@@ -72,4 +86,4 @@ class MetricsWriter:
 def read_metrics(workdir) -> list[dict]:
     """The lines of WORKDIR/metrics.jsonl as dicts."""
     path = storage.path(workdir) / "metrics.jsonl"
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return [row for _, row in _parsed(path)]

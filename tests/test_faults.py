@@ -1,0 +1,304 @@
+"""Faults a real run meets: kill -9 (also during an async save), corrupt checkpoints, a blow-up, two trainers on one
+workdir, a torn metrics line, an unwritable checkpoint folder; and bad inputs to every entry point, each one line.
+
+Every test copies one trained run folder (steps 1..6, checkpoints 2, 4, 6) and compares what it resumes to with one
+uninterrupted run of 8 steps (constant learning rate: the number of steps does not change the schedule).
+"""
+import contextlib
+import io
+import json
+import os
+import pathlib
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+
+import jax
+import numpy as np
+import pytest
+from absl import flags
+from flax import nnx
+from test_train import compilation_cache, text_glob, tiny_config  # noqa: F401 (fixtures)
+
+from freeatten_jax.data import shards
+from freeatten_jax.evaluation import cli as eval_cli
+from freeatten_jax.training import checkpoint, cli as train_cli, generate_cli, lock, loop, storage
+from freeatten_jax.training.metrics import read_metrics
+
+STEPS = {"train.checkpoint_every": 2, "optim.schedule": "constant", "train.eval_every": 100}
+
+
+def _cfg(text_glob, steps, **overrides):
+    return tiny_config("softmax", text_glob, **{**STEPS, "train.steps": steps, **overrides})
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory, text_glob, compilation_cache):
+    """(a run folder trained to step 6, the losses of an uninterrupted run of 8 steps by step)."""
+    root = tmp_path_factory.mktemp("runs")
+    straight = loop.train_and_evaluate(_cfg(text_glob, 8), root / "straight")
+    loop.train_and_evaluate(_cfg(text_glob, 6), root / "run6")
+    return root / "run6", {m["step"]: m["loss"] for m in straight}
+
+
+@pytest.fixture
+def run6(runs, tmp_path):
+    shutil.copytree(runs[0], tmp_path / "run")
+    return tmp_path / "run"
+
+
+def _assert_replays_exactly(workdir, straight):
+    """metrics.jsonl holds steps 1..8 once each, with the uninterrupted run's losses."""
+    rows = read_metrics(workdir)
+    assert [m["step"] for m in rows] == list(range(1, 9))
+    assert {m["step"]: m["loss"] for m in rows} == straight
+
+
+def _largest(folder: pathlib.Path) -> pathlib.Path:
+    return max((p for p in folder.rglob("*") if p.is_file()), key=lambda p: p.stat().st_size)
+
+
+CORRUPTIONS = {
+    "truncated file": lambda step: (f := _largest(step / "state")).write_bytes(f.read_bytes()[: f.stat().st_size // 2]),
+    "missing _METADATA": lambda step: (step / "state" / "_METADATA").unlink(),
+    "garbage": lambda step: [p.write_bytes(os.urandom(p.stat().st_size)) for p in (step / "state").rglob("*") if p.is_file()],
+    "empty step folder": lambda step: [shutil.rmtree(step), step.mkdir()],
+}
+
+
+@pytest.mark.parametrize("corruption", CORRUPTIONS)
+def test_a_corrupt_latest_checkpoint_is_moved_aside_and_the_run_replays_exactly(corruption, runs, run6, text_glob, capsys):
+    CORRUPTIONS[corruption](run6 / "checkpoints" / "6")
+    capsys.readouterr()
+    loop.train_and_evaluate(_cfg(text_glob, 8), run6)
+    out = capsys.readouterr().out
+    assert f"resumed from step 4 (checkpoint in {run6}; confirmed good)" in out
+    notices = [line for line in out.splitlines() if "unreadable" in line]
+    assert len(notices) == 1 and notices[0].startswith("checkpoint 6 is unreadable (") and notices[0].endswith("continuing from step 4")
+    assert [p.name for p in (run6 / "quarantine").iterdir()] == ["step_6-unreadable"]
+    _assert_replays_exactly(run6, runs[1])
+
+
+def test_a_blow_up_stops_in_one_line_quarantines_unconfirmed_checkpoints_and_a_sane_rerun_proceeds(run6, text_glob, capsys):
+    wild = {"optim.lr": 1e9, "optim.warmup_steps": 0, "train.checkpoint_every": 1}  # step 7 explodes the weights; 8 is NaN
+    with pytest.raises(loop.NonFiniteLossError) as err:
+        loop.train_and_evaluate(_cfg(text_glob, 12, **wild), run6)
+    message = str(err.value)
+    assert "\n" not in message and message.startswith("step ") and "not finite" in message
+    assert message.startswith("step 8: loss ") and message.endswith(
+        f"moved unconfirmed checkpoint(s) 7 to {run6 / 'quarantine'}; a rerun starts from checkpoint step 6"), message
+    restart = 6
+    assert checkpoint.Checkpointer(run6, read_only=True).all_steps() == [4, 6]  # saving 7 dropped 2 (max_to_keep 3)
+    assert [p.name for p in (run6 / "quarantine").iterdir()] == ["step_7-non-finite"]
+    model, _, _ = checkpoint.load_params(run6)
+    assert all(np.isfinite(x).all() for x in jax.tree.leaves(nnx.state(model, nnx.Param)))
+    sane = loop.train_and_evaluate(_cfg(text_glob, restart + 4), run6)
+    assert f"resumed from step 6 (checkpoint in {run6}; confirmed good)" in capsys.readouterr().out
+    assert [m["step"] for m in sane] == list(range(restart + 1, restart + 5)) and all(np.isfinite(m["loss"]) for m in sane)
+    assert json.loads((run6 / "confirmed.json").read_text())["step"] == restart + 2  # step restart + 3 confirmed it
+
+
+def test_a_second_trainer_on_the_workdir_is_refused_naming_the_holder(run6, text_glob):
+    with lock.hold(run6):
+        with pytest.raises(lock.WorkdirBusyError, match=f"is in use by pid {os.getpid()} on host {socket.gethostname()};"):
+            loop.train_and_evaluate(_cfg(text_glob, 8), run6)
+    assert checkpoint.Checkpointer(run6, read_only=True).all_steps() == [2, 4, 6]
+
+
+def test_a_torn_last_metrics_line_is_dropped_and_steps_are_written_once(runs, run6, text_glob, caplog):
+    with open(run6 / "metrics.jsonl", "a") as f:
+        f.write('{"step": 7, "loss": 4.0')
+    loop.train_and_evaluate(_cfg(text_glob, 8), run6)
+    assert any("not whole JSON" in r.getMessage() for r in caplog.records)
+    _assert_replays_exactly(run6, runs[1])
+
+
+def test_an_unwritable_checkpoint_folder_fails_at_start_up_and_keeps_every_checkpoint(run6, text_glob, monkeypatch):
+    folder = run6 / "checkpoints"
+    folder.chmod(0o555)
+    if os.geteuid() == 0:  # root ignores permission bits: fail the write the way the kernel does for anyone else
+        path_class = type(storage.path(folder))
+        real = path_class.write_text
+
+        def deny(self, *args, **kwargs):
+            if os.fspath(self.parent) == os.fspath(folder):
+                raise PermissionError(13, "Permission denied")
+            return real(self, *args, **kwargs)
+
+        monkeypatch.setattr(path_class, "write_text", deny)
+    try:
+        with pytest.raises(checkpoint.CheckpointWriteError, match=f"cannot write checkpoints to {folder}: Permission denied;"):
+            loop.train_and_evaluate(_cfg(text_glob, 8), run6)
+    finally:
+        folder.chmod(0o755)
+    assert [m["step"] for m in read_metrics(run6)] == list(range(1, 7))
+    monkeypatch.undo()
+    assert checkpoint.Checkpointer(run6, read_only=True).all_steps() == [2, 4, 6]
+    assert checkpoint.load_params(run6)[2] == 6
+
+
+# --- kill -9 ------------------------------------------------------------------------------------------------------
+
+_CHILD = """
+import os, signal, sys, time
+sys.path.insert(0, "tests")
+from test_train import tiny_config
+from freeatten_jax.training import checkpoint, distributed, loop
+point = sys.argv[3]
+if point == "async save":  # SIGKILL while the step-4 checkpoint is written in the background
+    save = checkpoint.Checkpointer.save
+    def save_then_die(self, step, *args):
+        save(self, step, *args)
+        if step == 4:
+            os.kill(os.getpid(), signal.SIGKILL)
+    checkpoint.Checkpointer.save = save_then_die
+else:  # waits while fetching batch 5 (after checkpoint 4), holding the lock, for the parent's SIGKILL
+    fetch, calls = distributed.host_local_batch_to_global, []
+    def fetch_and_wait(*args):
+        calls.append(1)
+        if len(calls) == 5:
+            print("waiting", flush=True)
+            time.sleep(600)
+        return fetch(*args)
+    distributed.host_local_batch_to_global = fetch_and_wait
+cfg = tiny_config("softmax", sys.argv[2], **{"train.checkpoint_every": 2, "optim.schedule": "constant",
+                                             "train.eval_every": 100, "train.steps": 8})
+loop.train_and_evaluate(cfg, sys.argv[1])
+"""
+
+
+def _child(workdir, text_glob, point):
+    env = {**os.environ, "PYTHONPATH": os.getcwd(), "JAX_COMPILATION_CACHE_DIR": jax.config.jax_compilation_cache_dir,
+           "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0", "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "0"}
+    return subprocess.Popen([sys.executable, "-c", _CHILD, str(workdir), text_glob, point], stdout=subprocess.PIPE, text=True, env=env)
+
+
+@pytest.mark.slow
+def test_kill_9_during_an_async_save_resumes_exactly(runs, text_glob, tmp_path):
+    child = _child(tmp_path, text_glob, "async save")
+    assert child.wait(timeout=300) == -signal.SIGKILL
+    loop.train_and_evaluate(_cfg(text_glob, 8), tmp_path)
+    _assert_replays_exactly(tmp_path, runs[1])
+
+
+@pytest.mark.slow
+def test_kill_9_between_checkpoints_resumes_exactly_and_the_lock_named_the_killed_process(runs, text_glob, tmp_path):
+    child = _child(tmp_path, text_glob, "between checkpoints")
+    try:
+        assert "waiting" in iter(lambda: child.stdout.readline().strip(), "")  # its progress lines come first
+        with pytest.raises(lock.WorkdirBusyError, match=f"in use by pid {child.pid} on host {socket.gethostname()};"):
+            loop.train_and_evaluate(_cfg(text_glob, 8), tmp_path)
+    finally:
+        child.send_signal(signal.SIGKILL)
+        child.wait(timeout=60)
+    loop.train_and_evaluate(_cfg(text_glob, 8), tmp_path)  # the kernel released the killed holder's lock
+    _assert_replays_exactly(tmp_path, runs[1])
+
+
+# --- bad inputs: one `error:` line and a non-zero exit, from every entry point -------------------------------------
+
+@pytest.fixture
+def run_cli():
+    """Runs a console script's main in this process: (exit status, its output lines)."""
+    cache_dir = jax.config.jax_compilation_cache_dir
+
+    def run(main, *args):
+        before, out = set(flags.FLAGS), io.StringIO()
+        argv, sys.argv = sys.argv, ["prog", *args]
+        try:
+            with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
+                main()
+            code = 0
+        except SystemExit as e:
+            code = e.code
+            if isinstance(code, str):  # sys.exit("error: ...") prints the message and exits with status 1
+                out.write(code + "\n")
+                code = 1
+        finally:
+            sys.argv = argv
+            for name in set(flags.FLAGS) - before:
+                delattr(flags.FLAGS, name)
+            flags.FLAGS.unparse_flags()
+            flags.FLAGS.mark_as_parsed()
+            jax.config.update("jax_compilation_cache_dir", cache_dir)
+        return code, out.getvalue().strip().splitlines()
+
+    return run
+
+
+def _bad_data(tmp_path, kind) -> str:
+    """A data glob whose file is latin-1 text, binary bytes, or a shard with a token id past GPT-2's vocabulary."""
+    path = tmp_path / (f"{kind}.bin" if kind == "shard" else f"{kind}.txt")
+    contents = {"latin-1": "caf\xe9 au lait\n".encode("latin-1") * 50, "binary": bytes(range(256)) * 4}
+    if kind == "shard":
+        shards.write_shard(path, np.r_[np.arange(100), 60000, np.arange(100)])
+    else:
+        path.write_bytes(contents[kind])
+    return str(path)
+
+
+TRAIN = ["--config=softmax:tiny", "--config.mesh.shape=(1,1,1)", "--config.train.steps=2"]
+BAD_TRAIN = {  # arguments after TRAIN and --workdir -> what the one line must contain
+    "missing config file": (["--config=/no/such/config.py"], "cannot load the config file: [Errno 2] No such file"),
+    "unknown config name": (["--config=nosuch:tiny"], "packaged configs: lssa, lssar"),
+    "unknown size": (["--config=lssar:huge"], "unknown model size 'huge'; valid sizes: tiny"),
+    "misspelt field": (["--config.train.stpes=3"], "--config.train.stpes: no such config field; did you mean --config.train.steps?"),
+    "bad integer": (["--config.train.steps=abc"], "--config.train.steps=abc: invalid literal"),
+    "zero steps": (["--config.train.steps=0"], "config.train.steps=0 is invalid; allowed: an integer >= 1"),
+    "lr inf": (["--config.optim.lr=inf"], "config.optim.lr=inf is invalid; allowed: a finite number > 0"),
+    "lr nan": (["--config.optim.lr=nan"], "config.optim.lr=nan is invalid"),
+    "lr 0": (["--config.optim.lr=0"], "config.optim.lr=0.0 is invalid"),
+    "lr negative": (["--config.optim.lr=-1"], "config.optim.lr=-1.0 is invalid"),
+    "unknown variant": (["--config.model.attention=nope"], "config.model.attention='nope' is invalid"),
+    "bad encoding": (["--config.data.encoding=klingon"], "config.data.encoding='klingon' is invalid"),
+    "no data": (["--config.data.source=text", "--config.data.path=/no/such/*.txt"], "matches no file"),
+    "latin-1 text": (["--config.data.source=text", "--config.data.path={latin-1}"], "latin-1.txt: not valid utf-8 at byte 3"),
+    "binary text": (["--config.data.source=text", "--config.data.path={binary}"], "binary.txt: not valid utf-8 at byte 128"),
+    "token past the vocabulary": (["--config.data.source=bin", "--config.data.path={shard}"],
+                                  "shard.bin: token id 60000 at token offset 100 (byte 1224) is outside the vocabulary of 50257"),
+    "stray argument": (["extra"], "unexpected arguments: extra"),
+}
+
+
+@pytest.mark.parametrize("case", BAD_TRAIN)
+def test_bad_training_input_is_one_error_line(case, run_cli, tmp_path):
+    args, expected = BAD_TRAIN[case]
+    data = {kind: _bad_data(tmp_path, kind) for kind in ("latin-1", "binary", "shard")}
+    code, lines = run_cli(train_cli.main, *TRAIN, f"--workdir={tmp_path / 'run'}", *(a.format(**data) for a in args))
+    assert code == 1 and len(lines) == 1 and lines[0].startswith("error: ") and expected in lines[0], lines
+
+
+def _missing_a_file(run6, tmp_path):
+    """A copy of the run whose latest checkpoint lacks its state's _METADATA file."""
+    shutil.copytree(run6, tmp_path / "broken")
+    (tmp_path / "broken" / "checkpoints" / "6" / "state" / "_METADATA").unlink()
+    return tmp_path / "broken"
+
+
+BAD_EVAL = {  # (main, arguments, what the line must contain); {run} is a copy of the trained run
+    "multipliers abc": (eval_cli.main, ["--workdir={run}", "--multipliers=abc"], "--multipliers=abc is invalid; allowed: integers >= 1"),
+    "multipliers 0": (eval_cli.main, ["--workdir={run}", "--multipliers=0"], "--multipliers=0 is invalid"),
+    "multipliers -1": (eval_cli.main, ["--workdir={run}", "--multipliers=-1"], "--multipliers=-1 is invalid"),
+    "depth 2": (eval_cli.main, ["--workdir={run}", "--passkey_depths=2"], "--passkey_depths=2 is invalid; allowed: numbers in [0, 1]"),
+    "eval, no checkpoint": (eval_cli.main, ["--workdir={empty}"], "no checkpoint in"),
+    "eval, checkpoint missing a file": (eval_cli.main, ["--workdir={broken}"], "checkpoint step 6 in"),
+    "generate, checkpoint missing a file": (generate_cli.main, ["--workdir={broken}", "--prompt=hi"], "checkpoint step 6 in"),
+    "generate, no prompt": (generate_cli.main, ["--workdir={broken}"], "--prompt must have a value"),
+}
+
+
+@pytest.mark.parametrize("case", BAD_EVAL)
+def test_bad_eval_or_generate_input_is_one_error_line(case, run_cli, run6, tmp_path):
+    main, args, expected = BAD_EVAL[case]
+    paths = {"run": run6, "empty": tmp_path / "empty", "broken": _missing_a_file(run6, tmp_path)}
+    defaults = [f"--out={tmp_path / 'out'}"] if main is eval_cli.main else []
+    code, lines = run_cli(main, *defaults, *(a.format(**paths) for a in args))
+    errors = [line for line in lines if line.startswith("error: ")]  # eval's progress bar may come before
+    assert code == 1 and errors == lines[-1:] and expected in errors[0] and not any("Traceback" in line for line in lines), lines
+
+
+def test_verbosity_shows_the_traceback(run_cli, tmp_path):
+    with pytest.raises(Exception, match="unknown model size 'huge'"):
+        run_cli(train_cli.main, "--config=lssar:huge", f"--workdir={tmp_path}", "--verbosity=1")
