@@ -1,6 +1,9 @@
 """Training: resume equivalence, SIGTERM save, NaN stop, every variant learns, accumulation, meshes, CLI."""
+import dataclasses
+import functools
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -157,6 +160,31 @@ def test_resuming_with_a_different_model_or_data_stream_is_refused(text_glob, tm
         loop.train_and_evaluate(tiny_config("softmax", text_glob, **{"train.steps": 4, "train.seq_len": 32}), tmp_path)
     longer = loop.train_and_evaluate(tiny_config("softmax", text_glob, **{"train.steps": 4}), tmp_path)  # more steps: fine
     assert [m["step"] for m in longer] == [3, 4]
+
+
+def test_resume_check_refuses_each_fixed_field_and_allows_the_others(text_glob):
+    """Every model.* and data.* field, train.seq_len, train.batch_size and train.seed shape the state or the
+    data stream: changing one alone is refused, naming it; schedule, logging and optimiser fields may change."""
+    cfg = config.parse(tiny_config("softmax", text_glob))
+    fields = sorted(loop._flat(cfg.source))
+    fixed = [k for k in fields if k.split(".")[0] in ("model", "data")] + ["train.seq_len", "train.batch_size", "train.seed"]
+    assert len(fixed) > 20 and "data.path" in fixed and "model.attention" in fixed
+    free = ["train.steps", "train.log_every", "train.eval_every", "train.checkpoint_every", "optim.lr", "optim.warmup_steps",
+            "checkpoint.max_to_keep", "mesh.shape"]
+
+    def changed(field):
+        source = json.loads(json.dumps(cfg.source))
+        *sections, name = field.split(".")
+        parent = functools.reduce(lambda d, key: d[key], sections, source)
+        parent[name] = ["changed", parent[name]]
+        return dataclasses.replace(cfg, source=source)
+
+    for field in fixed:
+        with pytest.raises(ConfigError, match=rf"^config\.{re.escape(field)} is .* checkpoint at step 2 in wd used .*\(1 such field"):
+            loop._check_resumable(cfg.source, changed(field), 2, "wd")
+    for field in free:
+        loop._check_resumable(cfg.source, changed(field), 2, "wd")
+    loop._check_resumable(cfg.source, cfg, 2, "wd")
 
 
 def test_sharded_mesh_gives_the_same_losses(text_glob, tmp_path):
