@@ -139,3 +139,21 @@ def test_generate_uses_eval_mode_without_changing_the_callers_model():
     assert model.blocks[0].dropout.deterministic is False  # the caller's model is still training
     with pytest.raises(ValueError, match="max_new_tokens"):
         generate(model, prompt, 0)
+
+
+def test_default_position_decoding_continues_an_explicit_position_prefill():
+    """After a prefill with explicit positions (row 0 a document resumed at position 5, row 1 two packed
+    documents), tokens decoded with default positions continue each row's last position and document,
+    exactly as the full forward pass over prompt + generated tokens with those positions."""
+    models, tokens = _models("reference"), _tokens()
+    positions = jnp.array([list(range(5, 5 + 24)), list(range(3)) + list(range(21))])
+    segments = jnp.array([[0] * 24, [0] * 3 + [1] * 21])
+    full = _full(models, tokens, positions, segments)
+    for variant, model, f in zip(VARIANTS, models, full):
+        cache = model.init_cache(2, PROMPT + STEPS)
+        logits, cache = prefill(model, tokens[:, :PROMPT], cache, positions_BT=positions[:, :PROMPT], segment_ids_BT=segments[:, :PROMPT])
+        steps = []
+        for t in range(PROMPT, PROMPT + STEPS):
+            step_logits, cache = model.decode(tokens[:, t : t + 1], cache)
+            steps.append(step_logits)
+        np.testing.assert_allclose(jnp.concatenate([logits, *steps], axis=1), f, atol=2e-5, err_msg=variant)
