@@ -17,7 +17,13 @@ class Mutant(NamedTuple):
 
 
 VARIANTS_PY = "freeatten_jax/attention/variants.py"
-ORACLE = ("tests/test_attention.py::test_values_match_oracle",)
+
+
+def oracle(variant: str) -> tuple[str, ...]:
+    """The values-vs-oracle tests of one variant (ids are "[variant-scenario]")."""
+    return ("tests/test_attention.py::test_values_match_oracle", "-k", f"[{variant}-")
+
+
 BLOCKWISE = ("tests/test_blockwise.py::test_blockwise_matches_reference",)
 BLOCK_EDGES = ("tests/test_block_edges.py", *BLOCKWISE)  # test_block_edges.py: on a branch merged later
 EVAL = "tests/test_eval_metrics.py"
@@ -25,21 +31,21 @@ EVAL = "tests/test_eval_metrics.py"
 MUTANTS = [
     # --- attention/variants.py: one per formula (prepare or weight of each variant)
     Mutant("softmax: 1/d instead of 1/sqrt(d)", VARIANTS_PY, "return q_BTHD / math.sqrt(q_BTHD.shape[-1]), k_BSKD",
-           "return q_BTHD / q_BTHD.shape[-1], k_BSKD", ORACLE),
+           "return q_BTHD / q_BTHD.shape[-1], k_BSKD", oracle("softmax")),
     Mutant("ssmax: log(N_i + 1) instead of log N_i", VARIANTS_PY,
            'factor_BTH1 = _per_head(opts["s"], num_heads) * _log_count_BTH1(n_BHT)',
-           'factor_BTH1 = _per_head(opts["s"], num_heads) * _log_count_BTH1(n_BHT + 1)', ORACLE),
+           'factor_BTH1 = _per_head(opts["s"], num_heads) * _log_count_BTH1(n_BHT + 1)', oracle("ssmax")),
     Mutant("lssa: k not L2-normalised", VARIANTS_PY, "return l2_normalise(q_BTHD) * temperature_BTH1, l2_normalise(k_BSKD)",
-           "return l2_normalise(q_BTHD) * temperature_BTH1, k_BSKD", ORACLE),
+           "return l2_normalise(q_BTHD) * temperature_BTH1, k_BSKD", oracle("lssa")),
     Mutant("lssa/lssar: softplus wrong for negative scores", VARIANTS_PY, "jnp.log1p(jnp.exp(-jnp.abs(scores)))",
-           "jnp.log1p(jnp.exp(-scores))", ORACLE),
-    Mutant("lssar: re-weighting offset o_i = 0.5", VARIANTS_PY, "jnp.where(n > 3, 1.0, 0.0)", "jnp.where(n > 3, 0.5, 0.0)", ORACLE),
-    Mutant("sigmoid: bias -log N_i dropped", VARIANTS_PY, "jax.nn.sigmoid(scores - log_count(n))", "jax.nn.sigmoid(scores)", ORACLE),
+           "jnp.log1p(jnp.exp(-scores))", oracle("lssa")),
+    Mutant("lssar: re-weighting offset o_i = 0.5", VARIANTS_PY, "jnp.where(n > 3, 1.0, 0.0)", "jnp.where(n > 3, 0.5, 0.0)", oracle("lssar")),
+    Mutant("sigmoid: bias -log N_i dropped", VARIANTS_PY, "jax.nn.sigmoid(scores - log_count(n))", "jax.nn.sigmoid(scores)", oracle("sigmoid")),
     Mutant("relu: divided by N_i - 1", VARIANTS_PY, "jax.nn.relu(scores) / jnp.maximum(n, 1)", "jax.nn.relu(scores) / jnp.maximum(n - 1, 1)",
-           ORACLE),
+           oracle("relu")),
     # --- attention implementations: one each
     Mutant("reference: softmax ignores the mask", "freeatten_jax/attention/reference.py",
-           "jax.nn.softmax(jnp.where(visible, scores, NEG_INF), axis=-1) * visible", "jax.nn.softmax(scores, axis=-1) * visible", ORACLE),
+           "jax.nn.softmax(jnp.where(visible, scores, NEG_INF), axis=-1) * visible", "jax.nn.softmax(scores, axis=-1) * visible", oracle("softmax")),
     Mutant("blockwise: online softmax does not rescale the accumulator", "freeatten_jax/attention/blockwise_rules.py",
            "return m_new, l * scale + _row_sum(p), acc * scale + pv(p, v)", "return m_new, l * scale + _row_sum(p), acc + pv(p, v)",
            BLOCKWISE),
