@@ -73,13 +73,16 @@ def main() -> None:
     parser.add_argument("-k", dest="only", default="", help="run only mutants whose name contains this text")
     parser.add_argument("--timeout", type=int, default=900, help="seconds per mutant's test run")
     options = parser.parse_args()
+    signal.signal(signal.SIGTERM, _interrupt)
     mutants = [m for m in MUTANTS if options.only in m.name]
     _check_targets(mutants)
-    signal.signal(signal.SIGTERM, _interrupt)
     began, counts = time.perf_counter(), {}
     for i, mutant in enumerate(mutants, 1):
         start = time.perf_counter()
-        verdict, detail = _run(mutant, options.timeout)
+        try:
+            verdict, detail = _run(mutant, options.timeout)
+        except KeyboardInterrupt:
+            sys.exit(f"interrupted during {mutant.name!r}; {mutant.file} restored")
         counts[verdict] = counts.get(verdict, 0) + 1
         print(f"[{i}/{len(mutants)}] {verdict:8} {mutant.name} ({mutant.file}, {time.perf_counter() - start:.0f} s): {detail}", flush=True)
     summary = ", ".join(f"{counts.get(v, 0)} {v.lower()}" for v in ("CAUGHT", "SURVIVED", "ERROR"))
