@@ -139,3 +139,33 @@ def test_generate_uses_eval_mode_without_changing_the_callers_model():
     assert model.blocks[0].dropout.deterministic is False  # the caller's model is still training
     with pytest.raises(ValueError, match="max_new_tokens"):
         generate(model, prompt, 0)
+
+
+@nnx.jit
+def _prefill_then_default_positions(models, tokens, positions, segments):
+    """Prefill PROMPT tokens with explicit positions and segments, then decode one token per step with neither."""
+    outputs = []
+    for model in models:
+        cache = model.init_cache(tokens.shape[0], PROMPT + STEPS)
+        logits, cache = prefill(model, tokens[:, :PROMPT], cache, positions_BT=positions[:, :PROMPT], segment_ids_BT=segments[:, :PROMPT])
+
+        def step(cache, token_B):
+            step_logits, cache = model.decode(token_B[:, None], cache)
+            return cache, step_logits[:, 0]
+
+        _, step_logits = jax.lax.scan(step, cache, jnp.swapaxes(tokens[:, PROMPT:], 0, 1))
+        outputs.append(jnp.concatenate([logits, jnp.swapaxes(step_logits, 0, 1)], axis=1))
+    return outputs
+
+
+def test_default_position_decoding_continues_an_explicit_position_prefill():
+    """After a prefill with explicit positions (row 0 a document resumed at position 5, row 1 two packed
+    documents), tokens decoded with default positions continue each row's last position and document,
+    exactly as the full forward pass over prompt + generated tokens with those positions."""
+    models, tokens = _models("reference"), _tokens()
+    positions = jnp.array([list(range(5, 5 + 24)), list(range(3)) + list(range(21))])
+    segments = jnp.array([[0] * 24, [0] * 3 + [1] * 21])
+    full = _full(models, tokens, positions, segments)
+    decoded = _prefill_then_default_positions(models, tokens, positions, segments)
+    for variant, d, f in zip(VARIANTS, decoded, full):
+        np.testing.assert_allclose(d, f, atol=2e-5, err_msg=variant)

@@ -1,6 +1,9 @@
 """Training: resume equivalence, SIGTERM save, NaN stop, every variant learns, accumulation, meshes, CLI."""
+import dataclasses
+import functools
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -127,18 +130,27 @@ def test_load_params_rebuilds_the_trained_model_for_eval(text_glob, tmp_path):
 
 
 def test_gradient_accumulation_matches_one_big_batch(text_glob):
-    cfg = config.parse(tiny_config("softmax", text_glob))
+    """Four micro-batches give the one-batch mean loss, gradient norm and update (the learning rate of the
+    first step is non-zero, so the parameters move; Adam's first step hardly depends on the gradients'
+    scale, so grad_norm is what shows a missing division by the number of micro-batches)."""
+    cfg = config.parse(tiny_config("softmax", text_glob, **{"optim.warmup_steps": 0, "optim.schedule": "constant"}))
     mesh = sharding.make_mesh(cfg.mesh.shape, jax.devices()[:1])
     tokens = data.train_dataset(data.load_splits(cfg.data).train, 16, 8, seed=0)[0]
     train_def, _ = train_state.graphdefs(cfg.model)
+    schedule = optim.schedule(cfg.optim, 6)
+    assert schedule(0) == cfg.optim.lr > 0
     results = []
     for accum in (1, 4):
         tx = optim.make(cfg.optim, 6)
         state = train_state.create(cfg, mesh, tx, train_state.abstract_state(cfg, mesh, tx)[1])
-        step = jax.jit(lambda s, t: train_step.train_step(s, t, graphdef=train_def, tx=tx, schedule=lambda n: 0.0, accum_steps=accum))
+        initial = jax.tree.map(np.asarray, state["params"])
+        step = jax.jit(lambda s, t: train_step.train_step(s, t, graphdef=train_def, tx=tx, schedule=schedule, accum_steps=accum))
         results.append(step(state, tokens))
     (s1, m1), (s4, m4) = results
     np.testing.assert_allclose(m1["loss"], m4["loss"], rtol=1e-5)
+    np.testing.assert_allclose(m1["grad_norm"], m4["grad_norm"], rtol=1e-4)
+    moved = jax.tree.leaves(jax.tree.map(lambda a, b: float(np.abs(np.asarray(a) - b).max()), s1["params"], initial))
+    assert max(moved) > 1e-3
     jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6), s1["params"], s4["params"])
 
 
@@ -148,6 +160,31 @@ def test_resuming_with_a_different_model_or_data_stream_is_refused(text_glob, tm
         loop.train_and_evaluate(tiny_config("softmax", text_glob, **{"train.steps": 4, "train.seq_len": 32}), tmp_path)
     longer = loop.train_and_evaluate(tiny_config("softmax", text_glob, **{"train.steps": 4}), tmp_path)  # more steps: fine
     assert [m["step"] for m in longer] == [3, 4]
+
+
+def test_resume_check_refuses_each_fixed_field_and_allows_the_others(text_glob):
+    """Every model.* and data.* field, train.seq_len, train.batch_size and train.seed shape the state or the
+    data stream: changing one alone is refused, naming it; schedule, logging and optimiser fields may change."""
+    cfg = config.parse(tiny_config("softmax", text_glob))
+    fields = sorted(loop._flat(cfg.source))
+    fixed = [k for k in fields if k.split(".")[0] in ("model", "data")] + ["train.seq_len", "train.batch_size", "train.seed"]
+    assert len(fixed) > 20 and "data.path" in fixed and "model.attention" in fixed
+    free = ["train.steps", "train.log_every", "train.eval_every", "train.checkpoint_every", "optim.lr", "optim.warmup_steps",
+            "checkpoint.max_to_keep", "mesh.shape"]
+
+    def changed(field):
+        source = json.loads(json.dumps(cfg.source))
+        *sections, name = field.split(".")
+        parent = functools.reduce(lambda d, key: d[key], sections, source)
+        parent[name] = ["changed", parent[name]]
+        return dataclasses.replace(cfg, source=source)
+
+    for field in fixed:
+        with pytest.raises(ConfigError, match=rf"^config\.{re.escape(field)} is .* checkpoint at step 2 in wd used .*\(1 such field"):
+            loop._check_resumable(cfg.source, changed(field), 2, "wd")
+    for field in free:
+        loop._check_resumable(cfg.source, changed(field), 2, "wd")
+    loop._check_resumable(cfg.source, cfg, 2, "wd")
 
 
 def test_sharded_mesh_gives_the_same_losses(text_glob, tmp_path):

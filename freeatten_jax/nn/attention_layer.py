@@ -172,12 +172,16 @@ class Attention(nnx.Module):
     def decode(self, x_BTE, cache: KVCache, *, positions_BT=None, segment_ids_BT=None) -> tuple[jax.Array, KVCache]:
         """Appends T new positions to the cache and attends over every filled slot.
 
-        Positions default to length..length+T-1, so N_i is the query's absolute position + 1
-        (restarting per segment when segment ids are given, as in packed training).
+        Positions default to each row's last cached position + 1 onwards (0.. on an empty cache) and
+        segment ids to its last cached segment, so N_i is the query's absolute position + 1 (restarting
+        per segment, as in packed training) also after a prefill with explicit positions.
         """
         b, t = x_BTE.shape[:2]
-        positions_BT = jnp.broadcast_to(cache.length + jnp.arange(t) if positions_BT is None else positions_BT, (b, t))
-        segment_ids_BT = jnp.zeros((b, t), jnp.int32) if segment_ids_BT is None else jnp.broadcast_to(segment_ids_BT, (b, t))
+        last, filled = jnp.maximum(cache.length - 1, 0), cache.length > 0
+        next_B1 = jnp.where(filled, cache.positions_BS[:, last] + 1, 0)[:, None]
+        positions_BT = jnp.broadcast_to(next_B1 + jnp.arange(t) if positions_BT is None else positions_BT, (b, t))
+        segment_B1 = jnp.where(filled, cache.segment_ids_BS[:, last], 0)[:, None]
+        segment_ids_BT = jnp.broadcast_to(segment_B1 if segment_ids_BT is None else segment_ids_BT, (b, t))
         q_BTHD, k_BTKD, v_BTKD = self._qkv(x_BTE, positions_BT)
         cache = cache.append(k_BTKD, v_BTKD, positions_BT, segment_ids_BT)
         out_BTHD = self._attend(

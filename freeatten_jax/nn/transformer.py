@@ -160,7 +160,7 @@ class Transformer(nnx.Module):
     def decode(self, tokens_BT, cache, *, positions_BT=None, segment_ids_BT=None):
         """(logits [B, T, V], cache) for T new tokens appended to the cache (prefill or one step).
 
-        Positions default to the cache length onwards, so N_i follows the absolute position.
+        Positions continue each row's last cached position (and segment), so N_i follows the absolute position.
         """
         x_BTE = self._embed(tokens_BT)
         new_cache = []

@@ -1,0 +1,83 @@
+"""The curated mutants of scripts/mutation_check.py, grouped by the module they break.
+
+Each is a deliberate one-line bug: (name, file, exact original snippet, replacement, pytest arguments that must
+fail on it). One list here rather than files beside the code: freeatten_jax/attention/ is a leaf package and the
+library ships no test data; one place shows the whole catalogue. Add a mutant whenever a bug is found that
+the tests missed. Test paths not on this branch yet are skipped by the script (and named in its output).
+"""
+from typing import NamedTuple
+
+
+class Mutant(NamedTuple):
+    name: str
+    file: str
+    original: str
+    replacement: str
+    tests: tuple[str, ...]  # pytest arguments: paths / node ids, optionally "-k", expression
+
+
+VARIANTS_PY = "freeatten_jax/attention/variants.py"
+
+
+def oracle(variant: str) -> tuple[str, ...]:
+    """The values-vs-oracle tests of one variant (ids are "[variant-scenario]")."""
+    return ("tests/test_attention.py::test_values_match_oracle", "-k", f"[{variant}-")
+
+
+BLOCKWISE = ("tests/test_blockwise.py::test_blockwise_matches_reference",)
+BLOCK_EDGES = ("tests/test_block_edges.py", *BLOCKWISE)  # test_block_edges.py: on a branch merged later
+EVAL = "tests/test_eval_metrics.py"
+
+MUTANTS = [
+    # --- attention/variants.py: one per formula (prepare or weight of each variant)
+    Mutant("softmax: 1/d instead of 1/sqrt(d)", VARIANTS_PY, "return q_BTHD / math.sqrt(q_BTHD.shape[-1]), k_BSKD",
+           "return q_BTHD / q_BTHD.shape[-1], k_BSKD", oracle("softmax")),
+    Mutant("ssmax: log(N_i + 1) instead of log N_i", VARIANTS_PY,
+           'factor_BTH1 = _per_head(opts["s"], num_heads) * _log_count_BTH1(n_BHT)',
+           'factor_BTH1 = _per_head(opts["s"], num_heads) * _log_count_BTH1(n_BHT + 1)', oracle("ssmax")),
+    Mutant("lssa: k not L2-normalised", VARIANTS_PY, "return l2_normalise(q_BTHD) * temperature_BTH1, l2_normalise(k_BSKD)",
+           "return l2_normalise(q_BTHD) * temperature_BTH1, k_BSKD", oracle("lssa")),
+    Mutant("lssa/lssar: softplus wrong for negative scores", VARIANTS_PY, "jnp.log1p(jnp.exp(-jnp.abs(scores)))",
+           "jnp.log1p(jnp.exp(-scores))", oracle("lssa")),
+    Mutant("lssar: re-weighting offset o_i = 0.5", VARIANTS_PY, "jnp.where(n > 3, 1.0, 0.0)", "jnp.where(n > 3, 0.5, 0.0)", oracle("lssar")),
+    Mutant("sigmoid: bias -log N_i dropped", VARIANTS_PY, "jax.nn.sigmoid(scores - log_count(n))", "jax.nn.sigmoid(scores)", oracle("sigmoid")),
+    Mutant("relu: divided by N_i - 1", VARIANTS_PY, "jax.nn.relu(scores) / jnp.maximum(n, 1)", "jax.nn.relu(scores) / jnp.maximum(n - 1, 1)",
+           oracle("relu")),
+    # --- attention implementations: one each
+    Mutant("reference: softmax ignores the mask", "freeatten_jax/attention/reference.py",
+           "jax.nn.softmax(jnp.where(visible, scores, NEG_INF), axis=-1) * visible", "jax.nn.softmax(scores, axis=-1) * visible", oracle("softmax")),
+    Mutant("blockwise: online softmax does not rescale the accumulator", "freeatten_jax/attention/blockwise_rules.py",
+           "return m_new, l * scale + _row_sum(p), acc * scale + pv(p, v)", "return m_new, l * scale + _row_sum(p), acc + pv(p, v)",
+           BLOCKWISE),
+    Mutant("fused: 1/sqrt(d) applied twice", "freeatten_jax/attention/auto.py", "scale=1.0, is_causal=mask.causal",
+           "scale=None, is_causal=mask.causal", ("tests/test_blockwise.py", "-k", "fused_path_matches_reference")),
+    Mutant("fused: bidirectional ssmax with causal N_i", "freeatten_jax/attention/auto.py",
+           "jnp.arange(1, t + 1)[None, None] if mask.causal else jnp.full((1, 1, t), t)", "jnp.arange(1, t + 1)[None, None]",
+           ("tests/test_blockwise.py", "-k", "fused_path_matches_reference")),
+    # --- attention/blockwise.py: block skipping at the exact boundary (issue 15)
+    Mutant("blockwise: causal skip k_lo < q_hi", "freeatten_jax/attention/blockwise.py", "maybe &= k_lo <= q_hi", "maybe &= k_lo < q_hi",
+           BLOCK_EDGES),
+    Mutant("blockwise: causal skip k_hi <= q_hi", "freeatten_jax/attention/blockwise.py", "maybe &= k_lo <= q_hi", "maybe &= k_hi <= q_hi",
+           BLOCK_EDGES),
+    Mutant("blockwise: window skip one position short", "freeatten_jax/attention/blockwise.py", "(q_lo - k_hi < q_mask.window)",
+           "(q_lo - k_hi < q_mask.window - 1)", BLOCK_EDGES),
+    # --- nn/attention_layer.py
+    Mutant("decode: default positions from the slot count, not the last position", "freeatten_jax/nn/attention_layer.py",
+           "jnp.where(filled, cache.positions_BS[:, last] + 1, 0)", "jnp.where(filled, cache.positions_BS[:, last] * 0 + cache.length, 0)",
+           ("tests/test_generate.py::test_default_position_decoding_continues_an_explicit_position_prefill",)),
+    # --- training
+    Mutant("train step: gradients not divided by the micro-batch count", "freeatten_jax/training/step.py",
+           "grads = jax.tree.map(lambda g: g / accum_steps, grads)", "grads = jax.tree.map(lambda g: g, grads)",
+           ("tests/test_train.py::test_gradient_accumulation_matches_one_big_batch",)),
+    Mutant("resume: train.seed may change", "freeatten_jax/training/loop.py", '"train.batch_size", "train.seed")', '"train.batch_size")',
+           ("tests/test_train.py::test_resume_check_refuses_each_fixed_field_and_allows_the_others",)),
+    # --- evaluation
+    Mutant("eval loss: first train_len positions", "freeatten_jax/evaluation/loss.py", "losses_WT[:, -train_len:]", "losses_WT[:, :train_len]",
+           (EVAL, "-k", "loss_last_train_len")),
+    Mutant("needle mass: 5 tokens off", "freeatten_jax/evaluation/attention_stats.py", "needle.start : needle.stop]",
+           "needle.start + 5 : needle.stop + 5]", (EVAL, "-k", "needle_mass")),
+    Mutant("attention entropy: sign flipped", "freeatten_jax/evaluation/attention_stats.py", "ent_HT.append(np.asarray(-jnp.sum(",
+           "ent_HT.append(np.asarray(jnp.sum(", (EVAL, "-k", "entropy_and_max")),
+    Mutant("switch rope_theta=50x read as absolute 50", "freeatten_jax/evaluation/switches.py",
+           "cfg.model.rope_theta * float(value[:-1])", "float(value[:-1])", (EVAL, "-k", "each_switch")),
+]
