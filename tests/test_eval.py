@@ -11,7 +11,8 @@ from tqdm import tqdm
 
 from freeatten_jax.configs import base
 from freeatten_jax.errors import ConfigError, UserError
-from freeatten_jax.evaluation import suite, switches
+from freeatten_jax import data
+from freeatten_jax.evaluation import loss, suite, switches
 from freeatten_jax.training import config, loop
 
 WORDS = "the of and to in is that it with as for was on be by at this from or an which king lord love sweet night".split()
@@ -41,7 +42,7 @@ def trained(tmp_path_factory):
     return runs
 
 
-SETTINGS = suite.Settings(multipliers=(1, 2, 8), max_windows=6, passkey_depths=(0.2, 0.8), passkey_keys=1, passkey_candidates=4)
+SETTINGS = suite.Settings(multipliers=(1, 2, 8), eval_tokens=3 * 257, passkey_depths=(0.2, 0.8), passkey_keys=1, passkey_candidates=4)
 
 
 @pytest.mark.slow
@@ -64,7 +65,10 @@ def test_suite_writes_every_output(trained, tmp_path):
     for heading in ("Loss vs length", "Passkey retrieval", "Attention entropy", "Learned SSMax s", "loss_vs_length.png"):
         assert heading in report
     for r in runs:
-        assert [x["length"] for x in r["lengths"]] == [32, 64, 256]
+        assert [x["length"] for x in r["lengths"]] == [32, 64, 256] and r["span_tokens"] == 3 * 257
+        scored = [x["tokens_scored"] for x in r["lengths"]]  # the same span at every length, up to one longest window
+        assert scored == [23 * 32, 11 * 64, 3 * 256] and max(scored) - min(scored) < 257
+        assert all(x["loss_ci"][0] <= x["loss"] <= x["loss_ci"][1] for x in r["lengths"])
         assert all(np.isfinite(x["loss"]) and x["windows"] > 0 for x in r["lengths"])
         assert len(r["per_position"]) == 256
         assert {c["length"] for c in r["passkey"]} == {256}
@@ -77,15 +81,17 @@ def test_suite_writes_every_output(trained, tmp_path):
 @pytest.mark.slow
 def test_loss_at_1x_equals_training_validation_loss(trained, tmp_path):
     workdir, final = trained["lssa"]
-    settings = suite.Settings(multipliers=(1,), max_windows=6, passkey_depths=())
+    settings = suite.Settings(multipliers=(1,), eval_tokens=6 * 33, passkey_depths=())  # training's: 6 windows of 32 + 1
     run = suite.run_suite([workdir], [], settings, str(tmp_path))[0]
-    assert run["lengths"][0]["windows"] == 6
-    assert run["lengths"][0]["loss"] == pytest.approx(final["val_loss"], rel=1e-5)
+    one_x = run["lengths"][0]
+    assert one_x["windows"] == 6 and one_x["tokens_scored"] == 6 * 32
+    assert one_x["loss"] == pytest.approx(final["val_loss"], rel=1e-5)
+    assert one_x["loss_ci"][0] < one_x["loss"] < one_x["loss_ci"][1]
 
 
 @pytest.mark.slow
 def test_reweighting_switch_changes_lssa_and_off_reproduces_it(trained, tmp_path):
-    settings = suite.Settings(multipliers=(1, 2, 8), max_windows=4, passkey_depths=())
+    settings = suite.Settings(multipliers=(1, 2, 8), eval_tokens=2 * 257, passkey_depths=())
     none, p15 = suite.run_suite([trained["lssa"][0]], ["p=15", "p=off"], settings, str(tmp_path))  # p=off: a no-op here
     with tqdm(disable=True) as progress:
         off = suite.evaluate(trained["lssa"][0], switches.parse("p=off"), settings, suite.SplitCache(), progress)
@@ -93,6 +99,25 @@ def test_reweighting_switch_changes_lssa_and_off_reproduces_it(trained, tmp_path
     assert losses(off) == losses(none) and off["per_position"] == none["per_position"]
     assert off["attention"] == none["attention"]
     assert all(a != b for a, b in zip(losses(p15), losses(none)))
+
+
+def test_span_windows_cut_the_same_tokens_at_every_length_and_match_training_windows():
+    sequences = [np.arange(1000), np.arange(1000, 1500)]
+    for length in (9, 49, 99):
+        windows_WL = loss.span_windows(sequences, length, 1200)
+        assert windows_WL.shape[1] == length + 1 and windows_WL.max() < 1200  # inside the span only
+        assert 1200 - windows_WL.size < 2 * (length + 1)  # each of the 2 sequences loses less than a window
+    np.testing.assert_array_equal(loss.span_windows(sequences, 9, 7 * 10), data.eval_windows(sequences, 9, 7))
+
+
+def test_bootstrap_interval_is_seeded_and_covers_the_mean():
+    values = np.random.default_rng(1).normal(2.0, 0.5, size=64)
+    low, high = loss.bootstrap_ci(values, seed=3)
+    assert (low, high) == loss.bootstrap_ci(values, seed=3) != loss.bootstrap_ci(values, seed=4)
+    assert low < values.mean() < high
+    assert high - low == pytest.approx(2 * 1.96 * values.std() / np.sqrt(64), rel=0.2)  # the normal-theory width
+    summary = loss.summarise(np.tile(values[:, None], (1, 8)), train_len=4)
+    assert summary["tokens_scored"] == 64 * 8 and summary["loss_ci"] == loss.bootstrap_ci(values, seed=0)
 
 
 def _typed(variant):

@@ -17,7 +17,8 @@ def main() -> None:
     out = flags.DEFINE_string("out", None, "Directory for report.md, results.json, CSV files and plots.", required=True)
     switches = flags.DEFINE_multi_string("switch", [], "Eval-time switch, e.g. p=15, p=off, rope_theta=50x, s=0.3.")
     multipliers = flags.DEFINE_list("multipliers", ["1", "2", "4", "8", "16"], "Evaluation lengths in training lengths.")
-    max_windows = flags.DEFINE_integer("max_windows", 16, "Held-out windows per length.")
+    eval_tokens = flags.DEFINE_integer("eval_tokens", 0, "Held-out tokens scored at every length (cut into windows of "
+                                       "each length); 0: 16 windows of the longest length.")
     depths = flags.DEFINE_list("passkey_depths", ["0.1", "0.5", "0.9"], "Needle depths (0 = start, 1 = end).")
     keys = flags.DEFINE_integer("passkey_keys", 3, "Random keys per passkey cell.")
     candidates = flags.DEFINE_integer("passkey_candidates", 10, "Keys ranked by likelihood, the true one included.")
@@ -30,7 +31,7 @@ def main() -> None:
 
         settings = suite.Settings(
             multipliers=tuple(sorted(int(m) for m in multipliers.value)),
-            max_windows=max_windows.value,
+            eval_tokens=eval_tokens.value,
             passkey_depths=tuple(float(d) for d in depths.value),
             passkey_keys=keys.value,
             passkey_candidates=candidates.value,

@@ -31,11 +31,21 @@ def _fmt(x: float | None) -> str:
     return "n/a" if x is None or not np.isfinite(x) else f"{x:.3f}"
 
 
+def _with_ci(x: dict | None, key: str) -> str:
+    """`mean [low, high]` of one length's measurement, or n/a."""
+    if x is None:
+        return "n/a"
+    low, high = x[f"{key}_ci"]
+    return f"{_fmt(x[key])} [{_fmt(low)}, {_fmt(high)}]"
+
+
 def write_csvs(out: pathlib.Path, runs: list[dict]) -> None:
     _write_csv(out / "loss_vs_length.csv",
-               ["run", "checkpoint", "step", "variant", "switch", "length", "multiplier", "loss", "loss_last_train_len", "windows"],
-               [[label(r), r["workdir"], r["step"], r["variant"], r["switch"], x["length"], x["multiplier"], x["loss"],
-                 x["loss_last_train_len"], x["windows"]] for r in runs for x in r["lengths"]])
+               ["run", "checkpoint", "step", "variant", "switch", "length", "multiplier", "loss", "loss_ci_low", "loss_ci_high",
+                "loss_last_train_len", "loss_last_train_len_ci_low", "loss_last_train_len_ci_high", "windows", "tokens_scored"],
+               [[label(r), r["workdir"], r["step"], r["variant"], r["switch"], x["length"], x["multiplier"], x["loss"], *x["loss_ci"],
+                 x["loss_last_train_len"], *x["loss_last_train_len_ci"], x["windows"], x["tokens_scored"]]
+                for r in runs for x in r["lengths"]])
     _write_csv(out / "per_position.csv", ["run", "position", "loss"],
                [[label(r), i, v] for r in runs for i, v in enumerate(r["per_position"])])
     _write_csv(out / "passkey.csv", ["run", "length", "depth", "accuracy", "mean_key_loglik", "mean_key_rank", "keys"],
@@ -55,12 +65,13 @@ def write_csvs(out: pathlib.Path, runs: list[dict]) -> None:
 def markdown(runs: list[dict], settings: dict, figures: dict[str, str]) -> str:
     multipliers = settings["multipliers"]
     mult_header = [f"{m}x" for m in multipliers]
-    by_mult = lambda r, key: [_fmt(next((x[key] for x in r["lengths"] if x["multiplier"] == m), None)) for m in multipliers]
+    by_mult = lambda r, key: [_with_ci(next((x for x in r["lengths"] if x["multiplier"] == m), None), key) for m in multipliers]
     checkpoints = _md_table(
         ["run", "checkpoint", "step", "variant", "switch", "train length", "RoPE theta"],
         [[label(r), r["workdir"], r["step"], r["variant"], r["switch"], r["train_len"], f"{r['rope_theta']:g}"] for r in runs],
     )
-    windows = ", ".join(f"{x['length']}: {x['windows']}" for x in runs[0]["lengths"]) if runs else ""
+    windows = ", ".join(f"{x['length']}: {x['windows']} windows, {x['tokens_scored']} tokens" for x in runs[0]["lengths"]) if runs else ""
+    spans = ", ".join(sorted({f"{r['span_tokens']}" for r in runs}))
     lengths = sorted({c["length"] for r in runs for c in r["passkey"]})
     passkey = _md_table(
         ["run", *[str(n) for n in lengths], "mean rank of true key"],
@@ -75,7 +86,9 @@ def markdown(runs: list[dict], settings: dict, figures: dict[str, str]) -> str:
     parts = [
         "# Length-extrapolation report",
         "## Checkpoints\n\n" + checkpoints,
-        f"## Loss vs length (mean next-token loss, nats; windows per length: {windows})\n\n"
+        f"## Loss vs length (mean next-token loss, nats, [95% bootstrap interval over windows])\n\n"
+        f"Every length scores the same held-out span: the first {spans} validation tokens, cut into non-overlapping "
+        f"windows of each length ({windows}).\n\n"
         + _md_table(["run", *mult_header], [[label(r), *by_mult(r, "loss")] for r in runs]),
         "## Loss over the last training-length positions of each window\n\n"
         + _md_table(["run", *mult_header], [[label(r), *by_mult(r, "loss_last_train_len")] for r in runs]),

@@ -24,7 +24,7 @@ from freeatten_jax.training.loss import next_token_losses
 @dataclasses.dataclass(frozen=True)
 class Settings:
     multipliers: tuple[int, ...] = (1, 2, 4, 8, 16)  # evaluation lengths, in training lengths, ascending
-    max_windows: int = 16  # held-out windows per length (fewer if the data runs out)
+    eval_tokens: int = 0  # the held-out span scored at every length; 0: 16 windows of the longest length
     passkey_depths: tuple[float, ...] = (0.1, 0.5, 0.9)
     passkey_keys: int = 3  # random keys per (length, depth) cell
     passkey_candidates: int = 10  # the true key and 9 random ones, ranked by likelihood
@@ -46,14 +46,20 @@ class SplitCache:
         return self._cache[key]
 
 
-def _windows(splits: data.Splits, length: int, max_windows: int, multiplier: int) -> np.ndarray:
+def span_tokens(settings: Settings, train_len: int) -> int:
+    """The held-out span (tokens) every length is scored on."""
+    return settings.eval_tokens or 16 * (max(settings.multipliers) * train_len + 1)
+
+
+def _windows(splits: data.Splits, length: int, tokens: int, multiplier: int) -> np.ndarray:
     available = sum(len(s) for s in splits.val)
-    if available < length + 1:
+    if min(available, tokens) < length + 1:
         raise data.DataError(
             f"evaluation length {length} ({multiplier}x the training length) needs {length + 1} held-out tokens; "
-            f"the validation split has {available}: use smaller --multipliers or more validation data"
+            f"the span has {min(available, tokens)} (validation split {available}, --eval_tokens {tokens}): "
+            f"use smaller --multipliers, a larger --eval_tokens or more validation data"
         )
-    return data.eval_windows(splits.val, length, max_windows)
+    return loss.span_windows(splits.val, length, tokens)
 
 
 @functools.partial(jax.jit, static_argnames=("graphdef",))
@@ -119,11 +125,12 @@ def evaluate(workdir: str, switch: switches.Switch, settings: Settings, splits_o
     splits = splits_of(cfg.data)
     run = {"name": pathlib.Path(workdir).name, "workdir": str(workdir), "step": int(step), "variant": cfg.model.attention,
            "switch": switch.label, "train_len": train_len, "rope_theta": float(model.attention_layers[0].rope_theta), "lengths": []}
+    run["span_tokens"] = min(span_tokens(settings, train_len), sum(len(s) for s in splits.val))
     longest = None
     for m in sorted(settings.multipliers):  # the last one is the longest: per-position loss and analysis
-        windows_WL = _windows(splits, m * train_len, settings.max_windows, m)
+        windows_WL = _windows(splits, m * train_len, run["span_tokens"], m)
         losses_WT = loss.token_losses(model, windows_WL)
-        run["lengths"].append({"length": m * train_len, "multiplier": m, **loss.summarise(losses_WT, train_len)})
+        run["lengths"].append({"length": m * train_len, "multiplier": m, **loss.summarise(losses_WT, train_len, settings.seed)})
         run["per_position"] = losses_WT.mean(0).tolist()
         longest = windows_WL
         progress.update(1)
