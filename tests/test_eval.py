@@ -12,7 +12,7 @@ from tqdm import tqdm
 from freeatten_jax.configs import base
 from freeatten_jax.errors import ConfigError, UserError
 from freeatten_jax import data
-from freeatten_jax.evaluation import loss, suite, switches
+from freeatten_jax.evaluation import loss, passkey, suite, switches
 from freeatten_jax.training import config, loop
 
 WORDS = "the of and to in is that it with as for was on be by at this from or an which king lord love sweet night".split()
@@ -62,6 +62,7 @@ def test_suite_writes_every_output(trained, tmp_path):
         png = (tmp_path / f"{name}.png").read_bytes()
         assert png.startswith(b"\x89PNG") and len(png) > 1000
     report = (tmp_path / "report.md").read_text()
+    assert "Not scored (n/a):\n- length 32: the passkey prompt without filler is 247 tokens" in report
     for heading in ("Loss vs length", "Passkey retrieval", "Attention entropy", "Learned SSMax s", "loss_vs_length.png"):
         assert heading in report
     for r in runs:
@@ -71,7 +72,8 @@ def test_suite_writes_every_output(trained, tmp_path):
         assert all(x["loss_ci"][0] <= x["loss"] <= x["loss_ci"][1] for x in r["lengths"])
         assert all(np.isfinite(x["loss"]) and x["windows"] > 0 for x in r["lengths"])
         assert len(r["per_position"]) == 256
-        assert {c["length"] for c in r["passkey"]} == {256}
+        assert {c["length"] for c in r["passkey"] if c["accuracy"] is not None} == {256}
+        assert all("longer than the length" in c["reason"] for c in r["passkey"] if c["length"] < 256)
         assert len(r["needle_mass"]) == 2
     assert runs[3]["ssmax_s"] is not None and runs[0]["ssmax_s"] is None
     # the s override reaches every head of every layer
@@ -118,6 +120,42 @@ def test_bootstrap_interval_is_seeded_and_covers_the_mean():
     assert high - low == pytest.approx(2 * 1.96 * values.std() / np.sqrt(64), rel=0.2)  # the normal-theory width
     summary = loss.summarise(np.tile(values[:, None], (1, 8)), train_len=4)
     assert summary["tokens_scored"] == 64 * 8 and summary["loss_ci"] == loss.bootstrap_ci(values, seed=0)
+
+
+LANDMARK = (
+    "There is an important info hidden inside a lot of irrelevant text. Find it and memorize them. I will quiz you about the "
+    "important information there.\n"
+    "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again. The grass\n"
+    "The pass key is 40712. Remember it. 40712 is the pass key.\n"
+    "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again. The grass is green. The sky is blue. Th\n"
+    "What is the pass key? The pass key is"
+)
+
+
+def test_passkey_prompt_is_the_landmark_text_and_fits_the_length():
+    from freeatten_jax.data.tokenizer import ByteTokenizer
+
+    lines = LANDMARK.split("\n")
+    before, after = len(lines[1]), len(lines[3])  # filler characters on each side of the needle
+    depth = before / (before + after)
+    assert passkey.prompt_text(before + after, depth, "40712") == LANDMARK
+    tokens_T, needle = passkey.build_prompt(ByteTokenizer(), len(LANDMARK.encode()), depth, "40712")
+    assert ByteTokenizer().decode(tokens_T) == LANDMARK  # the most filler that fits, needle at the depth
+    assert ByteTokenizer().decode(tokens_T[needle]) == "The pass key is 40712. Remember it. 40712 is the pass key.\n"
+    shorter_T, _ = passkey.build_prompt(ByteTokenizer(), len(LANDMARK.encode()) - 1, 0.5, "40712")
+    assert len(shorter_T) == len(LANDMARK.encode()) - 1
+    with pytest.raises(ValueError, match="without filler is 247 tokens, longer than the length 200"):
+        passkey.build_prompt(ByteTokenizer(), 200, 0.5, "40712")
+
+
+def test_passkey_scoring_is_first_integer_equality_and_rank():
+    assert passkey.is_retrieved(" 12345.", "12345") and passkey.is_retrieved("is 12345 and 999", "12345")
+    assert not passkey.is_retrieved(" 123456", "12345")  # startswith would have counted it
+    assert not passkey.is_retrieved(" 1234", "12345") and not passkey.is_retrieved(" the key", "12345")
+    assert not passkey.is_retrieved(" 99 then 12345", "12345")  # only the first integer counts
+    assert passkey.first_integer("a 7b 8") == "7" and passkey.first_integer("none") is None
+    assert passkey.key_rank(-1.0, [-2.0, -3.0]) == 1 and passkey.key_rank(-2.5, [-2.0, -3.0, -1.0]) == 3
+    assert passkey.key_rank(-2.0, [-2.0]) == 2  # a tie is not a win
 
 
 def _typed(variant):

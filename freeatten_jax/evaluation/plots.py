@@ -51,7 +51,7 @@ def passkey(out, runs, label) -> str:
         depths = sorted({c["depth"] for c in r["passkey"]})
         grid = np.full((len(depths), len(lengths)), np.nan)
         for c in r["passkey"]:
-            grid[depths.index(c["depth"]), lengths.index(c["length"])] = c["accuracy"]
+            grid[depths.index(c["depth"]), lengths.index(c["length"])] = np.nan if c["accuracy"] is None else c["accuracy"]
         ax.imshow(grid, vmin=0, vmax=1, cmap="viridis", aspect="auto", origin="lower")
         ax.set_xticks(range(len(lengths)), [str(n) for n in lengths], fontsize=7)
         ax.set_yticks(range(len(depths)), [f"{d:.2f}" for d in depths], fontsize=7)

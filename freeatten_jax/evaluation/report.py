@@ -39,6 +39,23 @@ def _with_ci(x: dict | None, key: str) -> str:
     return f"{_fmt(x[key])} [{_fmt(low)}, {_fmt(high)}]"
 
 
+def _mean(cells: list[dict], key: str) -> float | None:
+    values = [c[key] for c in cells if c[key] is not None]
+    return float(np.mean(values)) if values else None
+
+
+def retrieval_table(runs: list[dict], task: str) -> str:
+    """Accuracy by length and mean key rank per run, then why the cells that could not be scored were not."""
+    lengths = sorted({c["length"] for r in runs for c in r[task]})
+    table = _md_table(
+        ["run", *[str(n) for n in lengths], "mean rank of true key"],
+        [[label(r), *[_fmt(_mean([c for c in r[task] if c["length"] == n], "accuracy")) for n in lengths],
+          _fmt(_mean(r[task], "mean_key_rank"))] for r in runs],
+    )
+    reasons = sorted({f"- length {c['length']}: {c['reason']}" for r in runs for c in r[task] if "reason" in c})
+    return table + ("\n\nNot scored (n/a):\n" + "\n".join(reasons) if reasons else "")
+
+
 def write_csvs(out: pathlib.Path, runs: list[dict]) -> None:
     _write_csv(out / "loss_vs_length.csv",
                ["run", "checkpoint", "step", "variant", "switch", "length", "multiplier", "loss", "loss_ci_low", "loss_ci_high",
@@ -48,8 +65,8 @@ def write_csvs(out: pathlib.Path, runs: list[dict]) -> None:
                 for r in runs for x in r["lengths"]])
     _write_csv(out / "per_position.csv", ["run", "position", "loss"],
                [[label(r), i, v] for r in runs for i, v in enumerate(r["per_position"])])
-    _write_csv(out / "passkey.csv", ["run", "length", "depth", "accuracy", "mean_key_loglik", "mean_key_rank", "keys"],
-               [[label(r), c["length"], c["depth"], c["accuracy"], c["mean_key_loglik"], c["mean_key_rank"], c["keys"]]
+    _write_csv(out / "passkey.csv", ["run", "length", "depth", "accuracy", "mean_key_loglik", "mean_key_rank", "keys", "not_scored_because"],
+               [[label(r), c["length"], c["depth"], c["accuracy"], c["mean_key_loglik"], c["mean_key_rank"], c["keys"], c.get("reason", "")]
                 for r in runs for c in r["passkey"]])
     _write_csv(out / "attention.csv", ["run", "layer", "head", "n_from", "entropy", "max_weight"],
                [[label(r), layer, head, n, ent[head][u], mx[head][u]] for r in runs
@@ -72,12 +89,6 @@ def markdown(runs: list[dict], settings: dict, figures: dict[str, str]) -> str:
     )
     windows = ", ".join(f"{x['length']}: {x['windows']} windows, {x['tokens_scored']} tokens" for x in runs[0]["lengths"]) if runs else ""
     spans = ", ".join(sorted({f"{r['span_tokens']}" for r in runs}))
-    lengths = sorted({c["length"] for r in runs for c in r["passkey"]})
-    passkey = _md_table(
-        ["run", *[str(n) for n in lengths], "mean rank of true key"],
-        [[label(r), *[_fmt(np.mean([c["accuracy"] for c in r["passkey"] if c["length"] == n])) for n in lengths],
-          _fmt(np.mean([c["mean_key_rank"] for c in r["passkey"]]) if r["passkey"] else None)] for r in runs],
-    )
     n_from = runs[0]["attention"]["n_from"] if runs else []
     entropy = _md_table(
         ["run", *[f"N>={n}" for n in n_from]],
@@ -92,8 +103,9 @@ def markdown(runs: list[dict], settings: dict, figures: dict[str, str]) -> str:
         + _md_table(["run", *mult_header], [[label(r), *by_mult(r, "loss")] for r in runs]),
         "## Loss over the last training-length positions of each window\n\n"
         + _md_table(["run", *mult_header], [[label(r), *by_mult(r, "loss_last_train_len")] for r in runs]),
-        f"## Passkey retrieval (greedy exact match by prompt length, mean over depths {settings['passkey_depths']} "
-        f"and {settings['passkey_keys']} keys; rank among {settings['passkey_candidates']} candidate keys)\n\n" + passkey,
+        f"## Passkey retrieval, Landmark format (greedy: first integer generated equals the key; by prompt length, mean over "
+        f"depths {settings['passkey_depths']} and {settings['passkey_keys']} keys; rank among {settings['passkey_candidates']} "
+        f"candidate keys)\n\n" + retrieval_table(runs, "passkey"),
         "## Attention entropy (nats, mean over layers and heads) by visible keys N_i at the longest length\n\n" + entropy,
         "## Attention mass of the final query on the needle (mean over layers, heads and prompts)\n\n"
         + _md_table(["run", "mass"], [[label(r), _fmt(float(np.mean(r["needle_mass"]))) if r["needle_mass"] else "n/a"] for r in runs]),

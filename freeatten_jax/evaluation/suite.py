@@ -80,39 +80,45 @@ def _key_log_likelihoods(model, prompt_T: np.ndarray, candidates: list[np.ndarra
     return totals
 
 
-def _passkey_lengths(tokenizer, lengths: list[int]) -> list[int]:
-    """The evaluation lengths long enough to hold the needle and the question."""
-    usable = []
-    for n in lengths:
-        try:
-            passkey.build_prompt(tokenizer, n, 0.5, "12345")
-            usable.append(n)
-        except ValueError:
-            pass
-    return usable
+def _score_prompt(model, tokenizer, prompt_T: np.ndarray, key: str, others: list[str]) -> tuple[bool, float, int]:
+    """(greedy first-integer hit, log-likelihood of the key after the prompt, its rank among the candidates)."""
+    key_tokens = np.asarray(tokenizer.encode(" " + key), np.int32)
+    out = generate(model, prompt_T[None], len(key_tokens) + 2, temperature=0.0)  # room to overrun the key
+    hit = passkey.is_retrieved(tokenizer.decode(np.asarray(out[0, len(prompt_T):])), key)
+    candidates = [key_tokens] + [np.asarray(tokenizer.encode(" " + k), np.int32) for k in others]
+    totals = _key_log_likelihoods(model, prompt_T, candidates)
+    return hit, float(totals[0]), passkey.key_rank(totals[0], totals[1:])
 
 
-def _passkey(model, tokenizer, lengths: list[int], settings: Settings, rng, progress) -> tuple[list[dict], list]:
-    """(grid cells, needle-mass [layers, H] for each prompt at the longest length)."""
+def _retrieval(model, tokenizer, build, lengths: list[int], settings: Settings, rng, progress) -> tuple[list[dict], list]:
+    """(grid cells of length x depth, needle-mass [layers, H] for each prompt at the longest length).
+
+    `build(tokenizer, length, depth, key) -> (prompt tokens, needle slice)`; a cell that cannot be
+    scored (no tokenizer, or the prompt does not fit the length) carries the reason instead of numbers."""
     cells, masses = [], []
     for length in lengths:
         for depth in settings.passkey_depths:
+            cell = {"length": length, "depth": depth, "accuracy": None, "mean_key_loglik": None, "mean_key_rank": None, "keys": 0}
+            progress.update(1)
+            if tokenizer is None:
+                cells.append({**cell, "reason": "the run has no tokenizer (set data.tokenizer_path for .bin shards)"})
+                continue
             hits, logliks, ranks = [], [], []
             for key in passkey.random_keys(rng, settings.passkey_keys):
-                prompt_T, needle = passkey.build_prompt(tokenizer, length, depth, key)
-                key_tokens = np.asarray(tokenizer.encode(" " + key), np.int32)
-                out = generate(model, prompt_T[None], len(key_tokens) + 1, temperature=0.0)
-                hits.append(passkey.exact_match(tokenizer, np.asarray(out[0, length:]), key))
+                try:
+                    prompt_T, needle = build(tokenizer, length, depth, key)
+                except ValueError as e:
+                    cell["reason"] = str(e)
+                    break
                 others = [k for k in passkey.random_keys(rng, settings.passkey_candidates * 2) if k != key]
-                candidates = [key_tokens] + [np.asarray(tokenizer.encode(" " + k), np.int32) for k in others[: settings.passkey_candidates - 1]]
-                totals = _key_log_likelihoods(model, prompt_T, candidates)
-                logliks.append(float(totals[0]))
-                ranks.append(int(1 + np.sum(totals[1:] > totals[0])))
+                hit, loglik, rank = _score_prompt(model, tokenizer, prompt_T, key, others[: settings.passkey_candidates - 1])
+                hits.append(hit), logliks.append(loglik), ranks.append(rank)
                 if length == lengths[-1]:
                     masses.append(attention_stats.needle_mass(model, jnp.asarray(prompt_T[None]), needle))
-            cells.append({"length": length, "depth": depth, "accuracy": float(np.mean(hits)), "mean_key_loglik": float(np.mean(logliks)),
-                          "mean_key_rank": float(np.mean(ranks)), "keys": len(hits)})
-            progress.update(1)
+            if hits:
+                cell.update(accuracy=float(np.mean(hits)), mean_key_loglik=float(np.mean(logliks)), mean_key_rank=float(np.mean(ranks)),
+                            keys=len(hits))
+            cells.append(cell)
     return cells, masses
 
 
@@ -138,11 +144,10 @@ def evaluate(workdir: str, switch: switches.Switch, settings: Settings, splits_o
     entropy, max_weight, n_from = attention_stats.entropy_and_max(model, tokens_BT)
     run["attention"] = {"entropy": entropy.tolist(), "max_weight": max_weight.tolist(), "n_from": n_from.tolist()}
     progress.update(1)
-    run["passkey"], masses, run["needle_mass"] = [], [], []
-    if splits.tokenizer is not None:
-        lengths = _passkey_lengths(splits.tokenizer, [x["length"] for x in run["lengths"]])
-        run["passkey"], masses = _passkey(model, splits.tokenizer, lengths, settings, np.random.default_rng(settings.seed), progress)
-    progress.update(len(settings.passkey_depths) * (len(settings.multipliers) - len(run["passkey"]) // max(len(settings.passkey_depths), 1)))
+    lengths = [x["length"] for x in run["lengths"]]
+    run["passkey"], masses = _retrieval(model, splits.tokenizer, passkey.build_prompt, lengths, settings,
+                                        np.random.default_rng(settings.seed), progress)
+    run["needle_mass"] = []
     if masses:
         run["needle_mass"] = np.mean(masses, axis=0).tolist()
     s = attention_stats.ssmax_s(model)
