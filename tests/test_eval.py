@@ -188,12 +188,13 @@ def test_switch_parsing_and_errors(trained, tmp_path):
 
 @pytest.mark.slow
 def test_freeatten_generate_continues_a_prompt_with_the_runs_tokenizer(trained, tmp_path):
-    from freeatten_jax.data.tokenizer import ByteTokenizer
+    from freeatten_jax.data.tokenizer import ByteTokenizer, load_from_run
     from freeatten_jax.nn import generate
     from freeatten_jax.training import checkpoint
     from freeatten_jax.training.generate_cli import generate_text
 
     workdir = trained["lssa"][0]
+    assert type(load_from_run(workdir)) is ByteTokenizer  # training saved the run's tokenizer in its folder
     model, _, _ = checkpoint.load_params(workdir)
     prompt = ByteTokenizer().encode("the king ").astype(np.int32)
     greedy = ByteTokenizer().decode(np.asarray(generate(model, prompt[None], 6, temperature=0.0))[0, len(prompt):])

@@ -145,7 +145,8 @@ def evaluate(workdir: str, switch: switches.Switch, settings: Settings, splits_o
     run["attention"] = {"entropy": entropy.tolist(), "max_weight": max_weight.tolist(), "n_from": n_from.tolist()}
     progress.update(1)
     lengths = [x["length"] for x in run["lengths"]]
-    run["passkey"], masses = _retrieval(model, splits.tokenizer, passkey.build_prompt, lengths, settings,
+    tokenizer = data.run_tokenizer(workdir, cfg.data)
+    run["passkey"], masses = _retrieval(model, tokenizer, passkey.build_prompt, lengths, settings,
                                         np.random.default_rng(settings.seed), progress)
     run["needle_mass"] = []
     if masses:

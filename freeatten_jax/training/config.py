@@ -22,6 +22,7 @@ class DataConfig:
     val_fraction: float
     cache_dir: str
     num_workers: int
+    tokenizer_path: str = ""  # a Hugging Face tokenizer.json for .bin shards (passkey, generation)
 
 
 @dataclasses.dataclass(frozen=True)

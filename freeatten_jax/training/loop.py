@@ -121,6 +121,8 @@ def train_and_evaluate(cfg_dict, workdir) -> list[dict]:
         raise ConfigError(f"config.{e}") from None
     splits = data.load_splits(cfg.data)
     _check_vocab(cfg, splits)
+    if jax.process_index() == 0:
+        data.save_to_run(splits.tokenizer, storage.path(workdir))  # the run carries its tokenizer
     rules, steps = cfg.mesh.rules, cfg.train.steps
     hosts, batch = jax.process_count(), cfg.train.batch_size
     replicas = mesh.shape["data"] * mesh.shape["fsdp"]
