@@ -58,7 +58,7 @@ def test_suite_writes_every_output(trained, tmp_path):
         with (tmp_path / f"{name}.csv").open() as f:
             rows = list(csv.DictReader(f))
         assert rows, name
-    for name in ("loss_vs_length", "per_position", "passkey", "entropy_vs_n"):
+    for name in ("loss_vs_length", "per_position", "passkey", "retrieval", "entropy_vs_n"):
         png = (tmp_path / f"{name}.png").read_bytes()
         assert png.startswith(b"\x89PNG") and len(png) > 1000
     report = (tmp_path / "report.md").read_text()
@@ -75,6 +75,7 @@ def test_suite_writes_every_output(trained, tmp_path):
         assert {c["length"] for c in r["passkey"] if c["accuracy"] is not None} == {256}
         assert all("longer than the length" in c["reason"] for c in r["passkey"] if c["length"] < 256)
         assert len(r["needle_mass"]) == 2
+        assert {c["length"] for c in r["retrieval"] if c["accuracy"] is not None} == {64, 256}  # 32 + 1 cannot hold it
     assert runs[3]["ssmax_s"] is not None and runs[0]["ssmax_s"] is None
     # the s override reaches every head of every layer
     assert np.allclose(runs[5]["ssmax_s"], 0.5) and not np.allclose(runs[3]["ssmax_s"], 0.5)
@@ -156,6 +157,27 @@ def test_passkey_scoring_is_first_integer_equality_and_rank():
     assert passkey.first_integer("a 7b 8") == "7" and passkey.first_integer("none") is None
     assert passkey.key_rank(-1.0, [-2.0, -3.0]) == 1 and passkey.key_rank(-2.5, [-2.0, -3.0, -1.0]) == 3
     assert passkey.key_rank(-2.0, [-2.0]) == 2  # a tie is not a win
+
+
+def _fake_run(variant, switch, seed):
+    rng = np.random.default_rng(seed)
+    cells = [{"length": n, "depth": 0.5, "accuracy": None if n == 32 else float(rng.random())} for n in (32, 64)]
+    return {"variant": variant, "switch": switch, "train_len": 32, "per_position": rng.random(64).tolist(),
+            "lengths": [{"length": n, "loss": float(rng.random())} for n in (32, 64)], "passkey": cells, "retrieval": cells,
+            "attention": {"n_from": [1, 2, 4], "entropy": rng.random((2, 2, 3)).tolist()}}
+
+
+def test_plots_draw_one_line_per_variant_and_switch_with_seed_bands(tmp_path):
+    from freeatten_jax.evaluation import plots
+
+    runs = [_fake_run(v, s, seed) for seed in (0, 1) for v, s in (("softmax", "none"), ("softmax", "rope_theta=50x"), ("lssar", "none"))]
+    assert [(key, len(rs)) for key, rs in plots.groups(runs).items()] == [
+        (("softmax", "none"), 2), (("softmax", "rope_theta=50x"), 2), (("lssar", "none"), 2)]
+    style = plots._style(runs)
+    assert style("softmax", "none")["color"] == style("softmax", "rope_theta=50x")["color"] != style("lssar", "none")["color"]
+    assert style("softmax", "none")["linestyle"] == style("lssar", "none")["linestyle"] != style("softmax", "rope_theta=50x")["linestyle"]
+    for name in plots.write_all(tmp_path, runs).values():
+        assert (tmp_path / name).read_bytes().startswith(b"\x89PNG")
 
 
 def _typed(variant):

@@ -52,6 +52,7 @@ def get_config(variant: str = "softmax", size: str = "tiny") -> ml_collections.C
     cfg.data.val_fraction = 0.05
     cfg.data.cache_dir = ""  # default: $XDG_CACHE_HOME/freeatten_jax or ~/.cache/freeatten_jax
     cfg.data.num_workers = 0  # grain worker processes (0: load in the training process)
+    cfg.data.retrieval_fraction = 0.0  # e.g. 0.25: that fraction of training windows are synthetic passkey sequences
     cfg.data.tokenizer_path = ""  # .bin shards: a Hugging Face tokenizer.json (e.g. GPT-2's) for passkey and generation
 
     cfg.optim = ml_collections.ConfigDict()

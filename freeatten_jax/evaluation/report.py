@@ -65,9 +65,10 @@ def write_csvs(out: pathlib.Path, runs: list[dict]) -> None:
                 for r in runs for x in r["lengths"]])
     _write_csv(out / "per_position.csv", ["run", "position", "loss"],
                [[label(r), i, v] for r in runs for i, v in enumerate(r["per_position"])])
-    _write_csv(out / "passkey.csv", ["run", "length", "depth", "accuracy", "mean_key_loglik", "mean_key_rank", "keys", "not_scored_because"],
-               [[label(r), c["length"], c["depth"], c["accuracy"], c["mean_key_loglik"], c["mean_key_rank"], c["keys"], c.get("reason", "")]
-                for r in runs for c in r["passkey"]])
+    for task in ("passkey", "retrieval"):
+        _write_csv(out / f"{task}.csv", ["run", "length", "depth", "accuracy", "mean_key_loglik", "mean_key_rank", "keys", "not_scored_because"],
+                   [[label(r), c["length"], c["depth"], c["accuracy"], c["mean_key_loglik"], c["mean_key_rank"], c["keys"], c.get("reason", "")]
+                    for r in runs for c in r[task]])
     _write_csv(out / "attention.csv", ["run", "layer", "head", "n_from", "entropy", "max_weight"],
                [[label(r), layer, head, n, ent[head][u], mx[head][u]] for r in runs
                 for layer, (ent, mx) in enumerate(zip(r["attention"]["entropy"], r["attention"]["max_weight"]))
@@ -106,6 +107,8 @@ def markdown(runs: list[dict], settings: dict, figures: dict[str, str]) -> str:
         f"## Passkey retrieval, Landmark format (greedy: first integer generated equals the key; by prompt length, mean over "
         f"depths {settings['passkey_depths']} and {settings['passkey_keys']} keys; rank among {settings['passkey_candidates']} "
         f"candidate keys)\n\n" + retrieval_table(runs, "passkey"),
+        "## Retrieval in the training mix's format (data.retrieval: filler, \"The pass key is NNNNN. \", then "
+        "\"\\nThe pass key is\"; windows of length + 1 tokens as in training; same scoring)\n\n" + retrieval_table(runs, "retrieval"),
         "## Attention entropy (nats, mean over layers and heads) by visible keys N_i at the longest length\n\n" + entropy,
         "## Attention mass of the final query on the needle (mean over layers, heads and prompts)\n\n"
         + _md_table(["run", "mass"], [[label(r), _fmt(float(np.mean(r["needle_mass"]))) if r["needle_mass"] else "n/a"] for r in runs]),
@@ -124,5 +127,5 @@ def write(out: pathlib.Path, runs: list[dict], settings: dict) -> None:
     out.mkdir(parents=True, exist_ok=True)
     (out / "results.json").write_text(json.dumps({"settings": settings, "runs": runs}, indent=1))
     write_csvs(out, runs)
-    figures = plots.write_all(out, runs, label)
+    figures = plots.write_all(out, runs)
     (out / "report.md").write_text(markdown(runs, settings, figures))

@@ -15,6 +15,7 @@ from tqdm import tqdm
 
 from freeatten_jax import data
 from freeatten_jax.errors import UserError
+from freeatten_jax.data import retrieval
 from freeatten_jax.evaluation import attention_stats, loss, passkey, report, switches
 from freeatten_jax.nn.decoding import generate
 from freeatten_jax.training import checkpoint, config
@@ -148,6 +149,8 @@ def evaluate(workdir: str, switch: switches.Switch, settings: Settings, splits_o
     tokenizer = data.run_tokenizer(workdir, cfg.data)
     run["passkey"], masses = _retrieval(model, tokenizer, passkey.build_prompt, lengths, settings,
                                         np.random.default_rng(settings.seed), progress)
+    run["retrieval"], _ = _retrieval(model, tokenizer, retrieval.build_prompt, lengths, settings,
+                                     np.random.default_rng(settings.seed), progress)
     run["needle_mass"] = []
     if masses:
         run["needle_mass"] = np.mean(masses, axis=0).tolist()
@@ -172,7 +175,7 @@ def run_suite(workdirs: list[str], switch_texts: list[str], settings: Settings, 
     jobs = [(w, s) for w in workdirs for s in [switches.NONE, *parsed] if switches.applicable(configs[w], s)]
     if not jobs:
         raise UserError("nothing to evaluate: no switch applies to these checkpoints")
-    per_job = len(settings.multipliers) + 1 + len(settings.multipliers) * len(settings.passkey_depths)
+    per_job = len(settings.multipliers) + 1 + 2 * len(settings.multipliers) * len(settings.passkey_depths)
     runs, splits_of = [], SplitCache()
     with tqdm(total=len(jobs) * per_job, desc="eval", unit="task") as progress:
         for workdir, switch in jobs:

@@ -23,6 +23,7 @@ class DataConfig:
     cache_dir: str
     num_workers: int
     tokenizer_path: str = ""  # a Hugging Face tokenizer.json for .bin shards (passkey, generation)
+    retrieval_fraction: float = 0.0  # fraction of training windows replaced by synthetic passkey sequences (data.retrieval)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -110,6 +111,7 @@ CHECKS = {  # non-model fields; ModelConfig checks its own
     "data.bpe_vocab_size": _int(257, 65536),
     "data.val_fraction": _FRACTION,
     "data.num_workers": _int(0),
+    "data.retrieval_fraction": _FRACTION,
     "optim.lr": _POSITIVE,
     "optim.schedule": _one_of(tuple(optim.SCHEDULES)),
     "optim.warmup_steps": _int(0),

@@ -132,7 +132,8 @@ def train_and_evaluate(cfg_dict, workdir) -> list[dict]:
                           f"each of its {cfg.train.grad_accum_steps} micro-batches ({micro}) by the "
                           f"{replicas} data-parallel devices (mesh data x fsdp)")
     train_iter = data.train_iterator(splits.train, cfg.train.seq_len, batch // hosts, seed=cfg.train.seed,
-                                     process_index=jax.process_index(), process_count=hosts, num_workers=cfg.data.num_workers)
+                                     process_index=jax.process_index(), process_count=hosts, num_workers=cfg.data.num_workers,
+                                     mix=data.retrieval_mix(cfg.data, splits.tokenizer, cfg.train.seq_len, cfg.train.seed))
     ckpt = Checkpointer(workdir, cfg.checkpoint)
     tx = optim.make(cfg.optim, steps)
     abstract, state_shardings = train_state.abstract_state(cfg, mesh, tx)
