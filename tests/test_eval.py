@@ -192,6 +192,12 @@ def test_switches_that_change_nothing_are_skipped():
     assert switches.applicable(lssar, switches.parse("p=3")) and switches.applicable(lssar, switches.parse("p=off"))
     assert not switches.applicable(_typed("softmax"), switches.parse("p=15"))
     assert switches.applicable(lssar, switches.parse("p=15,rope_theta=2x"))
+    ssmax_protocol = switches.parse("rope_theta=50x@softmax+ssmax")
+    assert ssmax_protocol.label == "rope_theta=50x" and ssmax_protocol.variants == ("softmax", "ssmax")
+    assert switches.applicable(_typed("softmax"), ssmax_protocol) and switches.applicable(_typed("ssmax"), ssmax_protocol)
+    assert not switches.applicable(lssar, ssmax_protocol) and not switches.applicable(lssa, ssmax_protocol)
+    with pytest.raises(ConfigError, match="switch variant 'softmx' is unknown"):
+        switches.parse("rope_theta=50x@softmx")
 
 
 def test_switch_parsing_and_errors(trained, tmp_path):

@@ -42,10 +42,12 @@ def _name(variant: str, switch: str, count: int) -> str:
 def _band(ax, x, values_RX, style, label) -> None:
     """Mean line over runs with a min-max band (no band for one run)."""
     values_RX = np.asarray(values_RX, float)
-    warnings.filterwarnings("ignore", "Mean of empty slice|All-NaN slice", RuntimeWarning)  # unscored lengths are gaps
-    ax.plot(x, np.nanmean(values_RX, 0), marker="o" if len(x) < 12 else None, markersize=3, label=label, **style)
+    with warnings.catch_warnings():  # lengths no run could score are NaN: gaps in the line
+        warnings.simplefilter("ignore", RuntimeWarning)
+        mean_X, low_X, high_X = np.nanmean(values_RX, 0), np.nanmin(values_RX, 0), np.nanmax(values_RX, 0)
+    ax.plot(x, mean_X, marker="o" if len(x) < 12 else None, markersize=3, label=label, **style)
     if len(values_RX) > 1:
-        ax.fill_between(x, np.nanmin(values_RX, 0), np.nanmax(values_RX, 0), color=style["color"], alpha=0.15, linewidth=0)
+        ax.fill_between(x, low_X, high_X, color=style["color"], alpha=0.15, linewidth=0)
 
 
 def _finish(fig, ax, path: pathlib.Path) -> str:
