@@ -2,7 +2,8 @@
 # The CPU-scale reproduction behind docs/results.md (issue 14 protocol): softmax, ssmax, lssa and lssar
 # `tiny` models trained at 64 tokens for 3 seeds, with a fraction FRACTION of the training windows
 # replaced by synthetic passkey sequences (data.retrieval_fraction, so that retrieval is learned at 1x),
-# then the suite to 16x: every length on the same held-out span (16 windows of 1,024 tokens), bootstrap
+# then the suite to 16x: every length on the same held-out span (16 windows of 1,024 tokens: 16,400
+# tokens, whose 252 windows at 1x are the ones training's val_loss uses), bootstrap
 # intervals, Landmark passkey and training-format retrieval at every length, LSSA + re-weighting p=15,
 # and the SSMax paper's protocol (RoPE base x50 at evaluation) for softmax and SSMax.
 # Rerunning resumes unfinished runs (from their last checkpoint) and skips finished ones; the
@@ -24,7 +25,7 @@ for seed in $SEEDS; do
     [ -e "$dir/finished" ] && continue
     "$PY" train.py --config="configs/$variant.py:tiny" --workdir="$dir" --config.train.seed="$seed" \
       --config.train.steps="$STEPS" --config.train.eval_every=100 --config.train.checkpoint_every=100 \
-      --config.data.retrieval_fraction="$FRACTION"
+      --config.data.retrieval_fraction="$FRACTION" --config.train.eval_windows=252  # = the report's 1x windows
     touch "$dir/finished"
   done
 done

@@ -14,8 +14,8 @@ from flax import nnx
 from tqdm import tqdm
 
 from freeatten_jax import data
-from freeatten_jax.errors import UserError
 from freeatten_jax.data import retrieval
+from freeatten_jax.errors import UserError
 from freeatten_jax.evaluation import attention_stats, loss, passkey, report, switches
 from freeatten_jax.nn.decoding import generate
 from freeatten_jax.training import checkpoint, config
