@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The CPU-scale reproduction behind docs/results.md (issue 14 protocol): softmax, ssmax, lssa and lssar
 # `tiny` models trained at 64 tokens for 3 seeds, with a fraction FRACTION of the training windows
-# replaced by synthetic passkey sequences (data.retrieval_fraction, so that retrieval is learned at 1x),
+# replaced by synthetic passkey sequences (data.retrieval_fraction, meant to teach retrieval at 1x; NOT yet
+# shown to: a 400-step softmax run with FRACTION=0.25 scored 0/15 at 1x, so STEPS/FRACTION need tuning),
 # then the suite to 16x: every length on the same held-out span (16 windows of 1,024 tokens: 16,400
 # tokens, whose 252 windows at 1x are the ones training's val_loss uses), bootstrap
 # intervals, Landmark passkey and training-format retrieval at every length, LSSA + re-weighting p=15,

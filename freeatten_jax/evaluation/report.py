@@ -52,8 +52,9 @@ def retrieval_table(runs: list[dict], task: str) -> str:
         [[label(r), *[_fmt(_mean([c for c in r[task] if c["length"] == n], "accuracy")) for n in lengths],
           _fmt(_mean(r[task], "mean_key_rank"))] for r in runs],
     )
-    reasons = sorted({f"- length {c['length']}: {c['reason']}" for r in runs for c in r[task] if "reason" in c})
-    return table + ("\n\nNot scored (n/a):\n" + "\n".join(reasons) if reasons else "")
+    reasons = sorted({(c["length"], c["reason"]) for r in runs for c in r[task] if "reason" in c})
+    lines = [f"- length {n}: {reason}" for n, reason in reasons]
+    return table + ("\n\nNot scored (n/a):\n" + "\n".join(lines) if lines else "")
 
 
 def write_csvs(out: pathlib.Path, runs: list[dict]) -> None:
