@@ -7,7 +7,7 @@ DEMO_VARIANTS := softmax ssmax lssa lssar
 DEMO_RUNS := runs/demo
 DEMO_REPORT := reports/demo
 DEMO_TRAIN_FLAGS := --config.train.steps=200 --config.train.eval_every=100 --config.train.checkpoint_every=100
-DEMO_EVAL_FLAGS := --switch=p=15 --max_windows=8 --passkey_keys=2
+DEMO_EVAL_FLAGS := --switch=p=15 --eval_tokens=8200 --passkey_keys=2
 
 .PHONY: install test demo
 

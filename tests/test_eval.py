@@ -11,7 +11,8 @@ from tqdm import tqdm
 
 from freeatten_jax.configs import base
 from freeatten_jax.errors import ConfigError, UserError
-from freeatten_jax.evaluation import suite, switches
+from freeatten_jax import data
+from freeatten_jax.evaluation import loss, passkey, suite, switches
 from freeatten_jax.training import config, loop
 
 WORDS = "the of and to in is that it with as for was on be by at this from or an which king lord love sweet night".split()
@@ -41,7 +42,7 @@ def trained(tmp_path_factory):
     return runs
 
 
-SETTINGS = suite.Settings(multipliers=(1, 2, 8), max_windows=6, passkey_depths=(0.2, 0.8), passkey_keys=1, passkey_candidates=4)
+SETTINGS = suite.Settings(multipliers=(1, 2, 8), eval_tokens=3 * 257, passkey_depths=(0.2, 0.8), passkey_keys=1, passkey_candidates=4)
 
 
 @pytest.mark.slow
@@ -57,18 +58,24 @@ def test_suite_writes_every_output(trained, tmp_path):
         with (tmp_path / f"{name}.csv").open() as f:
             rows = list(csv.DictReader(f))
         assert rows, name
-    for name in ("loss_vs_length", "per_position", "passkey", "entropy_vs_n"):
+    for name in ("loss_vs_length", "per_position", "passkey", "retrieval", "entropy_vs_n"):
         png = (tmp_path / f"{name}.png").read_bytes()
         assert png.startswith(b"\x89PNG") and len(png) > 1000
     report = (tmp_path / "report.md").read_text()
+    assert "Not scored (n/a):\n- length 32: the passkey prompt without filler is 247 tokens" in report
     for heading in ("Loss vs length", "Passkey retrieval", "Attention entropy", "Learned SSMax s", "loss_vs_length.png"):
         assert heading in report
     for r in runs:
-        assert [x["length"] for x in r["lengths"]] == [32, 64, 256]
+        assert [x["length"] for x in r["lengths"]] == [32, 64, 256] and r["span_tokens"] == 3 * 257
+        scored = [x["tokens_scored"] for x in r["lengths"]]  # the same span at every length, up to one longest window
+        assert scored == [23 * 32, 11 * 64, 3 * 256] and max(scored) - min(scored) < 257
+        assert all(x["loss_ci"][0] <= x["loss"] <= x["loss_ci"][1] for x in r["lengths"])
         assert all(np.isfinite(x["loss"]) and x["windows"] > 0 for x in r["lengths"])
         assert len(r["per_position"]) == 256
-        assert {c["length"] for c in r["passkey"]} == {256}
+        assert {c["length"] for c in r["passkey"] if c["accuracy"] is not None} == {256}
+        assert all("longer than the length" in c["reason"] for c in r["passkey"] if c["length"] < 256)
         assert len(r["needle_mass"]) == 2
+        assert {c["length"] for c in r["retrieval"] if c["accuracy"] is not None} == {64, 256}  # 32 + 1 cannot hold it
     assert runs[3]["ssmax_s"] is not None and runs[0]["ssmax_s"] is None
     # the s override reaches every head of every layer
     assert np.allclose(runs[5]["ssmax_s"], 0.5) and not np.allclose(runs[3]["ssmax_s"], 0.5)
@@ -77,15 +84,17 @@ def test_suite_writes_every_output(trained, tmp_path):
 @pytest.mark.slow
 def test_loss_at_1x_equals_training_validation_loss(trained, tmp_path):
     workdir, final = trained["lssa"]
-    settings = suite.Settings(multipliers=(1,), max_windows=6, passkey_depths=())
+    settings = suite.Settings(multipliers=(1,), eval_tokens=6 * 33, passkey_depths=())  # training's: 6 windows of 32 + 1
     run = suite.run_suite([workdir], [], settings, str(tmp_path))[0]
-    assert run["lengths"][0]["windows"] == 6
-    assert run["lengths"][0]["loss"] == pytest.approx(final["val_loss"], rel=1e-5)
+    one_x = run["lengths"][0]
+    assert one_x["windows"] == 6 and one_x["tokens_scored"] == 6 * 32
+    assert one_x["loss"] == pytest.approx(final["val_loss"], rel=1e-5)
+    assert one_x["loss_ci"][0] < one_x["loss"] < one_x["loss_ci"][1]
 
 
 @pytest.mark.slow
 def test_reweighting_switch_changes_lssa_and_off_reproduces_it(trained, tmp_path):
-    settings = suite.Settings(multipliers=(1, 2, 8), max_windows=4, passkey_depths=())
+    settings = suite.Settings(multipliers=(1, 2, 8), eval_tokens=2 * 257, passkey_depths=())
     none, p15 = suite.run_suite([trained["lssa"][0]], ["p=15", "p=off"], settings, str(tmp_path))  # p=off: a no-op here
     with tqdm(disable=True) as progress:
         off = suite.evaluate(trained["lssa"][0], switches.parse("p=off"), settings, suite.SplitCache(), progress)
@@ -93,6 +102,82 @@ def test_reweighting_switch_changes_lssa_and_off_reproduces_it(trained, tmp_path
     assert losses(off) == losses(none) and off["per_position"] == none["per_position"]
     assert off["attention"] == none["attention"]
     assert all(a != b for a, b in zip(losses(p15), losses(none)))
+
+
+def test_span_windows_cut_the_same_tokens_at_every_length_and_match_training_windows():
+    sequences = [np.arange(1000), np.arange(1000, 1500)]
+    for length in (9, 49, 99):
+        windows_WL = loss.span_windows(sequences, length, 1200)
+        assert windows_WL.shape[1] == length + 1 and windows_WL.max() < 1200  # inside the span only
+        assert 1200 - windows_WL.size < 2 * (length + 1)  # each of the 2 sequences loses less than a window
+    np.testing.assert_array_equal(loss.span_windows(sequences, 9, 7 * 10), data.eval_windows(sequences, 9, 7))
+
+
+def test_bootstrap_interval_is_seeded_and_covers_the_mean():
+    values = np.random.default_rng(1).normal(2.0, 0.5, size=64)
+    low, high = loss.bootstrap_ci(values, seed=3)
+    assert (low, high) == loss.bootstrap_ci(values, seed=3) != loss.bootstrap_ci(values, seed=4)
+    assert low < values.mean() < high
+    assert high - low == pytest.approx(2 * 1.96 * values.std() / np.sqrt(64), rel=0.2)  # the normal-theory width
+    summary = loss.summarise(np.tile(values[:, None], (1, 8)), train_len=4)
+    assert summary["tokens_scored"] == 64 * 8 and summary["loss_ci"] == loss.bootstrap_ci(values, seed=0)
+
+
+LANDMARK = (
+    "There is an important info hidden inside a lot of irrelevant text. Find it and memorize them. I will quiz you about the "
+    "important information there.\n"
+    "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again. The grass\n"
+    "The pass key is 40712. Remember it. 40712 is the pass key.\n"
+    "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again. The grass is green. The sky is blue. Th\n"
+    "What is the pass key? The pass key is"
+)
+
+
+def test_passkey_prompt_is_the_landmark_text_and_fits_the_length():
+    from freeatten_jax.data.tokenizer import ByteTokenizer
+
+    lines = LANDMARK.split("\n")
+    before, after = len(lines[1]), len(lines[3])  # filler characters on each side of the needle
+    depth = before / (before + after)
+    assert passkey.prompt_text(before + after, depth, "40712") == LANDMARK
+    tokens_T, needle = passkey.build_prompt(ByteTokenizer(), len(LANDMARK.encode()), depth, "40712")
+    assert ByteTokenizer().decode(tokens_T) == LANDMARK  # the most filler that fits, needle at the depth
+    assert ByteTokenizer().decode(tokens_T[needle]) == "The pass key is 40712. Remember it. 40712 is the pass key.\n"
+    shorter_T, _ = passkey.build_prompt(ByteTokenizer(), len(LANDMARK.encode()) - 1, 0.5, "40712")
+    assert len(shorter_T) == len(LANDMARK.encode()) - 1
+    with pytest.raises(ValueError, match="without filler is 247 tokens, longer than the length 200"):
+        passkey.build_prompt(ByteTokenizer(), 200, 0.5, "40712")
+
+
+def test_passkey_scoring_is_first_integer_equality_and_rank():
+    assert passkey.is_retrieved(" 12345.", "12345") and passkey.is_retrieved("is 12345 and 999", "12345")
+    assert not passkey.is_retrieved(" 123456", "12345")  # startswith would have counted it
+    assert not passkey.is_retrieved(" 1234", "12345") and not passkey.is_retrieved(" the key", "12345")
+    assert not passkey.is_retrieved(" 99 then 12345", "12345")  # only the first integer counts
+    assert passkey.first_integer("a 7b 8") == "7" and passkey.first_integer("none") is None
+    assert passkey.key_rank(-1.0, [-2.0, -3.0]) == 1 and passkey.key_rank(-2.5, [-2.0, -3.0, -1.0]) == 3
+    assert passkey.key_rank(-2.0, [-2.0]) == 2  # a tie is not a win
+
+
+def _fake_run(variant, switch, seed):
+    rng = np.random.default_rng(seed)
+    cells = [{"length": n, "depth": 0.5, "accuracy": None if n == 32 else float(rng.random())} for n in (32, 64)]
+    return {"variant": variant, "switch": switch, "train_len": 32, "per_position": rng.random(64).tolist(),
+            "lengths": [{"length": n, "loss": float(rng.random())} for n in (32, 64)], "passkey": cells, "retrieval": cells,
+            "attention": {"n_from": [1, 2, 4], "entropy": rng.random((2, 2, 3)).tolist()}}
+
+
+def test_plots_draw_one_line_per_variant_and_switch_with_seed_bands(tmp_path):
+    from freeatten_jax.evaluation import plots
+
+    runs = [_fake_run(v, s, seed) for seed in (0, 1) for v, s in (("softmax", "none"), ("softmax", "rope_theta=50x"), ("lssar", "none"))]
+    assert [(key, len(rs)) for key, rs in plots.groups(runs).items()] == [
+        (("softmax", "none"), 2), (("softmax", "rope_theta=50x"), 2), (("lssar", "none"), 2)]
+    style = plots._style(runs)
+    assert style("softmax", "none")["color"] == style("softmax", "rope_theta=50x")["color"] != style("lssar", "none")["color"]
+    assert style("softmax", "none")["linestyle"] == style("lssar", "none")["linestyle"] != style("softmax", "rope_theta=50x")["linestyle"]
+    for name in plots.write_all(tmp_path, runs).values():
+        assert (tmp_path / name).read_bytes().startswith(b"\x89PNG")
 
 
 def _typed(variant):
@@ -107,6 +192,12 @@ def test_switches_that_change_nothing_are_skipped():
     assert switches.applicable(lssar, switches.parse("p=3")) and switches.applicable(lssar, switches.parse("p=off"))
     assert not switches.applicable(_typed("softmax"), switches.parse("p=15"))
     assert switches.applicable(lssar, switches.parse("p=15,rope_theta=2x"))
+    ssmax_protocol = switches.parse("rope_theta=50x@softmax+ssmax")
+    assert ssmax_protocol.label == "rope_theta=50x" and ssmax_protocol.variants == ("softmax", "ssmax")
+    assert switches.applicable(_typed("softmax"), ssmax_protocol) and switches.applicable(_typed("ssmax"), ssmax_protocol)
+    assert not switches.applicable(lssar, ssmax_protocol) and not switches.applicable(lssa, ssmax_protocol)
+    with pytest.raises(ConfigError, match="switch variant 'softmx' is unknown"):
+        switches.parse("rope_theta=50x@softmx")
 
 
 def test_switch_parsing_and_errors(trained, tmp_path):
@@ -125,12 +216,13 @@ def test_switch_parsing_and_errors(trained, tmp_path):
 
 @pytest.mark.slow
 def test_freeatten_generate_continues_a_prompt_with_the_runs_tokenizer(trained, tmp_path):
-    from freeatten_jax.data.tokenizer import ByteTokenizer
+    from freeatten_jax.data.tokenizer import ByteTokenizer, load_from_run
     from freeatten_jax.nn import generate
     from freeatten_jax.training import checkpoint
     from freeatten_jax.training.generate_cli import generate_text
 
     workdir = trained["lssa"][0]
+    assert type(load_from_run(workdir)) is ByteTokenizer  # training saved the run's tokenizer in its folder
     model, _, _ = checkpoint.load_params(workdir)
     prompt = ByteTokenizer().encode("the king ").astype(np.int32)
     greedy = ByteTokenizer().decode(np.asarray(generate(model, prompt[None], 6, temperature=0.0))[0, len(prompt):])

@@ -56,6 +56,8 @@ def get_config(variant: str = "softmax", size: str = "tiny") -> ml_collections.C
     cfg.data.eos_id = -1  # the token opening each document; -1: 50256 for .bin, a new token past the text tokenizer's
     cfg.data.encoding = "utf-8"  # of text files (source=text)
     cfg.data.errors = "strict"  # strict: undecodable bytes are an error naming the file and offset | replace | ignore
+    cfg.data.retrieval_fraction = 0.0  # e.g. 0.25: that fraction of training windows are synthetic passkey sequences
+    cfg.data.tokenizer_path = ""  # .bin shards: a Hugging Face tokenizer.json (e.g. GPT-2's) for passkey and generation
 
     cfg.optim = ml_collections.ConfigDict()
     cfg.optim.lr = 3e-3

@@ -2,11 +2,25 @@
 from freeatten_jax.data.corpus import CorpusError, cache_root, shakespeare_files
 from freeatten_jax.data.pipeline import eval_windows, train_dataset, train_iterator
 from freeatten_jax.data.shards import Shard, ShardError, read_header, write_shard
-from freeatten_jax.data.sources import (DOCUMENT_MASKING, SOURCES, DataError, Splits, document_eos, load_splits, tokenizer,
-                                        vocab_size)
-from freeatten_jax.data.tokenizer import TOKENIZERS
+from freeatten_jax.data.sources import (DOCUMENT_MASKING, SOURCES, DataError, Splits, document_eos, load_splits, run_tokenizer,
+                                        tokenizer, vocab_size)
+from freeatten_jax.data.tokenizer import TOKENIZERS, save_to_run
 
 
 def validation_windows(cfg_data, length: int, max_windows: int | None = None):
     """Held-out int32 windows [W, length + 1] of the configured data (the same ones training evaluates on)."""
     return eval_windows(load_splits(cfg_data).val, length, max_windows)
+
+
+def retrieval_mix(cfg_data, tokenizer, seq_len: int, seed: int):
+    """The training stream's retrieval mix (data.retrieval_fraction of the windows), or None."""
+    from freeatten_jax.data.retrieval import Mix
+
+    if not cfg_data.retrieval_fraction:
+        return None
+    if tokenizer is None:
+        raise DataError("config.data.retrieval_fraction needs a tokenizer (set data.tokenizer_path for .bin shards)")
+    try:
+        return Mix(tokenizer, cfg_data.retrieval_fraction, seq_len + 1, seed)
+    except ValueError as e:
+        raise DataError(f"config.data.retrieval_fraction: {e} (the training window, seq_len + 1)") from None

@@ -14,7 +14,7 @@ import numpy as np
 from etils import epath
 
 from freeatten_jax.data import corpus, shards
-from freeatten_jax.data.tokenizer import TOKENIZERS
+from freeatten_jax.data.tokenizer import TOKENIZERS, FileTokenizer, load_from_run
 from freeatten_jax.errors import UserError
 
 GPT2_VOCAB = 50257  # the token ids in llm.c / modded-nanogpt FineWeb shards
@@ -31,7 +31,7 @@ class Splits:
     train: list  # 1-D token sequences (np.ndarray or shards.Shard)
     val: list
     vocab_size: int  # tokens are in [0, vocab_size)
-    tokenizer: object | None  # encode/decode for text sources; None for pre-tokenized shards
+    tokenizer: object | None  # encode/decode; None for pre-tokenized shards without data.tokenizer_path
 
 
 def _glob(pattern: str, field: str) -> list:
@@ -108,7 +108,16 @@ def bin_shards(cfg) -> Splits:
     else:
         cuts = [_split_point(len(s), cfg.val_fraction) for s in train]
         train, val = [shards.Shard(s.path, 0, c) for s, c in zip(train, cuts)], [shards.Shard(s.path, c) for s, c in zip(train, cuts)]
-    return Splits(train, val, GPT2_VOCAB, None)
+    return Splits(train, val, GPT2_VOCAB, _file_tokenizer(cfg))
+
+
+def _file_tokenizer(cfg):
+    """The Hugging Face tokenizer file of .bin shards (data.tokenizer_path), or None if none is given."""
+    if not cfg.tokenizer_path:
+        return None
+    if not epath.Path(cfg.tokenizer_path).exists():
+        raise DataError(f"config.data.tokenizer_path={cfg.tokenizer_path!r} does not exist; give a Hugging Face tokenizer.json")
+    return FileTokenizer(cfg.tokenizer_path)
 
 
 SOURCES = {"shakespeare": shakespeare, "text": text, "bin": bin_shards}
@@ -139,10 +148,16 @@ def vocab_size(cfg_data) -> int:
 
 
 def tokenizer(cfg_data):
-    """The tokenizer a run trained with, without reading its data (None for pre-tokenized .bin shards)."""
+    """The tokenizer a run trained with, without reading its data (None for .bin shards without data.tokenizer_path)."""
     if cfg_data.source not in TEXT_DIRS:
-        return None
+        return _file_tokenizer(cfg_data)
     return TOKENIZERS[cfg_data.tokenizer](TEXT_DIRS[cfg_data.source](cfg_data), cfg_data.bpe_vocab_size)
+
+
+def run_tokenizer(workdir, cfg_data):
+    """The tokenizer saved in the run folder; for runs saved before runs kept one, the configured one."""
+    saved = load_from_run(workdir)
+    return saved if saved is not None else tokenizer(cfg_data)
 
 
 def load_splits(cfg_data) -> Splits:

@@ -1,9 +1,15 @@
-"""Tokenizers for text sources: bytes (vocab 256, the default) or a byte-level BPE trained locally.
+"""Tokenizers: bytes (vocab 256, the default), a byte-level BPE trained locally, or a Hugging Face
+`tokenizer.json` file (e.g. GPT-2's, for .bin token shards).
 
-The BPE is saved as JSON beside the data, which may be on cloud storage (an `etils.epath` path).
+The BPE is saved as JSON beside the data, which may be on cloud storage (an `etils.epath` path). Every
+run also saves its tokenizer in its own folder (RUN_FILE), so a run can be evaluated without its data.
 """
+import json
+
 import numpy as np
 from etils import epath
+
+RUN_FILE = "tokenizer.json"  # in the run folder: {"kind": "byte" | "bpe" | "file", "hf": the HF tokenizer JSON or null}
 
 
 class ByteTokenizer:
@@ -20,35 +26,55 @@ class ByteTokenizer:
         return bytes(ids[ids < 256].astype(np.uint8).tolist()).decode("utf-8", errors="replace")
 
 
-class BpeTokenizer:
-    """A byte-level BPE (HF `tokenizers`), trained on the training text and saved as JSON beside the data."""
+class FileTokenizer:
+    """A Hugging Face `tokenizer.json` (any model, e.g. GPT-2's byte-level BPE), encoding text as a whole."""
 
-    def __init__(self, path: epath.PathLike, vocab_size: int, train_texts=None):
+    def __init__(self, path: epath.PathLike = "", text: str | None = None):
+        from tokenizers import Tokenizer
+
+        if text is None and not epath.Path(path).exists():
+            raise FileNotFoundError(f"tokenizer file {str(path)!r} does not exist")
+        self._tok = Tokenizer.from_str(epath.Path(path).read_text() if text is None else text)
+        self.vocab_size = self._tok.get_vocab_size()
+
+    def encode(self, text: str) -> np.ndarray:
+        return np.asarray(self._tok.encode(text, add_special_tokens=False).ids, np.int64)
+
+    def decode(self, ids) -> str:
+        return self._tok.decode([int(i) for i in ids])
+
+    def to_str(self) -> str:
+        return self._tok.to_str()
+
+
+class BpeTokenizer(FileTokenizer):
+    """A byte-level BPE (HF `tokenizers`), trained on the training text and saved as JSON beside the data;
+    encodes line by line (training text is long)."""
+
+    def __init__(self, path: epath.PathLike = "", vocab_size: int = 0, train_texts=None, text: str | None = None):
         from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
         path = epath.Path(path)
-        if path.exists():
-            self._tok = Tokenizer.from_str(path.read_text())
-        elif train_texts is None:
+        if text is None and path.exists():
+            text = path.read_text()
+        elif text is None and train_texts is None:
             raise FileNotFoundError(f"BPE tokenizer {path} not found and no text given to train it")
-        else:
-            self._tok = Tokenizer(models.BPE())
-            self._tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-            self._tok.decoder = decoders.ByteLevel()
+        elif text is None:
+            tok = Tokenizer(models.BPE())
+            tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+            tok.decoder = decoders.ByteLevel()
             alphabet = pre_tokenizers.ByteLevel.alphabet()
             trainer = trainers.BpeTrainer(vocab_size=vocab_size, initial_alphabet=alphabet, show_progress=False)
-            self._tok.train_from_iterator(train_texts, trainer=trainer)
+            tok.train_from_iterator(train_texts, trainer=trainer)
+            text = tok.to_str()
             path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(self._tok.to_str())
-        self.vocab_size = self._tok.get_vocab_size()
+            path.write_text(text)
+        super().__init__(text=text)
 
     def encode(self, text: str) -> np.ndarray:
         lines = text.splitlines(keepends=True)
         ids = [i for enc in self._tok.encode_batch(lines) for i in enc.ids]
         return np.asarray(ids, np.uint16)
-
-    def decode(self, ids) -> str:
-        return self._tok.decode([int(i) for i in ids])
 
 
 def bpe_path(data_dir: epath.PathLike, vocab_size: int) -> epath.Path:
@@ -64,3 +90,27 @@ def bpe_tokenizer(data_dir, vocab_size, train_texts=None):
 
 
 TOKENIZERS = {"byte": byte_tokenizer, "bpe": bpe_tokenizer}
+KINDS = {ByteTokenizer: "byte", BpeTokenizer: "bpe", FileTokenizer: "file"}
+
+
+def save_to_run(tokenizer, run_dir: epath.PathLike) -> None:
+    """Writes the tokenizer into the run folder (nothing for a run without one)."""
+    if tokenizer is None:
+        return
+    kind = KINDS[type(tokenizer)]
+    saved = {"kind": kind, "hf": None if kind == "byte" else json.loads(tokenizer.to_str())}
+    run_dir = epath.Path(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / RUN_FILE).write_text(json.dumps(saved))
+
+
+LOADERS = {"byte": lambda hf: ByteTokenizer(), "bpe": lambda hf: BpeTokenizer(text=hf), "file": lambda hf: FileTokenizer(text=hf)}
+
+
+def load_from_run(run_dir: epath.PathLike):
+    """The tokenizer saved in a run folder, or None if the run saved none."""
+    path = epath.Path(run_dir) / RUN_FILE
+    if not path.exists():
+        return None
+    saved = json.loads(path.read_text())
+    return LOADERS[saved["kind"]](None if saved["hf"] is None else json.dumps(saved["hf"]))

@@ -29,7 +29,8 @@ def main() -> None:
     out = flags.DEFINE_string("out", None, "Directory for report.md, results.json, CSV files and plots.", required=True)
     switches = flags.DEFINE_multi_string("switch", [], "Eval-time switch, e.g. p=15, p=off, rope_theta=50x, s=0.3.")
     multipliers = flags.DEFINE_list("multipliers", ["1", "2", "4", "8", "16"], "Evaluation lengths in training lengths.")
-    max_windows = flags.DEFINE_integer("max_windows", 16, "Held-out windows per length.")
+    eval_tokens = flags.DEFINE_integer("eval_tokens", 0, "Held-out tokens scored at every length (cut into windows of "
+                                       "each length); 0: 16 windows of the longest length.")
     depths = flags.DEFINE_list("passkey_depths", ["0.1", "0.5", "0.9"], "Needle depths (0 = start, 1 = end).")
     keys = flags.DEFINE_integer("passkey_keys", 3, "Random keys per passkey cell.")
     candidates = flags.DEFINE_integer("passkey_candidates", 10, "Keys ranked by likelihood, the true one included.")
@@ -45,7 +46,7 @@ def main() -> None:
         settings = suite.Settings(
             multipliers=tuple(sorted(_numbers("multipliers", multipliers.value, int, lambda m: m >= 1,
                                               "integers >= 1 (lengths in training lengths), e.g. 1,2,4"))),
-            max_windows=max_windows.value,
+            eval_tokens=eval_tokens.value,
             passkey_depths=_numbers("passkey_depths", depths.value, float, lambda d: 0 <= d <= 1, "numbers in [0, 1], e.g. 0.1,0.5"),
             passkey_keys=keys.value,
             passkey_candidates=candidates.value,

@@ -31,16 +31,45 @@ def _fmt(x: float | None) -> str:
     return "n/a" if x is None or not np.isfinite(x) else f"{x:.3f}"
 
 
+def _with_ci(x: dict | None, key: str) -> str:
+    """`mean [low, high]` of one length's measurement, or n/a."""
+    if x is None:
+        return "n/a"
+    low, high = x[f"{key}_ci"]
+    return f"{_fmt(x[key])} [{_fmt(low)}, {_fmt(high)}]"
+
+
+def _mean(cells: list[dict], key: str) -> float | None:
+    values = [c[key] for c in cells if c[key] is not None]
+    return float(np.mean(values)) if values else None
+
+
+def retrieval_table(runs: list[dict], task: str) -> str:
+    """Accuracy by length and mean key rank per run, then why the cells that could not be scored were not."""
+    lengths = sorted({c["length"] for r in runs for c in r[task]})
+    table = _md_table(
+        ["run", *[str(n) for n in lengths], "mean rank of true key"],
+        [[label(r), *[_fmt(_mean([c for c in r[task] if c["length"] == n], "accuracy")) for n in lengths],
+          _fmt(_mean(r[task], "mean_key_rank"))] for r in runs],
+    )
+    reasons = sorted({(c["length"], c["reason"]) for r in runs for c in r[task] if "reason" in c})
+    lines = [f"- length {n}: {reason}" for n, reason in reasons]
+    return table + ("\n\nNot scored (n/a):\n" + "\n".join(lines) if lines else "")
+
+
 def write_csvs(out: pathlib.Path, runs: list[dict]) -> None:
     _write_csv(out / "loss_vs_length.csv",
-               ["run", "checkpoint", "step", "variant", "switch", "length", "multiplier", "loss", "loss_last_train_len", "windows"],
-               [[label(r), r["workdir"], r["step"], r["variant"], r["switch"], x["length"], x["multiplier"], x["loss"],
-                 x["loss_last_train_len"], x["windows"]] for r in runs for x in r["lengths"]])
+               ["run", "checkpoint", "step", "variant", "switch", "length", "multiplier", "loss", "loss_ci_low", "loss_ci_high",
+                "loss_last_train_len", "loss_last_train_len_ci_low", "loss_last_train_len_ci_high", "windows", "tokens_scored"],
+               [[label(r), r["workdir"], r["step"], r["variant"], r["switch"], x["length"], x["multiplier"], x["loss"], *x["loss_ci"],
+                 x["loss_last_train_len"], *x["loss_last_train_len_ci"], x["windows"], x["tokens_scored"]]
+                for r in runs for x in r["lengths"]])
     _write_csv(out / "per_position.csv", ["run", "position", "loss"],
                [[label(r), i, v] for r in runs for i, v in enumerate(r["per_position"])])
-    _write_csv(out / "passkey.csv", ["run", "length", "depth", "accuracy", "mean_key_loglik", "mean_key_rank", "keys"],
-               [[label(r), c["length"], c["depth"], c["accuracy"], c["mean_key_loglik"], c["mean_key_rank"], c["keys"]]
-                for r in runs for c in r["passkey"]])
+    for task in ("passkey", "retrieval"):
+        _write_csv(out / f"{task}.csv", ["run", "length", "depth", "accuracy", "mean_key_loglik", "mean_key_rank", "keys", "not_scored_because"],
+                   [[label(r), c["length"], c["depth"], c["accuracy"], c["mean_key_loglik"], c["mean_key_rank"], c["keys"], c.get("reason", "")]
+                    for r in runs for c in r[task]])
     _write_csv(out / "attention.csv", ["run", "layer", "head", "n_from", "entropy", "max_weight"],
                [[label(r), layer, head, n, ent[head][u], mx[head][u]] for r in runs
                 for layer, (ent, mx) in enumerate(zip(r["attention"]["entropy"], r["attention"]["max_weight"]))
@@ -55,18 +84,13 @@ def write_csvs(out: pathlib.Path, runs: list[dict]) -> None:
 def markdown(runs: list[dict], settings: dict, figures: dict[str, str]) -> str:
     multipliers = settings["multipliers"]
     mult_header = [f"{m}x" for m in multipliers]
-    by_mult = lambda r, key: [_fmt(next((x[key] for x in r["lengths"] if x["multiplier"] == m), None)) for m in multipliers]
+    by_mult = lambda r, key: [_with_ci(next((x for x in r["lengths"] if x["multiplier"] == m), None), key) for m in multipliers]
     checkpoints = _md_table(
         ["run", "checkpoint", "step", "variant", "switch", "train length", "RoPE theta"],
         [[label(r), r["workdir"], r["step"], r["variant"], r["switch"], r["train_len"], f"{r['rope_theta']:g}"] for r in runs],
     )
-    windows = ", ".join(f"{x['length']}: {x['windows']}" for x in runs[0]["lengths"]) if runs else ""
-    lengths = sorted({c["length"] for r in runs for c in r["passkey"]})
-    passkey = _md_table(
-        ["run", *[str(n) for n in lengths], "mean rank of true key"],
-        [[label(r), *[_fmt(np.mean([c["accuracy"] for c in r["passkey"] if c["length"] == n])) for n in lengths],
-          _fmt(np.mean([c["mean_key_rank"] for c in r["passkey"]]) if r["passkey"] else None)] for r in runs],
-    )
+    windows = ", ".join(f"{x['length']}: {x['windows']} windows, {x['tokens_scored']} tokens" for x in runs[0]["lengths"]) if runs else ""
+    spans = ", ".join(sorted({f"{r['span_tokens']}" for r in runs}))
     n_from = runs[0]["attention"]["n_from"] if runs else []
     entropy = _md_table(
         ["run", *[f"N>={n}" for n in n_from]],
@@ -75,12 +99,17 @@ def markdown(runs: list[dict], settings: dict, figures: dict[str, str]) -> str:
     parts = [
         "# Length-extrapolation report",
         "## Checkpoints\n\n" + checkpoints,
-        f"## Loss vs length (mean next-token loss, nats; windows per length: {windows})\n\n"
+        f"## Loss vs length (mean next-token loss, nats, [95% bootstrap interval over windows])\n\n"
+        f"Every length scores the same held-out span: the first {spans} validation tokens, cut into non-overlapping "
+        f"windows of each length ({windows}).\n\n"
         + _md_table(["run", *mult_header], [[label(r), *by_mult(r, "loss")] for r in runs]),
         "## Loss over the last training-length positions of each window\n\n"
         + _md_table(["run", *mult_header], [[label(r), *by_mult(r, "loss_last_train_len")] for r in runs]),
-        f"## Passkey retrieval (greedy exact match by prompt length, mean over depths {settings['passkey_depths']} "
-        f"and {settings['passkey_keys']} keys; rank among {settings['passkey_candidates']} candidate keys)\n\n" + passkey,
+        f"## Passkey retrieval, Landmark format (greedy: first integer generated equals the key; by prompt length, mean over "
+        f"depths {settings['passkey_depths']} and {settings['passkey_keys']} keys; rank among {settings['passkey_candidates']} "
+        f"candidate keys)\n\n" + retrieval_table(runs, "passkey"),
+        "## Retrieval in the training mix's format (data.retrieval: filler, \"The pass key is NNNNN. \", then "
+        "\"\\nThe pass key is\"; windows of length + 1 tokens as in training; same scoring)\n\n" + retrieval_table(runs, "retrieval"),
         "## Attention entropy (nats, mean over layers and heads) by visible keys N_i at the longest length\n\n" + entropy,
         "## Attention mass of the final query on the needle (mean over layers, heads and prompts)\n\n"
         + _md_table(["run", "mass"], [[label(r), _fmt(float(np.mean(r["needle_mass"]))) if r["needle_mass"] else "n/a"] for r in runs]),
@@ -99,5 +128,5 @@ def write(out: pathlib.Path, runs: list[dict], settings: dict) -> None:
     out.mkdir(parents=True, exist_ok=True)
     (out / "results.json").write_text(json.dumps({"settings": settings, "runs": runs}, indent=1))
     write_csvs(out, runs)
-    figures = plots.write_all(out, runs, label)
+    figures = plots.write_all(out, runs)
     (out / "report.md").write_text(markdown(runs, settings, figures))

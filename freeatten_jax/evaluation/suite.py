@@ -14,6 +14,7 @@ from flax import nnx
 from tqdm import tqdm
 
 from freeatten_jax import data
+from freeatten_jax.data import retrieval
 from freeatten_jax.errors import UserError
 from freeatten_jax.evaluation import attention_stats, loss, passkey, report, switches
 from freeatten_jax.nn import sharding
@@ -25,7 +26,7 @@ from freeatten_jax.training.loss import next_token_losses
 @dataclasses.dataclass(frozen=True)
 class Settings:
     multipliers: tuple[int, ...] = (1, 2, 4, 8, 16)  # evaluation lengths, in training lengths, ascending
-    max_windows: int = 16  # held-out windows per length (fewer if the data runs out)
+    eval_tokens: int = 0  # the held-out span scored at every length; 0: 16 windows of the longest length
     passkey_depths: tuple[float, ...] = (0.1, 0.5, 0.9)
     passkey_keys: int = 3  # random keys per (length, depth) cell
     passkey_candidates: int = 10  # the true key and 9 random ones, ranked by likelihood
@@ -48,14 +49,20 @@ class SplitCache:
         return self._cache[key]
 
 
-def _windows(splits: data.Splits, length: int, max_windows: int, multiplier: int) -> np.ndarray:
+def span_tokens(settings: Settings, train_len: int) -> int:
+    """The held-out span (tokens) every length is scored on."""
+    return settings.eval_tokens or 16 * (max(settings.multipliers) * train_len + 1)
+
+
+def _windows(splits: data.Splits, length: int, tokens: int, multiplier: int) -> np.ndarray:
     available = sum(len(s) for s in splits.val)
-    if available < length + 1:
+    if min(available, tokens) < length + 1:
         raise data.DataError(
             f"evaluation length {length} ({multiplier}x the training length) needs {length + 1} held-out tokens; "
-            f"the validation split has {available}: use smaller --multipliers or more validation data"
+            f"the span has {min(available, tokens)} (validation split {available}, --eval_tokens {tokens}): "
+            f"use smaller --multipliers, a larger --eval_tokens or more validation data"
         )
-    return data.eval_windows(splits.val, length, max_windows)
+    return loss.span_windows(splits.val, length, tokens)
 
 
 @functools.partial(jax.jit, static_argnames=("graphdef",))
@@ -76,39 +83,45 @@ def _key_log_likelihoods(model, prompt_T: np.ndarray, candidates: list[np.ndarra
     return totals
 
 
-def _passkey_lengths(tokenizer, lengths: list[int]) -> list[int]:
-    """The evaluation lengths long enough to hold the needle and the question."""
-    usable = []
-    for n in lengths:
-        try:
-            passkey.build_prompt(tokenizer, n, 0.5, "12345")
-            usable.append(n)
-        except ValueError:
-            pass
-    return usable
+def _score_prompt(model, tokenizer, prompt_T: np.ndarray, key: str, others: list[str]) -> tuple[bool, float, int]:
+    """(greedy first-integer hit, log-likelihood of the key after the prompt, its rank among the candidates)."""
+    key_tokens = np.asarray(tokenizer.encode(" " + key), np.int32)
+    out = generate(model, prompt_T[None], len(key_tokens) + 2, temperature=0.0)  # room to overrun the key
+    hit = passkey.is_retrieved(tokenizer.decode(np.asarray(out[0, len(prompt_T):])), key)
+    candidates = [key_tokens] + [np.asarray(tokenizer.encode(" " + k), np.int32) for k in others]
+    totals = _key_log_likelihoods(model, prompt_T, candidates)
+    return hit, float(totals[0]), passkey.key_rank(totals[0], totals[1:])
 
 
-def _passkey(model, tokenizer, lengths: list[int], settings: Settings, rng, progress) -> tuple[list[dict], list]:
-    """(grid cells, needle-mass [layers, H] for each prompt at the longest length)."""
+def _retrieval(model, tokenizer, build, lengths: list[int], settings: Settings, rng, progress) -> tuple[list[dict], list]:
+    """(grid cells of length x depth, needle-mass [layers, H] for each prompt at the longest length).
+
+    `build(tokenizer, length, depth, key) -> (prompt tokens, needle slice)`; a cell that cannot be
+    scored (no tokenizer, or the prompt does not fit the length) carries the reason instead of numbers."""
     cells, masses = [], []
     for length in lengths:
         for depth in settings.passkey_depths:
+            cell = {"length": length, "depth": depth, "accuracy": None, "mean_key_loglik": None, "mean_key_rank": None, "keys": 0}
+            progress.update(1)
+            if tokenizer is None:
+                cells.append({**cell, "reason": "the run has no tokenizer (set data.tokenizer_path for .bin shards)"})
+                continue
             hits, logliks, ranks = [], [], []
             for key in passkey.random_keys(rng, settings.passkey_keys):
-                prompt_T, needle = passkey.build_prompt(tokenizer, length, depth, key)
-                key_tokens = np.asarray(tokenizer.encode(" " + key), np.int32)
-                out = generate(model, prompt_T[None], len(key_tokens) + 1, temperature=0.0)
-                hits.append(passkey.exact_match(tokenizer, np.asarray(out[0, length:]), key))
+                try:
+                    prompt_T, needle = build(tokenizer, length, depth, key)
+                except ValueError as e:
+                    cell["reason"] = str(e)
+                    break
                 others = [k for k in passkey.random_keys(rng, settings.passkey_candidates * 2) if k != key]
-                candidates = [key_tokens] + [np.asarray(tokenizer.encode(" " + k), np.int32) for k in others[: settings.passkey_candidates - 1]]
-                totals = _key_log_likelihoods(model, prompt_T, candidates)
-                logliks.append(float(totals[0]))
-                ranks.append(int(1 + np.sum(totals[1:] > totals[0])))
+                hit, loglik, rank = _score_prompt(model, tokenizer, prompt_T, key, others[: settings.passkey_candidates - 1])
+                hits.append(hit), logliks.append(loglik), ranks.append(rank)
                 if length == lengths[-1]:
                     masses.append(attention_stats.needle_mass(model, jnp.asarray(prompt_T[None]), needle))
-            cells.append({"length": length, "depth": depth, "accuracy": float(np.mean(hits)), "mean_key_loglik": float(np.mean(logliks)),
-                          "mean_key_rank": float(np.mean(ranks)), "keys": len(hits)})
-            progress.update(1)
+            if hits:
+                cell.update(accuracy=float(np.mean(hits)), mean_key_loglik=float(np.mean(logliks)), mean_key_rank=float(np.mean(ranks)),
+                            keys=len(hits))
+            cells.append(cell)
     return cells, masses
 
 
@@ -122,13 +135,14 @@ def evaluate(workdir: str, switch: switches.Switch, settings: Settings, splits_o
     splits = splits_of(cfg.data)
     run = {"name": pathlib.Path(workdir).name, "workdir": str(workdir), "step": int(step), "variant": cfg.model.attention,
            "switch": switch.label, "train_len": train_len, "rope_theta": float(model.attention_layers[0].rope_theta), "lengths": []}
+    run["span_tokens"] = min(span_tokens(settings, train_len), sum(len(s) for s in splits.val))
     longest = None
     for m in sorted(settings.multipliers):  # the last one is the longest: per-position loss and analysis
-        windows_WL = _windows(splits, m * train_len, settings.max_windows, m)
+        windows_WL = _windows(splits, m * train_len, run["span_tokens"], m)
         _check_context(m * train_len, settings.context)
         with sharding.use_mesh(mesh, sharding.DEFAULT_RULES):  # the sequence over 'context' when it is > 1
             losses_WT = loss.token_losses(model, windows_WL)
-        run["lengths"].append({"length": m * train_len, "multiplier": m, **loss.summarise(losses_WT, train_len)})
+        run["lengths"].append({"length": m * train_len, "multiplier": m, **loss.summarise(losses_WT, train_len, settings.seed)})
         run["per_position"] = losses_WT.mean(0).tolist()
         longest = windows_WL
         progress.update(1)
@@ -136,11 +150,13 @@ def evaluate(workdir: str, switch: switches.Switch, settings: Settings, splits_o
     entropy, max_weight, n_from = attention_stats.entropy_and_max(model, tokens_BT)
     run["attention"] = {"entropy": entropy.tolist(), "max_weight": max_weight.tolist(), "n_from": n_from.tolist()}
     progress.update(1)
-    run["passkey"], masses, run["needle_mass"] = [], [], []
-    if splits.tokenizer is not None:
-        lengths = _passkey_lengths(splits.tokenizer, [x["length"] for x in run["lengths"]])
-        run["passkey"], masses = _passkey(model, splits.tokenizer, lengths, settings, np.random.default_rng(settings.seed), progress)
-    progress.update(len(settings.passkey_depths) * (len(settings.multipliers) - len(run["passkey"]) // max(len(settings.passkey_depths), 1)))
+    lengths = [x["length"] for x in run["lengths"]]
+    tokenizer = data.run_tokenizer(workdir, cfg.data)
+    run["passkey"], masses = _retrieval(model, tokenizer, passkey.build_prompt, lengths, settings,
+                                        np.random.default_rng(settings.seed), progress)
+    run["retrieval"], _ = _retrieval(model, tokenizer, retrieval.build_prompt, lengths, settings,
+                                     np.random.default_rng(settings.seed), progress)
+    run["needle_mass"] = []
     if masses:
         run["needle_mass"] = np.mean(masses, axis=0).tolist()
     s = attention_stats.ssmax_s(model)
@@ -177,7 +193,7 @@ def run_suite(workdirs: list[str], switch_texts: list[str], settings: Settings, 
     jobs = [(w, s) for w in workdirs for s in [switches.NONE, *parsed] if switches.applicable(configs[w], s)]
     if not jobs:
         raise UserError("nothing to evaluate: no switch applies to these checkpoints")
-    per_job = len(settings.multipliers) + 1 + len(settings.multipliers) * len(settings.passkey_depths)
+    per_job = len(settings.multipliers) + 1 + 2 * len(settings.multipliers) * len(settings.passkey_depths)
     runs, splits_of = [], SplitCache()
     with tqdm(total=len(jobs) * per_job, desc="eval", unit="task") as progress:
         for workdir, switch in jobs:

@@ -1,6 +1,7 @@
 """Eval-time switches (no retraining): LSSAR re-weighting p, RoPE theta, SSMax s.
 
-A switch is written `key=value[,key=value]`, e.g. `p=15`, `p=off`, `rope_theta=50x`, `s=0.3`.
+A switch is written `key=value[,key=value][@variant+variant]`, e.g. `p=15`, `p=off`, `s=0.3`, or
+`rope_theta=50x@softmax+ssmax` (only on those variants' checkpoints: the SSMax paper's protocol).
 """
 import dataclasses
 
@@ -12,8 +13,9 @@ REWEIGHTABLE = ("lssa", "lssar")
 
 @dataclasses.dataclass(frozen=True)
 class Switch:
-    label: str  # as given, or "none" for the checkpoint as trained
+    label: str  # as given without its @variants, or "none" for the checkpoint as trained
     settings: tuple[tuple[str, str], ...] = ()
+    variants: tuple[str, ...] = ()  # only checkpoints of these variants (all if empty)
 
 
 def _p(model, cfg, value: str) -> None:
@@ -49,7 +51,11 @@ def _is_number(text: str) -> bool:
 
 
 def parse(text: str) -> Switch:
-    """`p=15,rope_theta=50x` -> Switch; unknown keys or malformed items raise ValueError."""
+    """`p=15,rope_theta=50x[@lssa+lssar]` -> Switch; unknown keys, variants or malformed items raise ConfigError."""
+    text, _, only = text.partition("@")
+    variants = tuple(v for v in only.split("+") if v)
+    if unknown := [v for v in variants if v not in attention.VARIANTS]:
+        raise ConfigError(f"switch variant {unknown[0]!r} is unknown; valid variants: {', '.join(attention.VARIANTS)}")
     settings = []
     for item in text.split(","):
         key, sep, value = item.partition("=")
@@ -61,7 +67,7 @@ def parse(text: str) -> Switch:
         if not (key == "p" and value == "off" or _is_number(number)):
             raise ConfigError(f"switch {key}={value!r} is not a number (in {text!r})")
         settings.append((key, value))
-    return Switch(text, tuple(settings))
+    return Switch(text, tuple(settings), variants)
 
 
 def apply(model, cfg, switch: Switch) -> None:
@@ -81,6 +87,8 @@ def _trained_p(cfg) -> str:
 def applicable(cfg, switch: Switch) -> bool:
     """Whether the switch suits this checkpoint's variant and changes something (p=15 on a p=15 LSSAR run does not)."""
     needs = {"p": REWEIGHTABLE, "s": ("ssmax",)}
+    if switch.variants and cfg.model.attention not in switch.variants:
+        return False
     if not all(cfg.model.attention in needs.get(key, (cfg.model.attention,)) for key, _ in switch.settings):
         return False
     normalise = lambda value: value if value == "off" else str(float(value))

@@ -28,6 +28,8 @@ class DataConfig:
     eos_id: int = -1  # the token opening each document; -1: the source's (data.document_eos)
     encoding: str = "utf-8"  # of text files (source=text)
     errors: str = "strict"  # on bytes the encoding rejects: strict (an error naming the file and offset) | replace | ignore
+    tokenizer_path: str = ""  # a Hugging Face tokenizer.json for .bin shards (passkey, generation)
+    retrieval_fraction: float = 0.0  # fraction of training windows replaced by synthetic passkey sequences (data.retrieval)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -128,6 +130,7 @@ CHECKS = {  # non-model fields; ModelConfig checks its own
     "data.encoding": (_known_encoding, "a Python codec name, e.g. 'utf-8' or 'latin-1'"),
     "data.errors": _one_of(("strict", "replace", "ignore")),
     "optim.lr": _FINITE_POSITIVE,
+    "data.retrieval_fraction": _FRACTION,
     "optim.schedule": _one_of(tuple(optim.SCHEDULES)),
     "optim.warmup_steps": _int(0),
     "optim.min_lr_ratio": _FRACTION,

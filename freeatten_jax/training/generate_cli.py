@@ -19,9 +19,10 @@ def generate_text(workdir, prompt: str, max_new_tokens: int, *, temperature: flo
     from freeatten_jax.training import checkpoint
 
     model, cfg, _ = checkpoint.load_params(workdir)
-    tokenizer = data.tokenizer(cfg.data)
+    tokenizer = data.run_tokenizer(workdir, cfg.data)
     if tokenizer is None:
-        raise UserError(f"run {workdir} trained on pre-tokenized .bin shards: it has no tokenizer to encode a prompt")
+        raise UserError(f"run {workdir} trained on pre-tokenized .bin shards without data.tokenizer_path: "
+                        f"it has no tokenizer to encode a prompt")
     prompt_T = np.asarray(tokenizer.encode(prompt), np.int32)
     if not len(prompt_T):
         raise UserError("the prompt is empty")

@@ -157,6 +157,8 @@ def _train(cfg: config.Config, workdir) -> list[dict]:
         raise ConfigError(f"config.{e}") from None
     splits = data.load_splits(cfg.data)
     _check_vocab(cfg, splits)
+    if jax.process_index() == 0:
+        data.save_to_run(splits.tokenizer, storage.path(workdir))  # the run carries its tokenizer
     rules, steps = cfg.mesh.rules, cfg.train.steps
     hosts, batch = jax.process_count(), cfg.train.batch_size
     replicas = mesh.shape["data"] * mesh.shape["fsdp"]
@@ -169,7 +171,8 @@ def _train(cfg: config.Config, workdir) -> list[dict]:
         raise ConfigError(f"config.train.seq_len={cfg.train.seq_len} must be a multiple of 2 x the mesh's context "
                           f"axis ({2 * context}): context parallelism splits the sequence into 2 chunks per device")
     train_iter = data.train_iterator(splits.train, cfg.train.seq_len, batch // hosts, seed=cfg.train.seed,
-                                     process_index=jax.process_index(), process_count=hosts, num_workers=cfg.data.num_workers)
+                                     process_index=jax.process_index(), process_count=hosts, num_workers=cfg.data.num_workers,
+                                     mix=data.retrieval_mix(cfg.data, splits.tokenizer, cfg.train.seq_len, cfg.train.seed))
     ckpt = Checkpointer(workdir, cfg.checkpoint)
     tx = optim.make(cfg.optim, steps)
     abstract, state_shardings = train_state.abstract_state(cfg, mesh, tx)
