@@ -17,7 +17,7 @@ from freeatten_jax.nn import Transformer, preset, sharding
 from freeatten_jax.training import loop
 
 RULES = sharding.DEFAULT_RULES
-SETTINGS = suite.Settings(multipliers=(1, 16), max_windows=2, passkey_depths=(), analysis_windows=1)
+SETTINGS = suite.Settings(multipliers=(1, 16), eval_tokens=2 * (16 * 16 + 1), passkey_depths=(), analysis_windows=1)
 
 
 def _model(variant):
