@@ -8,10 +8,15 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from freeatten_jax.attention import auto, blockwise, reference
+from freeatten_jax.attention import auto, blockwise, pallas, reference
 from freeatten_jax.attention.variants import VARIANTS, Mask, Variant, get_variant, variant_options
 
-IMPLEMENTATIONS = {"reference": reference.attend, "blockwise": blockwise.attend, "auto": auto.attend}
+IMPLEMENTATIONS = {
+    "reference": reference.attend,
+    "blockwise": blockwise.attend,
+    "pallas": pallas.attend,
+    "auto": auto.attend,
+}
 
 __all__ = ["attend", "attention_weights", "make_mask", "Mask", "Variant", "VARIANTS", "IMPLEMENTATIONS"]
 
