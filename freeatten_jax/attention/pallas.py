@@ -58,10 +58,12 @@ LOWERINGS = {
 
 
 def _fit(block: int, length: int, lowering: Lowering) -> int:
-    """The block length used for a sequence of `length`: at most `block`, no larger than needed."""
+    """The block length used for a sequence of `length`: near `block`, no longer than needed, at least
+    the platform's minimum (and a power of two where the platform needs one)."""
+    size = min(block, -(-length // lowering.min_block) * lowering.min_block)
     if lowering.power_of_two:
-        return min(block, max(lowering.min_block, 1 << max(length - 1, 0).bit_length()))
-    return min(block, -(-length // lowering.min_block) * lowering.min_block)
+        size = 1 << (size - 1).bit_length() if size < block else 1 << (block.bit_length() - 1)
+    return max(lowering.min_block, size)
 
 
 def _calls(cfg: Static, lowering: Lowering, shapes):

@@ -74,13 +74,11 @@ def plan(mask: Mask, n_BT, block_q: int, block_k: int) -> Plan:
     q_2BT = jnp.stack([qpos_BT, qseg_BT])
     kv_3BS = jnp.stack([kpos_BS, kseg_BS, kvalid_BS.astype(jnp.int32)])
     return Plan(
-        q_col=q_2BT[..., None],
-        q_row=q_2BT.reshape(2, b, -1, 1, block_q),
-        kv_row=kv_3BS.reshape(3, b, -1, 1, block_k),
-        kv_col=kv_3BS[..., None],
-        n_col=_pad(n_BT.astype(jnp.float32), block_q, 0.0)[..., None],
-        k_first=_span(maybe_BIJ)[0],
-        k_end=_span(maybe_BIJ)[1],
-        q_first=_span(maybe_BIJ.transpose(0, 2, 1))[0],
-        q_end=_span(maybe_BIJ.transpose(0, 2, 1))[1],
+        q_2BT[..., None],
+        q_2BT.reshape(2, b, -1, 1, block_q),
+        kv_3BS.reshape(3, b, -1, 1, block_k),
+        kv_3BS[..., None],
+        _pad(n_BT.astype(jnp.float32), block_q, 0.0)[..., None],
+        *_span(maybe_BIJ),
+        *_span(maybe_BIJ.transpose(0, 2, 1)),
     )
