@@ -7,9 +7,9 @@ Glossary: B batch, T queries, S keys, H heads, K kv heads, D head dim. The rule,
    prepared q, which already carries 1/sqrt(D) and ssmax's s log N_i + b. Deciding while tracing
    (not with a lax.cond) keeps the reference's residuals out of the cuDNN path's memory. If cuDNN
    refuses the shapes when traced (its version, its own limits), rule 2 applies.
-2. Otherwise the reference while T·S is at most REFERENCE_MAX_TS for the platform and normalisation
-   (the faster path there) and one float32 score tensor B·H·T·S stays under REFERENCE_MAX_SCORES
-   (4 GiB); blockwise above (O(T) memory).
+2. Otherwise the reference while T·S is at most REFERENCE_MAX_TS for the platform (the faster path
+   there) and one float32 score tensor B·H·T·S stays under REFERENCE_MAX_SCORES (4 GiB); blockwise
+   above (O(T) memory).
 The Pallas kernels are never picked: no GPU or TPU measurement exists yet (and on the CPU they run in
 interpret mode, for tests). Where the platforms' choices differ, jax.lax.platform_dependent decides,
 so lowering for another platform (`lowering_platforms=`) gets that platform's choice.
@@ -22,18 +22,12 @@ import jax.numpy as jnp
 from freeatten_jax.attention import blockwise, reference
 from freeatten_jax.attention.variants import Mask, Variant
 
-# Largest T·S for which the reference is chosen, per platform and normalisation. CPU: measured (see
-# benchmarks/RESULTS.md): benchmarks/attention.py (12 heads) has blockwise faster from T = 1024 for
-# every variant and at 512 for all but relu; benchmarks/model_throughput.py (tiny model, T = 256)
-# decides the per-normalisation limits below. GPU/TPU: not measured here; published autotune data put
-# pure-JAX chunked attention at ~0.5-0.95x the materialised XLA path on H100, so the reference is
-# kept up to 2048².
-_CPU_REFERENCE_MAX_TS = {"softmax": 512 * 512, "none": 512 * 512, "sum": 128 * 128, "reweight": 128 * 128}
-REFERENCE_MAX_TS = {
-    "cpu": _CPU_REFERENCE_MAX_TS,
-    "gpu": dict.fromkeys(_CPU_REFERENCE_MAX_TS, 2048 * 2048),
-    "tpu": dict.fromkeys(_CPU_REFERENCE_MAX_TS, 2048 * 2048),
-}
+# Largest T·S for which the reference is chosen. CPU: measured (benchmarks/RESULTS.md): in the tiny
+# model at T = 256 (benchmarks/model_throughput.py, two runs each) blockwise trained every variant
+# faster (1.16x-1.99x), so no variant needs its own limit; the reference stays below (unmeasured there).
+# GPU/TPU: not measured here; published autotune data put pure-JAX chunked attention at ~0.5-0.95x
+# the materialised XLA path on H100, so the reference is kept up to 2048².
+REFERENCE_MAX_TS = {"cpu": 128 * 128, "gpu": 2048 * 2048, "tpu": 2048 * 2048}
 REFERENCE_MAX_SCORES = 2**30
 PLATFORMS = {"cpu": "cpu", "cuda": "gpu", "rocm": "gpu", "tpu": "tpu"}  # platform_dependent's names -> the rule's
 _FUSED_DTYPES = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
@@ -50,12 +44,10 @@ def fused_softmax(q_BTHD, k_BSKD, v_BSKD, *, variant: Variant, mask: Mask, opts,
     return out_BTHD.astype(dtype)
 
 
-
-
-def _by_size(q_BTHD, k_BSKD, variant: Variant, platform: str) -> str:
+def _by_size(q_BTHD, k_BSKD, platform: str) -> str:
     (b, t, h, _), s = q_BTHD.shape, k_BSKD.shape[1]
-    limit = REFERENCE_MAX_TS.get(platform, REFERENCE_MAX_TS["gpu"])[variant.normalise]
-    return "reference" if t * s <= limit and b * h * t * s <= REFERENCE_MAX_SCORES else "blockwise"
+    small = t * s <= REFERENCE_MAX_TS.get(platform, REFERENCE_MAX_TS["gpu"]) and b * h * t * s <= REFERENCE_MAX_SCORES
+    return "reference" if small else "blockwise"
 
 
 def choose(q_BTHD, k_BSKD, *, variant: Variant, mask: Mask, platform: str | None = None) -> str:
@@ -65,7 +57,7 @@ def choose(q_BTHD, k_BSKD, *, variant: Variant, mask: Mask, platform: str | None
     fusable = variant.normalise == "softmax" and q_BTHD.dtype in _FUSED_DTYPES and mask.plain
     if platform == "gpu" and fusable and d <= 256 and d % 8 == 0:
         return "fused"
-    return _by_size(q_BTHD, k_BSKD, variant, platform)
+    return _by_size(q_BTHD, k_BSKD, platform)
 
 
 def _traces(fn, *args, **kwargs) -> bool:
@@ -87,7 +79,7 @@ def attend(q_BTHD, k_BSKD, v_BSKD, *, variant: Variant, mask: Mask, opts, **unkn
     def pick(platform: str) -> str:
         choice = choose(q_BTHD, k_BSKD, variant=variant, mask=mask, platform=platform)
         if choice == "fused" and not _traces(fused_softmax, *args, **kwargs):
-            return _by_size(q_BTHD, k_BSKD, variant, platform)
+            return _by_size(q_BTHD, k_BSKD, platform)
         return choice
 
     choices = {name: pick(platform) for name, platform in PLATFORMS.items()}

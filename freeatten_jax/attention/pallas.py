@@ -4,7 +4,9 @@ Glossary: B batch, T queries, S keys, H heads, K kv heads, G = H // K, D head di
 padded to whole blocks. `prepare` runs outside the kernels (autodiff carries its gradients, e.g. to
 SSMax's s and b); the kernels see q' and k' in the input dtype, with float32 statistics. A custom VJP
 saves only the output and per-row statistics; the backward recomputes scores in a dQ kernel (per
-query block) and a dK/dV kernel (per key block, summing the G query heads: no repeated K/V).
+query block) and a key-major dK/dV kernel (per key block, summing the G query heads: no repeated K/V).
+The forward and dQ kernels read a head's whole K and V and loop over its visible key blocks (on TPU
+they sit in VMEM: about 8 MiB double-buffered at S = 4096, D = 128, bf16).
 Per platform (LOWERINGS): Triton on CUDA, Mosaic on TPU, Pallas interpret mode on CPU (or anywhere
 with interpret=True); chosen with jax.lax.platform_dependent, so cross-platform lowering is right.
 """
@@ -16,7 +18,7 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
 from freeatten_jax.attention import pallas_plan
-from freeatten_jax.attention.blockwise import count_visible
+from freeatten_jax.attention.blockwise import _static_power, count_visible
 from freeatten_jax.attention.pallas_kernels import FAMILIES, Static, dkv_kernel, dq_kernel, forward_kernel
 from freeatten_jax.attention.variants import Mask, Variant
 
@@ -81,9 +83,7 @@ def _calls(cfg: Static, lowering: Lowering, shapes):
     kv_full = pl.BlockSpec((None, None, sp, d), lambda b, h, i: (b, jax.lax.div(h, g), 0, 0))
     mask_specs = [
         pl.BlockSpec((2, None, cfg.block_q, 1), lambda b, h, i: (0, b, i, 0)),
-        pl.BlockSpec((2, None, None, 1, cfg.block_q), lambda b, h, i: (0, b, i, 0, 0)),
         pl.BlockSpec((3, None, k_blocks, 1, cfg.block_k), lambda b, h, i: (0, b, 0, 0, 0)),
-        pl.BlockSpec((3, None, sp, 1), lambda b, h, i: (0, b, 0, 0)),
         pl.BlockSpec((None, cfg.block_q, 1), lambda b, h, i: (b, i, 0)),
     ]
     in_specs = [scalar, scalar, scalar, q_spec, kv_full, kv_full, *mask_specs]
@@ -108,14 +108,14 @@ def _calls(cfg: Static, lowering: Lowering, shapes):
         **common,
     )
 
-    # dkv: grid (b, kv head, j)
+    # dkv: grid (b, kv head, j), key-major
     group_spec = pl.BlockSpec((None, g, tp, d), lambda b, k, j: (b, k, 0, 0))
-    group_rows = pl.BlockSpec((None, g, tp, 1), lambda b, k, j: (b, k, 0, 0))
+    group_rows = pl.BlockSpec((None, g, q_blocks, 1, cfg.block_q), lambda b, k, j: (b, k, 0, 0, 0))
     k_spec = pl.BlockSpec((None, None, cfg.block_k, d), lambda b, k, j: (b, k, j, 0))
     dkv_mask_specs = [
-        pl.BlockSpec((2, None, tp, 1), lambda b, k, j: (0, b, 0, 0)),
-        pl.BlockSpec((3, None, None, 1, cfg.block_k), lambda b, k, j: (0, b, j, 0, 0)),
-        pl.BlockSpec((None, tp, 1), lambda b, k, j: (b, 0, 0)),
+        pl.BlockSpec((2, None, q_blocks, 1, cfg.block_q), lambda b, k, j: (0, b, 0, 0, 0)),
+        pl.BlockSpec((3, None, cfg.block_k, 1), lambda b, k, j: (0, b, j, 0)),
+        pl.BlockSpec((None, q_blocks, 1, cfg.block_q), lambda b, k, j: (b, 0, 0, 0)),
     ]
     dkv = pl.pallas_call(
         functools.partial(dkv_kernel, cfg),
@@ -148,7 +148,7 @@ def _core(cfg: Static, lowering: Lowering, shapes):
     family = FAMILIES[cfg.family]
 
     def mask_args(plan: pallas_plan.Plan):
-        return plan.q_col, plan.q_row, plan.kv_row, plan.kv_col, plan.n_col
+        return plan.q_col, plan.kv_row, plan.n_col
 
     def run_forward(q, k, v, p_1, plan):
         out, *stats = forward(plan.k_first, plan.k_end, p_1, q, k, v, *mask_args(plan))
@@ -166,19 +166,13 @@ def _core(cfg: Static, lowering: Lowering, shapes):
         q, k, v, p_1, plan, out, stats = residuals
         rows = _backward_rows(cfg.family, stats, out, dout, p_1)
         dq = dq_call(plan.k_first, plan.k_end, p_1, q, k, v, *mask_args(plan), dout, *rows)
-        dkv_masks = (plan.q_col, plan.kv_row, plan.n_col)
-        dk, dv = dkv_call(plan.q_first, plan.q_end, p_1, q, k, v, *dkv_masks, dout, *rows)
+        rows_t = [x.reshape(*x.shape[:2], -1, 1, cfg.block_q) for x in rows]  # [B, H, I, 1, Q]
+        dkv_masks = (plan.q_row, plan.kv_col, plan.n_row)
+        dk, dv = dkv_call(plan.q_first, plan.q_end, p_1, q, k, v, *dkv_masks, dout, *rows_t)
         return dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype), None, None
 
     core.defvjp(core_fwd, core_bwd)
     return core
-
-
-def _static_power(p):
-    """p as an int when it is a known whole number (an exact, cheap integer power), else None."""
-    if isinstance(p, (int, float)) and float(p).is_integer() and 1 <= p <= 64:
-        return int(p)
-    return None
 
 
 def _run(lowering: Lowering, cfg: Static, block_q, block_k, qp_BTHD, kp_BSKD, v_BSKD, p_1, mask: Mask, n_BT):

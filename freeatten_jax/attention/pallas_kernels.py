@@ -1,8 +1,9 @@
 """Pallas kernel bodies for the four row normalisations (SPEC §3): forward, dQ and dK/dV kernels.
 
 Glossary: Q / C query / key block length, D head dim, G = H // K query heads per kv head. In a kernel
-every array is 2-D: scores s, mask vis, weights w, ds are [Q, C]; row statistics [Q, 1]; blocks of q,
-k, v, out [Q|C, D]. A `Family` holds one normalisation's math on such blocks; the three kernels
+every array is 2-D: scores s, mask vis, weights w, ds are [Q, C] (key-major [C, Q] in the dkv kernel,
+where row statistics come as [1, Q] rows; the family maths is elementwise, so it serves both); row
+statistics [Q, 1]; blocks of q, k, v, out [Q|C, D]. A `Family` holds one normalisation's math; the three kernels
 (forward, dq, dkv) stream key (or query) blocks between the bounds that pallas_plan computed, so
 provably invisible block pairs cost nothing. Masked scores use `where`, and key rows hidden from the
 whole query block are zeroed before any matmul that contracts over keys (SPEC §8: NaN/Inf there
@@ -21,7 +22,6 @@ TINY = float(jnp.finfo(jnp.float32).tiny)
 LOG2E = 1.4426950408889634
 _NT = (((1,), (1,)), ((), ()))  # a [M, D] x b [N, D] -> [M, N]
 _NN = (((1,), (0,)), ((), ()))  # a [M, N] x b [N, D] -> [M, D]
-_TN = (((0,), (0,)), ((), ()))  # a [N, M] x b [N, D] -> [M, D]
 
 
 def _dot(a, b, dims):
@@ -56,7 +56,7 @@ class Ctx(NamedTuple):
 
 
 class Family(NamedTuple):
-    """forward(sweep, ctx) -> (out [Q, D], row statistics); grad(s, vis, ctx, rows, dp) -> (w, ds).
+    """forward(sweep, ctx) -> (out [Q, D], row statistics); grad(s, vis, ctx, rows, dp) -> (w, ds), elementwise.
 
     `sweep(init, step)` folds step(carry, s, vis, v) over the visible key blocks. `stats` names the
     [Q, 1] statistics the forward saves, `extras` the [Q, D] ones; `rows` names what grad reads."""
@@ -210,8 +210,8 @@ class Static(NamedTuple):
 
 
 def visible(cfg: Static, q_pos, q_seg, k_pos, k_seg, k_valid):
-    """M for a [rows, 1] side against a [1, cols] side (either orientation): same segment, valid key,
-    causal and window. Arguments are int32; k_valid is 0/1."""
+    """M for a column of one side against a row of the other ([Q, C] or key-major [C, Q]): same
+    segment, valid key, causal and window. Arguments are int32; k_valid is 0/1."""
     vis = (q_seg == k_seg) & (k_valid > 0)
     if cfg.causal:
         vis &= k_pos <= q_pos
@@ -225,21 +225,20 @@ def _rows(ref, lead, start, size):
     return ref[(*lead, pl.ds(pl.multiple_of(start, size), size), slice(None))]
 
 
-def _key_block(cfg: Static, j, kvrow_ref, kvcol_ref, qrow_ref, q_col):
-    """The [Q, C] mask of key block j, and the [C, 1] keys that no query of the block sees."""
-    k_row = [kvrow_ref[x, j] for x in range(3)]  # each [1, C]
-    vis = visible(cfg, *q_col, *k_row)
-    k_col = [_rows(kvcol_ref, (x,), j * cfg.block_k, cfg.block_k) for x in range(3)]  # each [C, 1]
-    vis_t = visible(cfg, qrow_ref[0], qrow_ref[1], *k_col)  # [C, Q], keys as rows
-    seen = jnp.max(vis_t.astype(jnp.int32), axis=1, keepdims=True) > 0
-    return vis, seen
+def _key_block(cfg: Static, j, kvrow_ref, q_col):
+    """The [Q, C] mask of key block j, and the [C, 1] keys that no query of the block sees (the row of
+    per-key maxima turned into a column through an [8, C] transpose, which every backend lowers)."""
+    vis = visible(cfg, *q_col, *[kvrow_ref[x, j] for x in range(3)])  # key arrays [1, C]
+    seen_1C = jnp.max(vis.astype(jnp.float32), axis=0, keepdims=True)
+    seen_C1 = jnp.max(jnp.broadcast_to(seen_1C, (8, seen_1C.shape[1])).T, axis=1, keepdims=True)
+    return vis, seen_C1 > 0
 
 
 def _ctx(cfg: Static, n, p_ref):
     return Ctx(n=n, p=p_ref[0], static_power=cfg.static_power, weight=cfg.weight)
 
 
-def forward_kernel(cfg: Static, first_ref, end_ref, p_ref, q_ref, k_ref, v_ref, qcol_ref, qrow_ref, kvrow_ref, kvcol_ref, n_ref, *out_refs):
+def forward_kernel(cfg: Static, first_ref, end_ref, p_ref, q_ref, k_ref, v_ref, qcol_ref, kvrow_ref, n_ref, *out_refs):
     """One (batch, head, query block): out and the family's statistics, streaming visible key blocks."""
     b, i = pl.program_id(0), pl.program_id(2)
     family = FAMILIES[cfg.family]
@@ -248,7 +247,7 @@ def forward_kernel(cfg: Static, first_ref, end_ref, p_ref, q_ref, k_ref, v_ref, 
 
     def sweep(init, step, with_values=True):
         def body(j, carry):
-            vis, seen = _key_block(cfg, j, kvrow_ref, kvcol_ref, qrow_ref, q_col)
+            vis, seen = _key_block(cfg, j, kvrow_ref, q_col)
             k = jnp.where(seen, _rows(k_ref, (), j * cfg.block_k, cfg.block_k), 0)
             v = jnp.where(seen, _rows(v_ref, (), j * cfg.block_k, cfg.block_k), 0) if with_values else None
             return step(carry, _dot(q, k, _NT), vis, v)
@@ -264,7 +263,7 @@ def forward_kernel(cfg: Static, first_ref, end_ref, p_ref, q_ref, k_ref, v_ref, 
         ref[...] = stats[name]
 
 
-def dq_kernel(cfg: Static, first_ref, end_ref, p_ref, q_ref, k_ref, v_ref, qcol_ref, qrow_ref, kvrow_ref, kvcol_ref, n_ref, dout_ref, *refs):
+def dq_kernel(cfg: Static, first_ref, end_ref, p_ref, q_ref, k_ref, v_ref, qcol_ref, kvrow_ref, n_ref, dout_ref, *refs):
     """dq for one (batch, head, query block): Σ_j ds_ij k_j over the visible key blocks."""
     b, i = pl.program_id(0), pl.program_id(2)
     family = FAMILIES[cfg.family]
@@ -274,7 +273,7 @@ def dq_kernel(cfg: Static, first_ref, end_ref, p_ref, q_ref, k_ref, v_ref, qcol_
     q_col = (qcol_ref[0], qcol_ref[1])
 
     def body(j, dq):
-        vis, seen = _key_block(cfg, j, kvrow_ref, kvcol_ref, qrow_ref, q_col)
+        vis, seen = _key_block(cfg, j, kvrow_ref, q_col)
         k = jnp.where(seen, _rows(k_ref, (), j * cfg.block_k, cfg.block_k), 0)
         v = _rows(v_ref, (), j * cfg.block_k, cfg.block_k)  # only through dp, whose hidden entries `where` drops
         _, ds = family.grad(_dot(q, k, _NT), vis, ctx, rows, _dot(dout, v, _NT))
@@ -283,23 +282,23 @@ def dq_kernel(cfg: Static, first_ref, end_ref, p_ref, q_ref, k_ref, v_ref, qcol_
     dq_ref[...] = jax.lax.fori_loop(first_ref[b, i], end_ref[b, i], body, jnp.zeros(q.shape, jnp.float32))
 
 
-def dkv_kernel(cfg: Static, first_ref, end_ref, p_ref, q_ref, k_ref, v_ref, qcol_ref, kvrow_ref, n_ref, dout_ref, *refs):
-    """dk, dv for one (batch, kv head, key block): sums over the G query heads and visible query blocks."""
+def dkv_kernel(cfg: Static, first_ref, end_ref, p_ref, q_ref, k_ref, v_ref, qrow_ref, kvcol_ref, n_ref, dout_ref, *refs):
+    """dk, dv for one (batch, kv head, key block): sums over the G query heads and visible query blocks.
+    Key-major: blocks are [C, Q] (keys as rows), so row statistics come as [1, Q] rows and every matmul
+    is a plain one; no full-length column array is needed."""
     b, j = pl.program_id(0), pl.program_id(2)
     family = FAMILIES[cfg.family]
     *row_refs, dk_ref, dv_ref = refs
     k, v = k_ref[...], v_ref[...]
-    k_row = [kvrow_ref[x] for x in range(3)]  # each [1, C]
+    k_col = [kvcol_ref[x] for x in range(3)]  # each [C, 1]
 
     def body(g, i, carry):
         dk, dv = carry
-        start = i * cfg.block_q
-        q, dout = _rows(q_ref, (g,), start, cfg.block_q), _rows(dout_ref, (g,), start, cfg.block_q)
-        rows = {name: _rows(ref, (g,), start, cfg.block_q) for name, ref in zip(family.rows, row_refs)}
-        vis = visible(cfg, _rows(qcol_ref, (0,), start, cfg.block_q), _rows(qcol_ref, (1,), start, cfg.block_q), *k_row)
-        ctx = _ctx(cfg, _rows(n_ref, (), start, cfg.block_q), p_ref)
-        w, ds = family.grad(_dot(q, k, _NT), vis, ctx, rows, _dot(dout, v, _NT))
-        return dk + _dot(ds.astype(q.dtype), q, _TN), dv + _dot(w.astype(dout.dtype), dout, _TN)
+        q, dout = _rows(q_ref, (g,), i * cfg.block_q, cfg.block_q), _rows(dout_ref, (g,), i * cfg.block_q, cfg.block_q)
+        rows = {name: ref[g, i] for name, ref in zip(family.rows, row_refs)}  # each [1, Q]
+        vis_t = visible(cfg, qrow_ref[0, i], qrow_ref[1, i], *k_col)
+        w_t, ds_t = family.grad(_dot(k, q, _NT), vis_t, _ctx(cfg, n_ref[i], p_ref), rows, _dot(v, dout, _NT))
+        return dk + _dot(ds_t.astype(q.dtype), q, _NN), dv + _dot(w_t.astype(dout.dtype), dout, _NN)
 
     carry = (jnp.zeros(k.shape, jnp.float32), jnp.zeros(v.shape, jnp.float32))
     for g in range(cfg.kv_groups):

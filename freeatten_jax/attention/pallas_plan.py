@@ -15,11 +15,15 @@ from freeatten_jax.attention.variants import Mask
 
 
 class Plan(NamedTuple):
+    """Query-major kernels (forward, dq) read *_col of the queries and *_row of the keys; the key-major
+    dkv kernel the opposite. Rows are stored per block ([.., blocks, 1, size]) so a kernel reads one."""
+
     q_col: jax.Array  # [2, B, Tp, 1] int32: query positions, segment ids
     q_row: jax.Array  # [2, B, I, 1, Q] the same, one row per query block
     kv_row: jax.Array  # [3, B, J, 1, C] int32: key positions, segment ids, valid (0/1)
     kv_col: jax.Array  # [3, B, Sp, 1] the same as columns
     n_col: jax.Array  # [B, Tp, 1] float32 N_i (0 on padded rows)
+    n_row: jax.Array  # [B, I, 1, Q] the same as rows
     k_first: jax.Array  # [B, I] first and one-past-last key block that query block i may see
     k_end: jax.Array
     q_first: jax.Array  # [B, J] first and one-past-last query block that may see key block j
@@ -79,6 +83,7 @@ def plan(mask: Mask, n_BT, block_q: int, block_k: int) -> Plan:
         kv_3BS.reshape(3, b, -1, 1, block_k),
         kv_3BS[..., None],
         _pad(n_BT.astype(jnp.float32), block_q, 0.0)[..., None],
+        _pad(n_BT.astype(jnp.float32), block_q, 0.0).reshape(b, -1, 1, block_q),
         *_span(maybe_BIJ),
         *_span(maybe_BIJ.transpose(0, 2, 1)),
     )
