@@ -185,7 +185,7 @@ def _reweight_grad(s, vis, ctx, rows, dp):
 FAMILIES = {
     "softmax": Family(_softmax_forward, _softmax_grad, ("lse",), (), ("lse", "d")),
     "sum": Family(_sum_forward, _sum_grad, ("z",), (), ("z", "d")),
-    "none": Family(_none_forward, _none_grad, (), (), ("d",)),
+    "none": Family(_none_forward, _none_grad, (), (), ()),
     "reweight": Family(
         _reweight_forward, _reweight_grad, ("z", "u_max", "x_max", "l", "c"), ("y",), ("z", "u_max", "x_max", "l", "d", "e")
     ),
