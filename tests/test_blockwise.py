@@ -171,8 +171,8 @@ def test_block_skipping_is_conservative(causal):
         2, 50, 60, causal=causal, q_positions=q_positions, q_segment_ids=q_segments, kv_segment_ids=kv_segments,
         kv_mask=jax.random.bernoulli(keys[3], 0.8, (2, 60)), window=20,
     )
-    maybe_IJ = _fast_jit(lambda mask: blockwise._plan(mask, blockwise.count_visible(mask, 8), 8, 8).maybe_IJ, mask)
-    visible_TS = np.pad(np.any(mask.visible(), axis=0), ((0, 6), (0, 4)))
+    maybe_IJ = _fast_jit(lambda mask: blockwise.make_plan(mask, blockwise.count_visible(mask, 8)[0], 8, 8, 1).maybe_IJ, mask)
+    visible_TS = np.pad(np.any(mask.visible(), axis=(0, 1)), ((0, 6), (0, 4)))
     visible_IJ = visible_TS.reshape(7, 8, 8, 8).any(axis=(1, 3))
     assert not np.any(visible_IJ & ~np.asarray(maybe_IJ))
     assert not np.all(maybe_IJ)  # and something is skipped
@@ -182,9 +182,9 @@ def test_count_visible_and_block_skipping():
     """N_i equals the dense count; key blocks strictly above the causal diagonal are skipped."""
     segments = jnp.array([[0] * 25 + [1] * 15] * 2)
     mask = attention.make_mask(2, 40, 40, q_segment_ids=segments, kv_mask=jnp.arange(40) < 37, window=30)
-    np.testing.assert_array_equal(_fast_jit(lambda mask: blockwise.count_visible(mask, 8), mask), jnp.sum(mask.visible(), axis=-1))
+    np.testing.assert_array_equal(_fast_jit(lambda mask: blockwise.count_visible(mask, 8)[0], mask), jnp.sum(mask.visible(), axis=-1))
     plain = attention.make_mask(1, 64, 64)
-    maybe_IJ = _fast_jit(lambda mask: blockwise._plan(mask, jnp.zeros((1, 64), jnp.int32), 16, 16).maybe_IJ, plain)
+    maybe_IJ = _fast_jit(lambda mask: blockwise.make_plan(mask, jnp.zeros((1, 1, 64), jnp.int32), 16, 16, 1).maybe_IJ, plain)
     np.testing.assert_array_equal(maybe_IJ, np.tril(np.ones((4, 4), bool)))
 
 
@@ -229,15 +229,17 @@ def test_auto_rule():
     assert not auto._traces(auto.fused_softmax, q, q, q, implementation="cudnn", **fused)  # no cuDNN here: rule 2
 
 
-def test_fused_path_prescales_ssmax():
-    """The GPU route (run here with the xla kernel): ssmax by query pre-scaling, values and gradients
-    equal to the reference."""
-    q, k, v, g = _inputs(_key("fused"), 2, 24, 24, 4, 2, 16, jnp.bfloat16)
-    mask = attention.make_mask(2, 24, 24)
-    spec = attention.VARIANTS["ssmax"]
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("variant", ["softmax", "ssmax"])
+def test_fused_path_matches_reference(variant, causal):
+    """The GPU route (run here with the xla kernel), causal and bidirectional: ssmax by query
+    pre-scaling with N_i = i + 1 or T, values and gradients equal to the reference."""
+    q, k, v, g = _inputs(_key("fused", variant, str(causal)), 2, 24, 24, 4, 2, 16, jnp.bfloat16)
+    mask = attention.make_mask(2, 24, 24, causal=causal)
+    spec = attention.VARIANTS[variant]
 
     def run(implementation, q, k, v, s):
-        opts = attention.variant_options("ssmax", {"s": s, "b": 0.2})
+        opts = attention.variant_options(variant, {"s": s, "b": 0.2} if variant == "ssmax" else {"scale": s[0]})
         if implementation == "fused":
             return auto.fused_softmax(q, k, v, variant=spec, mask=mask, opts=opts, implementation="xla")
         return reference.attend(q, k, v, variant=spec, mask=mask, opts=opts)
@@ -252,12 +254,20 @@ def test_fused_path_prescales_ssmax():
         _assert_close(got, want, 3e-2, "grad")
 
 
+def test_fused_path_refuses_a_mask_that_is_not_plain():
+    """fused_softmax reads no positions, segments, padding or dense mask, so it must refuse them."""
+    q = jnp.zeros((1, 8, 2, 8), jnp.bfloat16)
+    for mask in (attention.make_mask(1, 8, 8, kv_mask=jnp.arange(8) < 5), attention.make_mask(1, 8, 8, mask=jnp.ones((1, 1, 8, 8), bool))):
+        with pytest.raises(ValueError, match="plain mask"):
+            auto.fused_softmax(q, q, q, variant=attention.VARIANTS["softmax"], mask=mask, opts={}, implementation="xla")
+
+
 def test_only_statically_plain_masks_are_fused():
     """Positions, segments, padding, a window or an offset make a mask non-plain: no fused kernel."""
     q = jax.ShapeDtypeStruct((1, 64, 12, 64), jnp.bfloat16)
     assert attention.make_mask(1, 64, 64).plain and attention.make_mask(1, 64, 64, causal=False).plain
     for options in (dict(q_positions=jnp.arange(64)), dict(q_segment_ids=jnp.zeros(64, int)), dict(kv_mask=jnp.ones(64, bool)),
-                    dict(window=8), dict(q_offset=0)):
+                    dict(window=8), dict(q_offset=0), dict(mask=jnp.ones((1, 1, 64, 64), bool))):
         mask = attention.make_mask(1, 64, 64, **options)
         assert not mask.plain, options
         assert auto.choose(q, q, variant=attention.VARIANTS["softmax"], mask=mask, platform="gpu") != "fused", options

@@ -34,11 +34,15 @@ _FUSED_DTYPES = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
 
 
 def fused_softmax(q_BTHD, k_BSKD, v_BSKD, *, variant: Variant, mask: Mask, opts, implementation: str = "cudnn"):
-    """Softmax/ssmax through jax.nn.dot_product_attention, valid for a plain mask (`Mask.plain`)."""
-    t, s = q_BTHD.shape[1], k_BSKD.shape[1]
-    n_BT = jnp.arange(1, t + 1)[None, :] if mask.causal else jnp.full((1, t), s)
-    qp_BTHD, kp_BSKD = variant.prepare(q_BTHD, k_BSKD, jnp.broadcast_to(n_BT, q_BTHD.shape[:2]), opts)
-    dtype = q_BTHD.dtype
+    """Softmax/ssmax through jax.nn.dot_product_attention, for a plain mask only (`Mask.plain`).
+
+    N_i is i + 1 (causal) or T (bidirectional). Under a plain mask every key is seen by some query,
+    so no key is hidden from its whole batch row (SPEC §8 holds as for the other paths)."""
+    if not mask.plain:
+        raise ValueError("fused_softmax needs a plain mask: q_len == kv_len, default positions, no segments, padding, window or dense mask")
+    (b, t), dtype = q_BTHD.shape[:2], q_BTHD.dtype
+    n_B1T = jnp.arange(1, t + 1)[None, None] if mask.causal else jnp.full((1, 1, t), t)
+    qp_BTHD, kp_BSKD = variant.prepare(q_BTHD, k_BSKD, jnp.broadcast_to(n_B1T, (b, 1, t)), opts)
     qp_BTHD, kp_BSKD, v_BSKD = (x.astype(dtype) for x in (qp_BTHD, kp_BSKD, v_BSKD))
     out_BTHD = jax.nn.dot_product_attention(qp_BTHD, kp_BSKD, v_BSKD, scale=1.0, is_causal=mask.causal, implementation=implementation)
     return out_BTHD.astype(dtype)

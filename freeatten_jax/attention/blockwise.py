@@ -5,6 +5,8 @@ key block length, I / J number of query / key blocks. Forward: for each query bl
 key blocks that may be visible (a rule per normalise kind, blockwise_rules.RULES). Backward: for
 each key block, stream the query blocks, recomputing scores; only the output and per-row
 statistics are saved. `prepare` runs outside the custom VJP, so autodiff carries its gradients.
+Public pieces (ring.py builds its ring attention from them): block_sizes, query_blocks, key_blocks,
+swap_last, count_visible, make_plan, block_scores, block_visible, take, forward, backward, make_core.
 """
 import dataclasses
 import functools
@@ -15,7 +17,7 @@ import jax
 import jax.numpy as jnp
 
 from freeatten_jax.attention.blockwise_rules import RULES, Config
-from freeatten_jax.attention.variants import Mask, Variant
+from freeatten_jax.attention.variants import Mask, Variant, check_positive_int, hide_unseen
 
 _HIGHEST = jax.lax.Precision.HIGHEST
 # Default (query, key) block sizes. CPU: measured with benchmarks/attention.py (256 x 128 was best or
@@ -27,8 +29,8 @@ class Plan(NamedTuple):
     """The blocked mask and which (query block, key block) pairs may hold a visible pair."""
 
     q_mask: Mask  # arrays [I, B, Q]
-    kv_mask: Mask  # arrays [J, B, C]
-    n_IB11Q1: jax.Array  # N_i as float32
+    kv_mask: Mask  # arrays [J, B, C]; a dense mask as [J, B or 1, H or 1, I·Q, C]
+    n_IBKGQ1: jax.Array  # N_i as float32 (K = G = 1 unless the dense mask is per head)
     maybe_IJ: jax.Array  # bool: False only where the block is provably invisible
     k_first_I: jax.Array  # first and one-past-last key block that query block i may see
     k_end_I: jax.Array
@@ -44,13 +46,23 @@ def _blocks(x_BL, size: int, fill) -> jax.Array:
     return x_BL.reshape(x_BL.shape[0], -1, size).transpose(1, 0, 2)
 
 
-def _kv_mask_blocks(mask: Mask, size: int) -> Mask:
+def _dense_blocks(dense_BHTS, size: int, q_size: int):
+    """[B, H, T, S] -> [J, B, H, T', C] (T' = T padded to a multiple of q_size), padded with False."""
+    if dense_BHTS is None:
+        return None
+    b, h, t, s = dense_BHTS.shape
+    dense_BHTS = jnp.pad(dense_BHTS, ((0, 0), (0, 0), (0, -t % q_size), (0, -s % size)))
+    return dense_BHTS.reshape(b, h, dense_BHTS.shape[2], -1, size).transpose(3, 0, 1, 2, 4)
+
+
+def _kv_mask_blocks(mask: Mask, size: int, q_size: int = 1) -> Mask:
     """The key-side mask arrays as [J, B, C]; padding keys are invalid."""
     return dataclasses.replace(
         mask,
         kv_positions=_blocks(mask.kv_positions, size, None),
         kv_segment_ids=_blocks(mask.kv_segment_ids, size, None),
         kv_valid=_blocks(mask.kv_valid, size, False),
+        dense=_dense_blocks(mask.dense, size, q_size),
     )
 
 
@@ -62,7 +74,9 @@ def _q_mask_blocks(mask: Mask, size: int) -> Mask:
 
 
 def _pair(q_mask: Mask, kv_mask: Mask, i, j) -> Mask:
-    """The mask of query block i against key block j ([B, Q, C] when visible() is called)."""
+    """The mask of query block i against key block j ([B, H or 1, Q, C] when visible() is called)."""
+    size = q_mask.q_positions.shape[-1]
+    dense = None if kv_mask.dense is None else jax.lax.dynamic_slice_in_dim(kv_mask.dense[j], i * size, size, axis=2)
     return dataclasses.replace(
         q_mask,
         q_positions=q_mask.q_positions[i],
@@ -70,20 +84,24 @@ def _pair(q_mask: Mask, kv_mask: Mask, i, j) -> Mask:
         kv_positions=kv_mask.kv_positions[j],
         kv_segment_ids=kv_mask.kv_segment_ids[j],
         kv_valid=kv_mask.kv_valid[j],
+        dense=dense,
     )
 
 
-def count_visible(mask: Mask, block_k: int) -> jax.Array:
-    """N_i = Σ_j M_ij as [B, T] int32, one key block at a time (never a T x S array)."""
+def count_visible(mask: Mask, block_k: int):
+    """N_i = Σ_j M_ij as [B, H or 1, T] int32, and whether any query sees key j as [B, H or 1, S],
+    one key block at a time (never a T x S array unless the mask is dense)."""
     kv_mask = _kv_mask_blocks(mask, block_k)
 
-    def add_block(n_BT, kv):
-        block = dataclasses.replace(mask, kv_positions=kv[0], kv_segment_ids=kv[1], kv_valid=kv[2])
-        return n_BT + jnp.sum(block.visible(), axis=-1, dtype=jnp.int32), None
+    def add_block(n_BHT, kv_block):
+        visible_BHTC = dataclasses.replace(mask, **kv_block).visible()
+        return n_BHT + jnp.sum(visible_BHTC, axis=-1, dtype=jnp.int32), jnp.any(visible_BHTC, axis=2)
 
-    kv = (kv_mask.kv_positions, kv_mask.kv_segment_ids, kv_mask.kv_valid)
-    n_BT, _ = jax.lax.scan(add_block, jnp.zeros(mask.q_positions.shape, jnp.int32), kv)
-    return n_BT
+    names = ("kv_positions", "kv_segment_ids", "kv_valid", "dense")
+    (b, t), heads = mask.q_positions.shape, 1 if mask.dense is None else mask.dense.shape[1]
+    n_BHT, seen_JBHC = jax.lax.scan(add_block, jnp.zeros((b, heads, t), jnp.int32), {n: getattr(kv_mask, n) for n in names})
+    seen_BHS = seen_JBHC.transpose(1, 2, 0, 3).reshape(b, heads, -1)[:, :, : mask.kv_positions.shape[1]]
+    return n_BHT, seen_BHS
 
 
 def _range_stats(x_IBQ, valid_IBQ):
@@ -107,6 +125,9 @@ def _maybe_visible(q_mask: Mask, kv_mask: Mask) -> jax.Array:
         maybe &= k_lo <= q_hi
     if q_mask.window is not None:
         maybe &= (k_lo - q_hi < q_mask.window) & (q_lo - k_hi < q_mask.window)
+    if kv_mask.dense is not None:
+        j, b, h, t, c = kv_mask.dense.shape
+        maybe &= jnp.any(kv_mask.dense.reshape(j, b, h, -1, q_mask.q_positions.shape[-1], c), axis=(1, 2, 4, 5)).T
     return maybe
 
 
@@ -119,27 +140,39 @@ def _span(maybe_XY):
     return jnp.where(anything, first, 0), jnp.where(anything, end, 0)
 
 
-def _plan(mask: Mask, n_BT, q_size: int, kv_size: int) -> Plan:
-    q_mask, kv_mask = _q_mask_blocks(mask, q_size), _kv_mask_blocks(mask, kv_size)
+def _split_heads(x, axis: int, kv_heads: int):
+    """Split a head axis of size H into (K, G), or a size-1 head axis into (1, 1)."""
+    h = x.shape[axis]
+    groups = kv_heads if h > 1 else 1
+    return x.reshape(*x.shape[:axis], groups, h // groups, *x.shape[axis + 1 :])
+
+
+def make_plan(mask: Mask, n_BHT, q_size: int, kv_size: int, kv_heads: int) -> Plan:
+    """The Plan of the mask's queries in blocks of q_size against its keys in blocks of kv_size."""
+    q_mask, kv_mask = _q_mask_blocks(mask, q_size), _kv_mask_blocks(mask, kv_size, q_size)
     maybe_IJ = _maybe_visible(q_mask, kv_mask)
-    n_IB11Q1 = _blocks(n_BT, q_size, 0).astype(jnp.float32)[:, :, None, None, :, None]
-    return Plan(q_mask, kv_mask, n_IB11Q1, maybe_IJ, *_span(maybe_IJ), *_span(maybe_IJ.T))
+    b, h, t = n_BHT.shape
+    n_IBHQ = jnp.pad(n_BHT, ((0, 0), (0, 0), (0, -t % q_size))).reshape(b, h, -1, q_size).transpose(2, 0, 1, 3)
+    n_IBKGQ1 = _split_heads(n_IBHQ.astype(jnp.float32), 2, kv_heads)[..., None]
+    return Plan(q_mask, kv_mask, n_IBKGQ1, maybe_IJ, *_span(maybe_IJ), *_span(maybe_IJ.T))
 
 
-def _scores(q_BKGQD, kt_BKDC):
+def block_scores(q_BKGQD, kt_BKDC):
+    """The scores of one query block against one key block, [B, K, G, Q, C]."""
     return jnp.einsum("BKGQD,BKDC->BKGQC", q_BKGQD, kt_BKDC, precision=_HIGHEST)
 
 
-def _visible(plan: Plan, i, j):
-    """M for query block i and key block j as [B, 1, 1, Q, C]."""
-    return _pair(plan.q_mask, plan.kv_mask, i, j).visible()[:, None, None]
+def block_visible(plan: Plan, i, j, kv_heads: int):
+    """M for query block i and key block j as [B, K, G, Q, C] (K = G = 1 unless per head)."""
+    return _split_heads(_pair(plan.q_mask, plan.kv_mask, i, j).visible(), 1, kv_heads)
 
 
-def _take(tree, i):
+def take(tree, i):
+    """Entry i of every array of a tree (a query block's per-row statistics)."""
     return jax.tree.map(lambda x: x[i], tree)
 
 
-def _forward(rule, cfg: Config, q_IBKGQD, kt_JBKDC, v_JBKCD, plan: Plan):
+def forward(rule, cfg: Config, q_IBKGQD, kt_JBKDC, v_JBKCD, plan: Plan):
     """The rule's output [I, B, K, G, Q, D] and per-row statistics (each [I, B, K, G, Q, 1])."""
     shape_BKGQ = q_IBKGQD.shape[1:-1]
 
@@ -148,8 +181,8 @@ def _forward(rule, cfg: Config, q_IBKGQD, kt_JBKDC, v_JBKCD, plan: Plan):
             i, q_BKGQD, n, rows = xs
 
             def visit(j, carry):
-                scores_BKGQC = _scores(q_BKGQD, kt_JBKDC[j])
-                return step(carry, scores_BKGQC, _visible(plan, i, j), v_JBKCD[j], n, rows)
+                scores_BKGQC = block_scores(q_BKGQD, kt_JBKDC[j])
+                return step(carry, scores_BKGQC, block_visible(plan, i, j, q_BKGQD.shape[1]), v_JBKCD[j], n, rows)
 
             def body(j, carry):
                 return jax.lax.cond(plan.maybe_IJ[i, j], functools.partial(visit, j), lambda c: c, carry)
@@ -160,17 +193,17 @@ def _forward(rule, cfg: Config, q_IBKGQD, kt_JBKDC, v_JBKCD, plan: Plan):
             return finish(carry, n)
 
         index_I = jnp.arange(q_IBKGQD.shape[0])
-        return jax.lax.map(per_query_block, (index_I, q_IBKGQD, plan.n_IB11Q1, rows_I))
+        return jax.lax.map(per_query_block, (index_I, q_IBKGQD, plan.n_IBKGQ1, rows_I))
 
     return rule.forward(sweep, cfg)
 
 
-def _t(x):
+def swap_last(x):
     """Swap the last two axes ([.., Q, D] <-> [.., D, Q]): every matmul below then needs no transpose."""
     return jnp.swapaxes(x, -1, -2)
 
 
-def _backward(rule, cfg: Config, q_IBKGQD, kt_JBKDC, v_JBKCD, plan: Plan, rows_I, dout_IBKGQD):
+def backward(rule, cfg: Config, q_IBKGQD, kt_JBKDC, v_JBKCD, plan: Plan, rows_I, dout_IBKGQD):
     """dq, dk^T, dv by streaming query blocks per key block, recomputing each block's scores."""
     qt_IBKDGQ, dout_t_IBKDGQ = (jnp.moveaxis(x, -1, -3) for x in (q_IBKGQD, dout_IBKGQD))
 
@@ -180,9 +213,9 @@ def _backward(rule, cfg: Config, q_IBKGQD, kt_JBKDC, v_JBKCD, plan: Plan, rows_I
         def visit(i, carry):
             dkt_BKDC, dvt_BKDC, dq_IBKGQD = carry
             dp_BKGQC = jnp.einsum("BKGQD,BKDC->BKGQC", dout_IBKGQD[i], vt_BKDC, precision=_HIGHEST)
-            scores_BKGQC = _scores(q_IBKGQD[i], kt_BKDC)
-            visible = _visible(plan, i, j)
-            w_BKGQC, ds_BKGQC = rule.grad_block(scores_BKGQC, visible, plan.n_IB11Q1[i], _take(rows_I, i), dp_BKGQC, cfg)
+            scores_BKGQC = block_scores(q_IBKGQD[i], kt_BKDC)
+            visible = block_visible(plan, i, j, k_BKCD.shape[1])
+            w_BKGQC, ds_BKGQC = rule.grad_block(scores_BKGQC, visible, plan.n_IBKGQ1[i], take(rows_I, i), dp_BKGQC, cfg)
             dvt_BKDC += jnp.einsum("BKDGQ,BKGQC->BKDC", dout_t_IBKDGQ[i], w_BKGQC, precision=_HIGHEST)
             dkt_BKDC += jnp.einsum("BKDGQ,BKGQC->BKDC", qt_IBKDGQ[i], ds_BKGQC, precision=_HIGHEST)
             dq_BKGQD = jnp.einsum("BKGQC,BKCD->BKGQD", ds_BKGQC, k_BKCD, precision=_HIGHEST)
@@ -196,54 +229,69 @@ def _backward(rule, cfg: Config, q_IBKGQD, kt_JBKDC, v_JBKCD, plan: Plan, rows_I
         return dq_IBKGQD, (dkt_BKDC, dvt_BKDC)
 
     index_J = jnp.arange(kt_JBKDC.shape[0])
-    xs = (index_J, kt_JBKDC, _t(kt_JBKDC), _t(v_JBKCD))
+    xs = (index_J, kt_JBKDC, swap_last(kt_JBKDC), swap_last(v_JBKCD))
     dq_IBKGQD, (dkt_JBKDC, dvt_JBKDC) = jax.lax.scan(per_key_block, jnp.zeros_like(q_IBKGQD), xs)
-    return dq_IBKGQD, dkt_JBKDC, _t(dvt_JBKDC)
+    return dq_IBKGQD, dkt_JBKDC, swap_last(dvt_JBKDC)
 
 
-def _attention_core(rule, cfg_static):
-    """out = rule(q, k, v) with a custom VJP that saves only the output and per-row statistics."""
+def make_core(variant: Variant, opts, forward=forward, backward=backward):
+    """core(q_IBKGQD, kt_JBKDC, v_JBKCD, where) -> out_IBKGQD: the variant's rule with a custom VJP that
+    saves only the output and per-row statistics. `forward` and `backward` stream the key blocks of
+    `where`: this module's pair for a Plan; ring.py passes its own for a Ring (K/V round a mesh axis)."""
+    kind, p = variant.normalise, opts.get("p")
+    if kind == "reweight" and p is None:
+        kind = "sum"  # re-weighting switched off: plain LSSA
+    rule, cfg_static = RULES[kind], Config(weight=variant.weight, p=None, static_power=static_power(p))
+    p_arg = jax.lax.stop_gradient(jnp.asarray(0.0 if p is None else p, jnp.float32))  # p is not differentiated
 
     @jax.custom_vjp
-    def core(q, kt, v, p, plan):
-        return _forward(rule, cfg_static._replace(p=p), q, kt, v, plan)[0]
+    def core(q, kt, v, p, where):
+        return forward(rule, cfg_static._replace(p=p), q, kt, v, where)[0]
 
-    def core_fwd(q, kt, v, p, plan):
-        out, rows = _forward(rule, cfg_static._replace(p=p), q, kt, v, plan)
-        return out, (q, kt, v, p, plan, out, rows)
+    def core_fwd(q, kt, v, p, where):
+        out, rows = forward(rule, cfg_static._replace(p=p), q, kt, v, where)
+        return out, (q, kt, v, p, where, out, rows)
 
     def core_bwd(residuals, dout):
-        q, kt, v, p, plan, out, rows = residuals
+        q, kt, v, p, where, out, rows = residuals
         cfg = cfg_static._replace(p=p)
         rows_I = rule.backward_rows(rows, out, dout, cfg)
-        dq, dkt, dv = _backward(rule, cfg, q, kt, v, plan, rows_I, dout)
+        dq, dkt, dv = backward(rule, cfg, q, kt, v, where, rows_I, dout)
         return dq, dkt, dv, None, None
 
     core.defvjp(core_fwd, core_bwd)
-    return core
+    return lambda q_IBKGQD, kt_JBKDC, v_JBKCD, where: core(q_IBKGQD, kt_JBKDC, v_JBKCD, p_arg, where)
 
 
-def _static_power(p):
+def static_power(p):
     """p as an int when it is a known whole number (an exact, cheap integer power), else None."""
     if isinstance(p, (int, float)) and float(p).is_integer() and 1 <= p <= 64:
         return int(p)
     return None
 
 
+def block_sizes(q_len: int, kv_len: int, block_q=None, block_k=None) -> tuple[int, int]:
+    """The (query, key) block lengths: near block_q, block_k (default BLOCKS for the platform), each
+    splitting its length into equal blocks with little padding."""
+    check_positive_int("block_q", block_q)
+    check_positive_int("block_k", block_k)
+    default_q, default_k = BLOCKS.get(jax.default_backend(), BLOCKS["gpu"])
+    return _block_size(q_len, block_q or default_q), _block_size(kv_len, block_k or default_k)
+
+
 def _block_size(length: int, block: int) -> int:
-    """A block size near `block` that splits `length` into equal blocks with little padding."""
     count = math.ceil(length / block)
     return min(block, -(-math.ceil(length / count) // 8) * 8)
 
 
-def _query_blocks(x_BTHD, size: int, kv_heads: int):
+def query_blocks(x_BTHD, size: int, kv_heads: int):
     """[B, T, H, D] -> [I, B, K, G, Q, D], zero-padding T to a multiple of `size`."""
     b, t, h, d = x_BTHD.shape
     x_BTHD = jnp.pad(x_BTHD, ((0, 0), (0, -t % size), (0, 0), (0, 0)))
     return x_BTHD.reshape(b, -1, size, kv_heads, h // kv_heads, d).transpose(1, 0, 3, 4, 2, 5)
 
 
-def _key_blocks(x_BSKD, size: int):
+def key_blocks(x_BSKD, size: int):
     """[B, S, K, D] -> [J, B, K, C, D] in float32, zero-padding S to a multiple of `size`."""
     b, s, kv_heads, d = x_BSKD.shape
     x_BSKD = jnp.pad(x_BSKD.astype(jnp.float32), ((0, 0), (0, -s % size), (0, 0), (0, 0)))
@@ -253,20 +301,17 @@ def _key_blocks(x_BSKD, size: int):
 def attend(q_BTHD, k_BSKD, v_BSKD, *, variant: Variant, mask: Mask, opts, block_q=None, block_k=None, **unknown):
     """o_i = Σ_j A_ij v_j without a T x S array; float32 math, output in q's dtype.
 
-    block_q, block_k: query and key block lengths (default BLOCKS for the platform)."""
+    block_q, block_k: query and key block lengths (default BLOCKS for the platform).
+    A dense mask is read one (query block, key block) tile at a time; without one, memory is O(T)."""
     if unknown:
         raise ValueError(f"unknown option(s) {sorted(unknown)}; implementation 'blockwise' takes block_q, block_k")
-    default_q, default_k = BLOCKS.get(jax.default_backend(), BLOCKS["gpu"])
     (b, t, h, d), (s, kv_heads) = q_BTHD.shape, k_BSKD.shape[1:3]
-    q_size, kv_size = _block_size(t, block_q or default_q), _block_size(s, block_k or default_k)
-    kind, p = variant.normalise, opts.get("p")
-    if kind == "reweight" and p is None:
-        kind = "sum"  # re-weighting switched off: plain LSSA
-    n_BT = count_visible(mask, kv_size)
-    qp_BTHD, kp_BSKD = variant.prepare(q_BTHD, k_BSKD, n_BT, opts)
-    core = _attention_core(RULES[kind], Config(weight=variant.weight, p=None, static_power=_static_power(p)))
-    p_arg = jax.lax.stop_gradient(jnp.asarray(0.0 if p is None else p, jnp.float32))  # p is not differentiated
-    q_IBKGQD, kt_JBKDC = _query_blocks(qp_BTHD, q_size, kv_heads), _t(_key_blocks(kp_BSKD, kv_size))
-    out_IBKGQD = core(q_IBKGQD, kt_JBKDC, _key_blocks(v_BSKD, kv_size), p_arg, _plan(mask, n_BT, q_size, kv_size))
+    q_size, kv_size = block_sizes(t, s, block_q, block_k)
+    n_BHT, seen_BHS = count_visible(mask, kv_size)
+    k_BSKD, v_BSKD = hide_unseen(k_BSKD, v_BSKD, seen_BHS)
+    qp_BTHD, kp_BSKD = variant.prepare(q_BTHD, k_BSKD, n_BHT, opts)
+    q_IBKGQD, kt_JBKDC = query_blocks(qp_BTHD, q_size, kv_heads), swap_last(key_blocks(kp_BSKD, kv_size))
+    plan = make_plan(mask, n_BHT, q_size, kv_size, kv_heads)
+    out_IBKGQD = make_core(variant, opts)(q_IBKGQD, kt_JBKDC, key_blocks(v_BSKD, kv_size), plan)
     out_BTHD = out_IBKGQD.transpose(1, 0, 4, 2, 3, 5).reshape(b, -1, h, d)[:, :t]
     return out_BTHD.astype(q_BTHD.dtype)

@@ -18,9 +18,9 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
 from freeatten_jax.attention import pallas_plan
-from freeatten_jax.attention.blockwise import _static_power, count_visible
+from freeatten_jax.attention.blockwise import count_visible, static_power
 from freeatten_jax.attention.pallas_kernels import FAMILIES, Static, dkv_kernel, dq_kernel, forward_kernel
-from freeatten_jax.attention.variants import Mask, Variant
+from freeatten_jax.attention.variants import Mask, Variant, check_positive_int, hide_unseen
 
 
 class Lowering(NamedTuple):
@@ -196,15 +196,21 @@ def attend(q_BTHD, k_BSKD, v_BSKD, *, variant: Variant, mask: Mask, opts, block_
     the kernels in Pallas interpret mode on any platform (CPU always uses it)."""
     if unknown:
         raise ValueError(f"unknown option(s) {sorted(unknown)}; implementation 'pallas' takes block_q, block_k, interpret")
+    if mask.dense is not None:
+        raise ValueError("implementation 'pallas' does not take a dense `mask`; use 'blockwise' or 'reference'")
+    check_positive_int("block_q", block_q)
+    check_positive_int("block_k", block_k)
     kind, p = variant.normalise, opts.get("p")
     if kind == "reweight" and p is None:
         kind = "sum"  # re-weighting switched off: plain LSSA
     dtype = q_BTHD.dtype
-    n_BT = count_visible(mask, 512)
-    qp_BTHD, kp_BSKD = variant.prepare(q_BTHD, k_BSKD, n_BT, opts)
+    n_B1T, seen_B1S = count_visible(mask, 512)
+    k_BSKD, v_BSKD = hide_unseen(k_BSKD, v_BSKD, seen_B1S)
+    qp_BTHD, kp_BSKD = variant.prepare(q_BTHD, k_BSKD, n_B1T, opts)
+    n_BT = n_B1T[:, 0]
     args = (qp_BTHD.astype(dtype), kp_BSKD.astype(dtype), v_BSKD.astype(dtype))
     p_1 = jax.lax.stop_gradient(jnp.asarray([0.0 if p is None else p], jnp.float32))  # p is not differentiated
-    cfg = Static(kind, mask.causal, mask.window, 0, 0, q_BTHD.shape[2] // k_BSKD.shape[2], _static_power(p), variant.weight, dtype)
+    cfg = Static(kind, mask.causal, mask.window, 0, 0, q_BTHD.shape[2] // k_BSKD.shape[2], static_power(p), variant.weight, dtype)
     run = lambda name: functools.partial(_run, LOWERINGS[name], cfg, block_q, block_k)  # noqa: E731
     if interpret:
         return run("interpret")(*args, p_1, mask, n_BT)

@@ -5,7 +5,7 @@ Glossary: B batch, T queries, S keys, H query heads, K key/value heads, G = H //
 import jax
 import jax.numpy as jnp
 
-from freeatten_jax.attention.variants import NEG_INF, Mask, Variant, reweight_offset
+from freeatten_jax.attention.variants import NEG_INF, Mask, Variant, hide_unseen, reweight_offset
 
 _HIGHEST = jax.lax.Precision.HIGHEST
 _TINY = float(jnp.finfo(jnp.float32).tiny)
@@ -39,24 +39,32 @@ def _reweight(scores, visible, n, opts, weight):
 NORMALISERS = {"softmax": _softmax, "sum": _sum, "none": _none, "reweight": _reweight}
 
 
-def weights(q_BTHD, k_BSKD, *, variant: Variant, mask: Mask, opts) -> jax.Array:
-    """The attention weights A as [B, H, T, S] float32."""
-    visible_BTS = mask.visible()
-    n_BT = jnp.sum(visible_BTS, axis=-1)
-    q_BTHD, k_BSKD = variant.prepare(q_BTHD, k_BSKD, n_BT, opts)
+def _weights(q_BTHD, k_BSKD, v_BSKD, variant: Variant, mask: Mask, opts):
+    """The weights A as [B, H, T, S] float32, and v with its unseen rows zeroed (hide_unseen).
+
+    The visibility is [B, H or 1, T, S] (H for a per-head mask); so is N_i = its row sum."""
+    visible_BHTS = mask.visible()
+    n_BHT = jnp.sum(visible_BHTS, axis=-1)
+    k_BSKD, v_BSKD = hide_unseen(k_BSKD, v_BSKD, jnp.any(visible_BHTS, axis=2))
+    q_BTHD, k_BSKD = variant.prepare(q_BTHD, k_BSKD, n_BHT, opts)
     b, t, h, d = q_BTHD.shape
     s, kv_heads = k_BSKD.shape[1], k_BSKD.shape[2]
     q_BTKGD = q_BTHD.reshape(b, t, kv_heads, h // kv_heads, d)
     scores_BKGTS = jnp.einsum("BTKGD,BSKD->BKGTS", q_BTKGD, k_BSKD, precision=_HIGHEST)
     scores_BHTS = scores_BKGTS.reshape(b, h, t, s)
     normalise = NORMALISERS[variant.normalise]
-    n_B1T1 = n_BT[:, None, :, None].astype(jnp.float32)
-    return normalise(scores_BHTS, visible_BTS[:, None], n_B1T1, opts, variant.weight)
+    n_BHT1 = n_BHT[..., None].astype(jnp.float32)
+    return normalise(scores_BHTS, visible_BHTS, n_BHT1, opts, variant.weight), v_BSKD
+
+
+def weights(q_BTHD, k_BSKD, *, variant: Variant, mask: Mask, opts) -> jax.Array:
+    """The attention weights A as [B, H, T, S] float32."""
+    return _weights(q_BTHD, k_BSKD, k_BSKD, variant, mask, opts)[0]
 
 
 def attend(q_BTHD, k_BSKD, v_BSKD, *, variant: Variant, mask: Mask, opts) -> jax.Array:
     """o_i = sum_j A_ij v_j, computed in float32 and cast back to q's dtype."""
-    w_BHTS = weights(q_BTHD, k_BSKD, variant=variant, mask=mask, opts=opts)
+    w_BHTS, v_BSKD = _weights(q_BTHD, k_BSKD, v_BSKD, variant, mask, opts)
     b, h, t, s = w_BHTS.shape
     kv_heads = k_BSKD.shape[2]
     w_BKGTS = w_BHTS.reshape(b, kv_heads, h // kv_heads, t, s)

@@ -12,6 +12,7 @@ from typing import Any, Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 NEG_INF = -1e30  # finite "minus infinity" for masked logits: fully masked rows give zeros, never NaN
 
@@ -21,31 +22,47 @@ NEG_INF = -1e30  # finite "minus infinity" for masked logits: fully masked rows 
 
 @functools.partial(
     jax.tree_util.register_dataclass,
-    data_fields=["q_positions", "kv_positions", "q_segment_ids", "kv_segment_ids", "kv_valid"],
+    data_fields=["q_positions", "kv_positions", "q_segment_ids", "kv_segment_ids", "kv_valid", "dense"],
     meta_fields=["causal", "window", "plain"],
 )
 @dataclasses.dataclass(frozen=True)
 class Mask:
-    """Who sees whom: M_ij = causal ∧ same segment ∧ key not padding ∧ inside the window."""
+    """Who sees whom: M_ij = causal ∧ same segment ∧ key not padding ∧ inside the window ∧ dense_ij.
+
+    `dense is not None` says an explicit boolean mask was given (a kernel that reads only the
+    structured fields must refuse such a mask)."""
 
     q_positions: jax.Array  # [B, T] int32 absolute positions of the queries
     kv_positions: jax.Array  # [B, S] int32
     q_segment_ids: jax.Array  # [B, T] int32
     kv_segment_ids: jax.Array  # [B, S] int32
     kv_valid: jax.Array  # [B, S] bool, False for padding keys
+    dense: jax.Array | None = None  # [B or 1, H or 1, T, S] bool: an explicit mask, ANDed with the rest
     causal: bool = True
     window: int | None = None  # keys farther than window - 1 positions away are hidden
-    plain: bool = False  # known when tracing: T == S, positions 0..T-1 on both sides, one segment, no padding
+    plain: bool = False  # known when tracing: T == S, positions 0..T-1 on both sides, one segment, no padding or dense mask
 
     def visible(self) -> jax.Array:
-        """M as a [B, T, S] bool array (works on any slice of queries and keys)."""
+        """M as a [B, H or 1, T, S] bool array (works on any slice of queries and keys); the head
+        axis is H only for a per-head dense mask."""
         q_BT1, kv_B1S = self.q_positions[:, :, None], self.kv_positions[:, None, :]
         m_BTS = (self.q_segment_ids[:, :, None] == self.kv_segment_ids[:, None, :]) & self.kv_valid[:, None, :]
         if self.causal:
             m_BTS &= kv_B1S <= q_BT1
         if self.window is not None:
             m_BTS &= jnp.abs(q_BT1 - kv_B1S) < self.window
-        return m_BTS
+        return m_BTS[:, None] if self.dense is None else m_BTS[:, None] & self.dense
+
+
+def hide_unseen(k_BSKD, v_BSKD, seen_BHS):
+    """Zero (with `where`) the keys and values that no query of their batch row and kv-head group
+    sees, before any arithmetic: NaN/Inf there (padding, unfilled cache slots) then reach no output
+    and no gradient. A non-finite key that some query sees is input, and may spread through 0·NaN
+    to the other rows of its batch row and group."""
+    b, s, kv_heads, _ = k_BSKD.shape
+    groups = kv_heads if seen_BHS.shape[1] > 1 else 1
+    seen_BS11 = jnp.any(seen_BHS.reshape(b, groups, -1, s), axis=2).transpose(0, 2, 1)[..., None]
+    return jnp.where(seen_BS11, k_BSKD, 0), jnp.where(seen_BS11, v_BSKD, 0)
 
 
 def log_count(n):
@@ -57,7 +74,8 @@ def log_count(n):
 
 
 class Variant(NamedTuple):
-    """prepare(q_BTHD, k_BSKD, n_BT, opts) -> (q', k') in float32; weight(scores, n) -> weights."""
+    """prepare(q_BTHD, k_BSKD, n_BHT, opts) -> (q', k') in float32 (n_BHT: N_i, H or 1 heads);
+    weight(scores, n) -> weights."""
 
     prepare: Callable[..., tuple[jax.Array, jax.Array]]
     normalise: str  # "softmax" | "sum" (l1) | "none" | "reweight" (LSSAR on top of "sum")
@@ -74,25 +92,33 @@ def l2_normalise(x):
     return x * jax.lax.rsqrt(jnp.maximum(jnp.sum(x * x, axis=-1, keepdims=True), 1e-12))
 
 
-def _prepare_dot(q_BTHD, k_BSKD, n_BT, opts):
-    return q_BTHD.astype(jnp.float32) / math.sqrt(q_BTHD.shape[-1]), k_BSKD.astype(jnp.float32)
+def _log_count_BTH1(n_BHT):
+    return log_count(n_BHT).transpose(0, 2, 1)[..., None]
 
 
-def _prepare_ssmax(q_BTHD, k_BSKD, n_BT, opts):
+def _prepare_dot(q_BTHD, k_BSKD, n_BHT, opts):
+    """q times `scale` (default 1/sqrt(d))."""
+    q_BTHD, k_BSKD = q_BTHD.astype(jnp.float32), k_BSKD.astype(jnp.float32)
+    if opts.get("scale") is None:
+        return q_BTHD / math.sqrt(q_BTHD.shape[-1]), k_BSKD
+    return q_BTHD * jnp.asarray(opts["scale"], jnp.float32), k_BSKD
+
+
+def _prepare_ssmax(q_BTHD, k_BSKD, n_BHT, opts):
     """Scale each query row by (s_h log N_i + b_h): identical to scaling its logits."""
     num_heads = q_BTHD.shape[2]
-    factor_BTH1 = _per_head(opts["s"], num_heads) * log_count(n_BT)[:, :, None, None]
+    factor_BTH1 = _per_head(opts["s"], num_heads) * _log_count_BTH1(n_BHT)
     if opts["b"] is not None:
         factor_BTH1 = factor_BTH1 + _per_head(opts["b"], num_heads)
-    q_BTHD, k_BSKD = _prepare_dot(q_BTHD, k_BSKD, n_BT, opts)
+    q_BTHD, k_BSKD = _prepare_dot(q_BTHD, k_BSKD, n_BHT, opts)
     return q_BTHD * factor_BTH1, k_BSKD
 
 
-def _prepare_lssa(q_BTHD, k_BSKD, n_BT, opts):
+def _prepare_lssa(q_BTHD, k_BSKD, n_BHT, opts):
     """Unit-norm q and k (no 1/sqrt(d)); the temperature log(d) log(N_i) is folded into q."""
-    temperature_BT11 = math.log(q_BTHD.shape[-1]) * log_count(n_BT)[:, :, None, None]
+    temperature_BTH1 = math.log(q_BTHD.shape[-1]) * _log_count_BTH1(n_BHT)
     q_BTHD, k_BSKD = q_BTHD.astype(jnp.float32), k_BSKD.astype(jnp.float32)
-    return l2_normalise(q_BTHD) * temperature_BT11, l2_normalise(k_BSKD)
+    return l2_normalise(q_BTHD) * temperature_BTH1, l2_normalise(k_BSKD)
 
 
 def _softplus_weight(scores, n):
@@ -108,13 +134,15 @@ def _relu_weight(scores, n):
     return jax.nn.relu(scores) / jnp.maximum(n, 1).astype(jnp.float32)
 
 
+# `scale` replaces 1/sqrt(d) wherever the formula has it (softmax, ssmax, sigmoid, relu); lssa and
+# lssar L2-normalise q and k, so a scale would be meaningless there and is rejected.
 VARIANTS: dict[str, Variant] = {
-    "softmax": Variant(_prepare_dot, "softmax"),
-    "ssmax": Variant(_prepare_ssmax, "softmax", defaults={"s": 1.0, "b": None}),
+    "softmax": Variant(_prepare_dot, "softmax", defaults={"scale": None}),
+    "ssmax": Variant(_prepare_ssmax, "softmax", defaults={"s": 1.0, "b": None, "scale": None}),
     "lssa": Variant(_prepare_lssa, "sum", _softplus_weight),
     "lssar": Variant(_prepare_lssa, "reweight", _softplus_weight, defaults={"p": 15.0}),
-    "sigmoid": Variant(_prepare_dot, "none", _sigmoid_weight),
-    "relu": Variant(_prepare_dot, "none", _relu_weight),
+    "sigmoid": Variant(_prepare_dot, "none", _sigmoid_weight, defaults={"scale": None}),
+    "relu": Variant(_prepare_dot, "none", _relu_weight, defaults={"scale": None}),
 }
 
 
@@ -124,13 +152,50 @@ def get_variant(name: str) -> Variant:
     return VARIANTS[name]
 
 
-def variant_options(name: str, given: dict[str, Any]) -> dict[str, Any]:
-    """The variant's options with defaults filled in; unknown options raise ValueError."""
+def check_positive_int(name: str, x) -> None:
+    """Raises ValueError unless x is None or a Python/NumPy int > 0."""
+    if x is not None and (isinstance(x, bool) or not isinstance(x, (int, np.integer)) or x <= 0):
+        raise ValueError(f"{name} must be a positive int (or None), got {x!r}")
+
+
+def is_concrete(x) -> bool:
+    """Whether x's value is known now (not a tracer under jit, grad or vmap)."""
+    return not isinstance(x, jax.core.Tracer)
+
+
+def _check_per_head(name: str, x, num_heads: int | None) -> None:
+    """A scalar or [num_heads] option, finite where its value is known."""
+    shape = jnp.shape(x)
+    if shape not in ((), (1,)) and (len(shape) != 1 or num_heads not in (None, shape[0])):
+        raise ValueError(f"{name} must be a scalar or have shape [{num_heads or 'num_heads'}], got shape {shape}")
+    if is_concrete(x) and not np.all(np.isfinite(np.asarray(x, np.float64))):
+        raise ValueError(f"{name} must be finite, got {x}")
+
+
+def _check_positive(name: str, x, num_heads: int | None) -> None:
+    """A scalar > 0 and finite where its value is known."""
+    if jnp.shape(x) != ():
+        raise ValueError(f"{name} must be a scalar, got shape {jnp.shape(x)}")
+    if is_concrete(x) and not (np.isfinite(float(x)) and float(x) > 0):
+        raise ValueError(f"{name} must be > 0 and finite, got {x}")
+
+
+OPTION_CHECKS = {"s": _check_per_head, "b": _check_per_head, "p": _check_positive, "scale": _check_positive}
+
+
+def variant_options(name: str, given: dict[str, Any], num_heads: int | None = None) -> dict[str, Any]:
+    """The variant's options with defaults filled in and given values checked (ValueError naming the
+    option: unknown, wrong shape for num_heads, non-finite, p or scale <= 0); None leaves one off."""
     defaults = get_variant(name).defaults
     unknown = set(given) - set(defaults)
+    if "scale" in unknown:
+        raise ValueError(f"variant {name!r} takes no scale: it L2-normalises q and k (its temperature is log(d) log(N_i))")
     if unknown:
         allowed = ", ".join(defaults) or "none"
         raise ValueError(f"variant {name!r} got unknown option(s) {sorted(unknown)}; it accepts: {allowed}")
+    for option, value in given.items():
+        if value is not None:
+            OPTION_CHECKS[option](option, value, num_heads)
     return {**defaults, **given}
 
 

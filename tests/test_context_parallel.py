@@ -1,0 +1,186 @@
+"""context_parallel_attend equals the reference `attend` (values and gradients) on 8 forced host devices.
+
+Glossary: B batch, T queries, S keys, H heads, K kv heads, D head dim, n the context axis size.
+Tolerances and comparison from tests/test_blockwise.py: 1e-4 of the largest reference value for float32
+(summation order only), 2e-2 for bfloat16. Each (scenario, variant) is jitted once with a cheap backend compile.
+"""
+import functools
+import math
+import zlib
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import PartitionSpec as P
+from test_blockwise import FAST_COMPILE, TOLERANCE, _assert_close
+
+from freeatten_jax import attention
+from freeatten_jax.attention import context_parallel
+
+BLOCKS = dict(block_q=4, block_k=4)  # several blocks per device, and blocks straddling zig-zag chunks
+ALL = list(attention.VARIANTS)
+
+
+def _mesh(**axes):
+    devices = jax.devices()[: math.prod(axes.values())]
+    return jax.make_mesh(tuple(axes.values()), tuple(axes), devices=devices, axis_types=(jax.sharding.AxisType.Auto,) * len(axes))
+
+
+def _inputs(name, b, t, s, h, kv_heads, d, dtype=jnp.float32):
+    kq, kk, kv, kg = jax.random.split(jax.random.key(zlib.crc32(name.encode())), 4)
+    q_BTHD = jax.random.normal(kq, (b, t, h, d), dtype)
+    k_BSKD, v_BSKD = (jax.random.normal(key, (b, s, kv_heads, d), dtype) for key in (kk, kv))
+    return q_BTHD, k_BSKD, v_BSKD, jax.random.normal(kg, (b, t, h, d), dtype)
+
+
+def _scenario(name):
+    """(mesh, sharding axes, q, k, v, cotangent, causal, mask options)."""
+    if name == "context4_causal_packed_padded_gqa":  # segments start at 5 and at 16 (a device boundary); row 1's
+        q, k, v, g = _inputs(name, 2, 32, 32, 4, 2, 8)  # segment 1 is all padding: N_i = 0 rows
+        segments = jnp.array([[0] * 5 + [1] * 11 + [2] * 16, [0] * 24 + [1] * 8])
+        kv_mask = jnp.array([[True] * 30 + [False] * 2, [True] * 24 + [False] * 8])
+        return _mesh(context=4), {}, q, k, v, g, True, dict(q_segment_ids=segments, kv_mask=kv_mask)
+    if name == "context2_bidirectional_window_positions_mqa":  # shuffled positions, a window, segments split at 12
+        q, k, v, g = _inputs(name, 2, 24, 24, 2, 1, 8)
+        positions = jax.random.permutation(jax.random.key(1), 24)
+        segments = jnp.array([0] * 12 + [1] * 12)
+        options = dict(q_positions=positions, kv_positions=positions, q_segment_ids=segments, window=9)
+        return _mesh(context=2), {}, q, k, v, g, False, options
+    if name == "context8_kv_cache_offset":  # kv_len > q_len, per-sequence offsets: every query sees the first 30 keys
+        q, k, v, g = _inputs(name, 2, 16, 48, 4, 2, 8)
+        return _mesh(context=8), {}, q, k, v, g, True, dict(q_offset=jnp.array([30, 32]))
+    if name == "context2_cross_segments_swapped":  # bidirectional, q_len != kv_len: each device's keys are seen
+        q, k, v, g = _inputs(name, 1, 16, 24, 2, 1, 8)  # only by the other device's queries
+        segments = dict(q_segment_ids=jnp.array([0] * 8 + [1] * 8), kv_segment_ids=jnp.array([1] * 12 + [0] * 12))
+        return _mesh(context=2), {}, q, k, v, g, False, segments
+    if name == "data2_context4_replicated_over_data":  # batch_axis None: every data row computes the whole batch
+        q, k, v, g = _inputs(name, 2, 32, 32, 4, 2, 8)
+        segments = jnp.array([[0] * 8 + [1] * 24, [0] * 20 + [1] * 12])
+        return _mesh(data=2, context=4), {}, q, k, v, g, True, dict(q_segment_ids=segments)
+    if name == "data2_context2_tensor2_heads_sharded_bfloat16":  # batch over data, heads over tensor
+        q, k, v, g = _inputs(name, 2, 16, 16, 4, 2, 8, jnp.bfloat16)
+        axes = dict(batch_axis="data", head_axis="tensor")
+        return _mesh(data=2, context=2, tensor=2), axes, q, k, v, g, True, dict(q_segment_ids=jnp.array([0] * 4 + [1] * 12))
+    raise ValueError(name)
+
+
+CASES = [
+    *[("context4_causal_packed_padded_gqa", variant, "ring") for variant in ALL],
+    *[("context2_bidirectional_window_positions_mqa", variant, "ring") for variant in ALL],
+    ("context8_kv_cache_offset", "lssar", "ring"),
+    ("context2_cross_segments_swapped", "lssa", "ring"),
+    ("data2_context4_replicated_over_data", "lssa", "ring"),
+    ("data2_context2_tensor2_heads_sharded_bfloat16", "ssmax", "ring"),
+    ("context4_causal_packed_padded_gqa", "lssar", "gather"),
+    ("context2_bidirectional_window_positions_mqa", "softmax", "gather"),
+]
+
+
+def _variant_params(variant: str, h: int):
+    """The differentiable variant options (ssmax's s per head, and b)."""
+    return {"s": jnp.linspace(0.6, 1.4, h), "b": jnp.float32(0.1)} if variant == "ssmax" else {}
+
+
+def _value_and_grads(attend, q, k, v, g, params):
+    """The output and the vjp of g w.r.t. q, k, v and params, jitted once."""
+
+    def value_and_grads(q, k, v, g, params):
+        out, vjp = jax.vjp(attend, q, k, v, params)
+        return out, vjp(g)
+
+    return jax.jit(value_and_grads).lower(q, k, v, g, params).compile(FAST_COMPILE)(q, k, v, g, params)
+
+
+@pytest.mark.parametrize("scenario, variant, strategy", CASES)
+def test_matches_reference(scenario, variant, strategy):
+    mesh, axes, q, k, v, g, causal, mask_options = _scenario(scenario)
+    params = _variant_params(variant, q.shape[2])
+    options = dict(variant=variant, causal=causal, **mask_options)
+    split = functools.partial(context_parallel.context_parallel_attend, mesh=mesh, axis_name="context", strategy=strategy,
+                              **axes, **BLOCKS, **options)
+    whole = functools.partial(attention.attend, implementation="reference", **options)
+    (out, grads), (out_ref, grads_ref) = (
+        _value_and_grads(lambda q, k, v, p, f=f: f(q, k, v, **p), q, k, v, g, params) for f in (split, whole)
+    )
+    tolerance = TOLERANCE[q.dtype.type]
+    assert out.dtype == q.dtype
+    _assert_close(out, out_ref, tolerance, "output")
+    for name, got, want in zip(["dq", "dk", "dv", "params"], grads, grads_ref):
+        for (path, leaf), leaf_ref in zip(jax.tree_util.tree_leaves_with_path(got), jax.tree.leaves(want)):
+            _assert_close(leaf, leaf_ref, tolerance, f"{name}{jax.tree_util.keystr(path)}")
+
+
+@pytest.mark.parametrize("variant, extra", [("lssa", {}), ("softmax", {"scale": 0.3})], ids=["lssa", "softmax_scale"])
+def test_nan_in_hidden_keys_reaches_nothing(variant, extra):
+    """SPEC §8: NaN in the keys and values that no query of their batch row sees (padding, whole chunks of
+    it on some devices) leaves the output and every gradient finite and equal to the clean reference's.
+    Softmax also takes scale= (it must reach variant.prepare, as in attend)."""
+    mesh, _, q, k, v, g, causal, mask_options = _scenario("context4_causal_packed_padded_gqa")
+    hidden_BS11 = ~mask_options["kv_mask"][:, :, None, None]
+    k_nan, v_nan = (jnp.where(hidden_BS11, jnp.nan, x) for x in (k, v))
+    options = dict(variant=variant, causal=causal, **mask_options, **extra)
+    split = functools.partial(context_parallel.context_parallel_attend, mesh=mesh, axis_name="context", **BLOCKS, **options)
+    whole = functools.partial(attention.attend, implementation="reference", **options)
+    out, grads = _value_and_grads(lambda q, k, v, p: split(q, k, v), q, k_nan, v_nan, g, {})
+    out_ref, grads_ref = _value_and_grads(lambda q, k, v, p: whole(q, k, v), q, k, v, g, {})
+    for name, got, want in zip(["output", "dq", "dk", "dv"], (out, *grads[:3]), (out_ref, *grads_ref[:3])):
+        assert np.all(np.isfinite(got)), name
+        _assert_close(got, want, TOLERANCE[q.dtype.type], name)
+
+
+def _zigzag_round_trip(x_BT, size):
+    mesh = _mesh(context=size)
+    spec = P(None, "context")
+
+    def local(x_BT):
+        zigzag_BT = context_parallel.to_zigzag(x_BT, "context", size)
+        return zigzag_BT, context_parallel.from_zigzag(zigzag_BT, "context", size)
+
+    return jax.jit(jax.shard_map(local, mesh=mesh, in_specs=spec, out_specs=(spec, spec), check_vma=False))(x_BT)
+
+
+def _block_pairs_per_device(t, size, block):
+    """How many (query block, key block) pairs each device visits over the ring, causal plain mask."""
+
+    def local(mask):
+        mask = jax.tree.map(functools.partial(context_parallel.to_zigzag, axis_name="context", size=size), mask)
+        ring = context_parallel.ring.Ring.around(mask, mask.q_positions[:, None], "context", size)  # N_i plays no part here
+        return sum(jnp.sum(ring.plan(step, block, block, 1).maybe_IJ) for step in range(size))[None]
+
+    shard = jax.shard_map(local, mesh=_mesh(context=size), in_specs=P(None, "context"), out_specs=P("context"), check_vma=False)
+    return np.asarray(jax.jit(shard)(attention.make_mask(1, t, t)))
+
+
+@pytest.mark.parametrize("size", [2, 4, 8])
+def test_zigzag_layout_balances_causal_work(size):
+    """Device d holds chunks d and 2n-1-d; the round trip is the identity; every device then sees the same
+    number of causally visible pairs (Σ_i N_i over its queries) and visits the same number of blocks."""
+    t = 4 * size
+    zigzag_BT, back_BT = _zigzag_round_trip(jnp.arange(t)[None], size)
+    chunks = np.arange(t).reshape(2 * size, 2)
+    want = np.concatenate([np.concatenate([chunks[d], chunks[2 * size - 1 - d]]) for d in range(size)])
+    np.testing.assert_array_equal(zigzag_BT[0], want)
+    np.testing.assert_array_equal(back_BT[0], np.arange(t))
+    pairs_per_device = (np.asarray(zigzag_BT[0]) + 1).reshape(size, -1).sum(axis=1)
+    assert np.all(pairs_per_device == pairs_per_device[0]), pairs_per_device
+    blocks_per_device = _block_pairs_per_device(16 * size, size, 4)
+    assert np.all(blocks_per_device == blocks_per_device[0]), blocks_per_device
+
+
+def test_bad_arguments_raise_one_line_errors():
+    q = jnp.zeros((1, 20, 2, 8))
+    call = functools.partial(context_parallel.context_parallel_attend, q, q, q, mesh=_mesh(context=4), variant="lssa")
+    with pytest.raises(ValueError, match="q_len 20 must be a multiple of 2 x the 'context' axis size"):
+        call(axis_name="context")
+    with pytest.raises(ValueError, match="not an axis of the mesh"):
+        call(axis_name="sequence")
+    with pytest.raises(ValueError, match="unknown strategy 'scatter'"):
+        call(axis_name="context", strategy="scatter")
+    with pytest.raises(ValueError, match="unknown option"):
+        call(axis_name="context", implementation="reference")
+    with pytest.raises(ValueError, match="does not support a dense mask"):
+        call(axis_name="context", mask=jnp.ones((1, 1, 20, 20), bool))
+
+    with pytest.raises(ValueError, match="unknown attention variant"):
+        context_parallel.context_parallel_attend(q, q, q, mesh=_mesh(context=4), axis_name="context", variant="cosine")
