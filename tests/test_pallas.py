@@ -172,10 +172,27 @@ def test_block_skipping_is_conservative():
     assert not np.all(in_span)
 
 
-def test_unknown_option_is_refused():
+def test_scale_reaches_the_kernels():
+    """scale= (instead of 1/sqrt(d)) on every variant that takes it: values and gradients, the scale's
+    own included, equal the reference's (which test_masks checks against q * scale * sqrt(d))."""
+    q, k, v, g, causal, mask_options = scenario("causal_packed_padded_gqa", key("scale"))
+    for variant in ("softmax", "ssmax", "sigmoid", "relu"):
+        params = {**variant_params(variant, q.shape[2]), "scale": jnp.float32(0.7)}
+        compare(q, k, v, g, params, PALLAS, 1e-4, variant=variant, causal=causal, **mask_options)
+
+
+@pytest.mark.parametrize(
+    "options, words",
+    [
+        (dict(block=8), "implementation 'pallas' takes"),
+        (dict(mask=jnp.ones((1, 1, 4, 4), bool)), "does not take a dense `mask`"),
+        (dict(block_q=0), "block_q must be a positive int"),
+    ],
+)
+def test_bad_options_are_refused(options, words):
     q = jnp.zeros((1, 4, 1, 16))
-    with pytest.raises(ValueError, match="implementation 'pallas' takes"):
-        attention.attend(q, q, q, variant="lssa", implementation="pallas", block=8)
+    with pytest.raises(ValueError, match=words):
+        attention.attend(q, q, q, variant="lssa", implementation="pallas", **options)
 
 
 KERNEL_CALLS = {"tpu": "tpu_custom_call", "cuda": "__gpu$xla.gpu.triton"}
