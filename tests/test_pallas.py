@@ -48,11 +48,11 @@ def fast_jit(f, *args):
     return jax.jit(f).lower(*args).compile(FAST_COMPILE)(*args)
 
 
-def compiled_value_and_grads(q, k, v, g, params, implementation_options, **options):
-    """The compiled map (q, k, v, g, params) -> (output, vjp of g w.r.t. q, k, v and `params`)."""
+def compiled_value_and_grads(q, k, v, g, params, implementation_options, attend=attention.attend, **options):
+    """The compiled map (q, k, v, g, params) -> (output, vjp of g w.r.t. q, k, v and `params`) of `attend`."""
 
     def run(q, k, v, params):
-        return attention.attend(q, k, v, **params, **options, **implementation_options)
+        return attend(q, k, v, **params, **options, **implementation_options)
 
     def both(q, k, v, g, params):
         out, vjp = jax.vjp(run, q, k, v, params)
@@ -61,8 +61,8 @@ def compiled_value_and_grads(q, k, v, g, params, implementation_options, **optio
     return jax.jit(both).lower(q, k, v, g, params).compile(FAST_COMPILE)
 
 
-def value_and_grads(q, k, v, g, params, implementation_options, **options):
-    return compiled_value_and_grads(q, k, v, g, params, implementation_options, **options)(q, k, v, g, params)
+def value_and_grads(q, k, v, g, params, implementation_options, attend=attention.attend, **options):
+    return compiled_value_and_grads(q, k, v, g, params, implementation_options, attend, **options)(q, k, v, g, params)
 
 
 def assert_close(got, want, tolerance, what):
@@ -73,9 +73,9 @@ def assert_close(got, want, tolerance, what):
     assert error <= tolerance * scale, f"{what}: max error {error:.3g} vs scale {scale:.3g}"
 
 
-def compare(q, k, v, g, params, implementation_options, tolerance, check_params=True, **options):
-    """implementation_options' output and gradients (of `params` too if check_params) equal the reference's."""
-    out, grads = value_and_grads(q, k, v, g, params, implementation_options, **options)
+def compare(q, k, v, g, params, implementation_options, tolerance, check_params=True, attend=attention.attend, **options):
+    """`attend` with implementation_options: output and gradients (of `params` too if check_params) equal the reference's."""
+    out, grads = value_and_grads(q, k, v, g, params, implementation_options, attend, **options)
     out_ref, grads_ref = value_and_grads(q, k, v, g, params, dict(implementation="reference"), **options)
     assert out.dtype == q.dtype
     assert_close(out, out_ref, tolerance, "output")
