@@ -193,7 +193,9 @@ def attend(q_BTHD, k_BSKD, v_BSKD, *, variant: Variant, mask: Mask, opts, block_
     """o_i = Σ_j A_ij v_j in fused kernels; statistics in float32, matmuls in q's dtype, output in q's dtype.
 
     block_q, block_k: block lengths (default: the platform's LOWERINGS entry). interpret=True: run
-    the kernels in Pallas interpret mode on any platform (CPU always uses it)."""
+    the kernels in Pallas interpret mode on any platform (CPU always uses it). Keys no query sees are
+    zeroed first (hide_unseen, as in blockwise); a dense `mask` is refused (the kernels read only the
+    structured mask fields)."""
     if unknown:
         raise ValueError(f"unknown option(s) {sorted(unknown)}; implementation 'pallas' takes block_q, block_k, interpret")
     if mask.dense is not None:
