@@ -5,13 +5,18 @@ Glossary: B batch, T queries, S keys, H query heads, K key/value heads, D head d
 """
 import jax
 
-from freeatten_jax.attention import arguments, auto, blockwise, reference
+from freeatten_jax.attention import arguments, auto, blockwise, pallas, reference
 from freeatten_jax.attention.arguments import make_mask
 from freeatten_jax.attention.context_parallel import context_parallel_attend
 from freeatten_jax.attention.flax_adapter import flax_attention_fn
 from freeatten_jax.attention.variants import VARIANTS, Mask, Variant, get_variant, variant_options  # noqa: F401 (package API)
 
-IMPLEMENTATIONS = {"reference": reference.attend, "blockwise": blockwise.attend, "auto": auto.attend}
+IMPLEMENTATIONS = {
+    "reference": reference.attend,
+    "blockwise": blockwise.attend,
+    "pallas": pallas.attend,
+    "auto": auto.attend,
+}
 
 __all__ = ["attend", "attention_weights", "flax_attention_fn", "make_mask", "Mask", "Variant", "VARIANTS", "IMPLEMENTATIONS",
            "context_parallel_attend"]

@@ -1,6 +1,6 @@
 """implementation="auto": the fastest correct path for the platform, variant and size.
 
-Glossary: B batch, T queries, S keys, H heads, K kv heads, D head dim. The rule:
+Glossary: B batch, T queries, S keys, H heads, K kv heads, D head dim. The rule, per platform:
 1. GPU, a softmax-normalised variant (softmax, ssmax), bfloat16/float16 inputs, D <= 256 and a
    multiple of 8, and a mask known to be plain when tracing (`Mask.plain`: T == S, default positions,
    no segments, padding or window): cuDNN flash attention (jax.nn.dot_product_attention) on the
@@ -9,7 +9,10 @@ Glossary: B batch, T queries, S keys, H heads, K kv heads, D head dim. The rule:
    refuses the shapes when traced (its version, its own limits), rule 2 applies.
 2. Otherwise the reference while T·S is at most REFERENCE_MAX_TS for the platform (the faster path
    there) and one float32 score tensor B·H·T·S stays under REFERENCE_MAX_SCORES (4 GiB); blockwise
-   above (O(T) memory; on CPU faster from T ~ 1024).
+   above (O(T) memory).
+The Pallas kernels are never picked: no GPU or TPU measurement exists yet (and on the CPU they run in
+interpret mode, for tests). Where the platforms' choices differ, jax.lax.platform_dependent decides,
+so lowering for another platform (`lowering_platforms=`) gets that platform's choice.
 """
 import functools
 
@@ -19,12 +22,14 @@ import jax.numpy as jnp
 from freeatten_jax.attention import blockwise, reference
 from freeatten_jax.attention.variants import Mask, Variant
 
-# Largest T·S for which the reference is chosen. CPU: measured with benchmarks/attention.py (12 heads:
-# blockwise is faster from T = 1024, mixed at 512). GPU/TPU: not measured here; published autotune
-# data put pure-JAX chunked attention at ~0.5-0.95x the materialised XLA path on H100, so the
-# reference is kept up to 2048².
-REFERENCE_MAX_TS = {"cpu": 512 * 512, "gpu": 2048 * 2048, "tpu": 2048 * 2048}
+# Largest T·S for which the reference is chosen. CPU: measured (benchmarks/RESULTS.md): in the tiny
+# model at T = 256 (benchmarks/model_throughput.py, two runs each) blockwise trained every variant
+# faster (1.16x-1.99x), so no variant needs its own limit; the reference stays below (unmeasured there).
+# GPU/TPU: not measured here; published autotune data put pure-JAX chunked attention at ~0.5-0.95x
+# the materialised XLA path on H100, so the reference is kept up to 2048².
+REFERENCE_MAX_TS = {"cpu": 128 * 128, "gpu": 2048 * 2048, "tpu": 2048 * 2048}
 REFERENCE_MAX_SCORES = 2**30
+PLATFORMS = {"cpu": "cpu", "cuda": "gpu", "rocm": "gpu", "tpu": "tpu"}  # platform_dependent's names -> the rule's
 _FUSED_DTYPES = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
 
 
@@ -50,7 +55,7 @@ def _by_size(q_BTHD, k_BSKD, platform: str) -> str:
 
 
 def choose(q_BTHD, k_BSKD, *, variant: Variant, mask: Mask, platform: str | None = None) -> str:
-    """The implementation the rule picks: "fused", "reference" or "blockwise"."""
+    """The implementation the rule picks on `platform` ("cpu", "gpu", "tpu"): "fused", "reference" or "blockwise"."""
     platform = platform or jax.default_backend()
     d = q_BTHD.shape[3]
     fusable = variant.normalise == "softmax" and q_BTHD.dtype in _FUSED_DTYPES and mask.plain
@@ -69,12 +74,19 @@ def _traces(fn, *args, **kwargs) -> bool:
 
 
 def attend(q_BTHD, k_BSKD, v_BSKD, *, variant: Variant, mask: Mask, opts, **unknown):
-    """Attention output [B, T, H, D] through the implementation `choose` picks."""
+    """Attention output [B, T, H, D] through the implementation `choose` picks on the platform it runs on."""
     if unknown:
         raise ValueError(f"unknown option(s) {sorted(unknown)}; implementation 'auto' takes none")
-    implementations = {"reference": reference.attend, "blockwise": blockwise.attend}
     args, kwargs = (q_BTHD, k_BSKD, v_BSKD), dict(variant=variant, mask=mask, opts=opts)
-    fallback = implementations[_by_size(q_BTHD, k_BSKD, jax.default_backend())]
-    if choose(q_BTHD, k_BSKD, variant=variant, mask=mask) == "fused" and _traces(fused_softmax, *args, **kwargs):
-        return fused_softmax(*args, **kwargs)
-    return fallback(*args, **kwargs)
+    implementations = {"fused": fused_softmax, "reference": reference.attend, "blockwise": blockwise.attend}
+
+    def pick(platform: str) -> str:
+        choice = choose(q_BTHD, k_BSKD, variant=variant, mask=mask, platform=platform)
+        if choice == "fused" and not _traces(fused_softmax, *args, **kwargs):
+            return _by_size(q_BTHD, k_BSKD, platform)
+        return choice
+
+    choices = {name: pick(platform) for name, platform in PLATFORMS.items()}
+    if len(set(choices.values())) == 1:
+        return implementations[choices["cpu"]](*args, **kwargs)
+    return jax.lax.platform_dependent(*args, **{name: functools.partial(implementations[c], **kwargs) for name, c in choices.items()})

@@ -1,0 +1,220 @@
+"""implementation="pallas": fused kernels for every variant (SPEC §3), forward and backward.
+
+Glossary: B batch, T queries, S keys, H heads, K kv heads, G = H // K, D head dim, Tp / Sp lengths
+padded to whole blocks. `prepare` runs outside the kernels (autodiff carries its gradients, e.g. to
+SSMax's s and b); the kernels see q' and k' in the input dtype, with float32 statistics. A custom VJP
+saves only the output and per-row statistics; the backward recomputes scores in a dQ kernel (per
+query block) and a key-major dK/dV kernel (per key block, summing the G query heads: no repeated K/V).
+The forward and dQ kernels read a head's whole K and V and loop over its visible key blocks (on TPU
+they sit in VMEM: about 8 MiB double-buffered at S = 4096, D = 128, bf16).
+Per platform (LOWERINGS): Triton on CUDA, Mosaic on TPU, Pallas interpret mode on CPU (or anywhere
+with interpret=True); chosen with jax.lax.platform_dependent, so cross-platform lowering is right.
+"""
+import functools
+from typing import Any, Callable, NamedTuple
+
+import jax
+import jax.numpy as jnp
+from jax.experimental import pallas as pl
+
+from freeatten_jax.attention import pallas_plan
+from freeatten_jax.attention.blockwise import count_visible, static_power
+from freeatten_jax.attention.pallas_kernels import FAMILIES, Static, dkv_kernel, dq_kernel, forward_kernel
+from freeatten_jax.attention.variants import Mask, Variant, check_positive_int, hide_unseen
+
+
+class Lowering(NamedTuple):
+    """How one platform compiles the kernels. Block sizes are not tuned: no device measurement yet."""
+
+    blocks: tuple[int, int]  # default (block_q, block_k)
+    min_block: int
+    power_of_two: bool  # block lengths must be powers of two (Triton)
+    compiler_params: Callable[[], Any]
+    scalar_spec: Callable[[], pl.BlockSpec]  # the spec of the small int bound arrays and p
+    interpret: bool
+
+
+def _triton_params():
+    from jax.experimental.pallas import triton as pltriton
+
+    return pltriton.CompilerParams(num_warps=4, num_stages=2)
+
+
+def _mosaic_params():
+    from jax.experimental.pallas import tpu as pltpu
+
+    return pltpu.CompilerParams(dimension_semantics=("parallel", "parallel", "parallel"))
+
+
+def _smem_spec():
+    from jax.experimental.pallas import tpu as pltpu
+
+    return pl.BlockSpec(memory_space=pltpu.SMEM)
+
+
+LOWERINGS = {
+    "cuda": Lowering((64, 64), 16, True, _triton_params, pl.BlockSpec, False),
+    "tpu": Lowering((256, 256), 16, True, _mosaic_params, _smem_spec, False),
+    "interpret": Lowering((64, 64), 8, False, lambda: None, pl.BlockSpec, True),
+}
+
+
+def _fit(block: int, length: int, lowering: Lowering) -> int:
+    """The block length used for a sequence of `length`: near `block`, no longer than needed, at least
+    the platform's minimum (and a power of two where the platform needs one)."""
+    size = min(block, -(-length // lowering.min_block) * lowering.min_block)
+    if lowering.power_of_two:
+        size = 1 << (size - 1).bit_length() if size < block else 1 << (block.bit_length() - 1)
+    return max(lowering.min_block, size)
+
+
+def _calls(cfg: Static, lowering: Lowering, shapes):
+    """The three pallas_calls (forward, dq, dkv) for arrays of the given padded shapes."""
+    (b, h, tp, d), (kv_heads, sp) = shapes
+    q_blocks, k_blocks, g = tp // cfg.block_q, sp // cfg.block_k, cfg.kv_groups
+    family = FAMILIES[cfg.family]
+    scalar = lowering.scalar_spec()
+    common = dict(interpret=lowering.interpret, compiler_params=lowering.compiler_params())
+    f32 = jnp.float32
+
+    # forward and dq: grid (b, h, i)
+    q_spec = pl.BlockSpec((None, None, cfg.block_q, d), lambda b, h, i: (b, h, i, 0))
+    row_spec = pl.BlockSpec((None, None, cfg.block_q, 1), lambda b, h, i: (b, h, i, 0))
+    kv_full = pl.BlockSpec((None, None, sp, d), lambda b, h, i: (b, jax.lax.div(h, g), 0, 0))
+    mask_specs = [
+        pl.BlockSpec((2, None, cfg.block_q, 1), lambda b, h, i: (0, b, i, 0)),
+        pl.BlockSpec((3, None, k_blocks, 1, cfg.block_k), lambda b, h, i: (0, b, 0, 0, 0)),
+        pl.BlockSpec((None, cfg.block_q, 1), lambda b, h, i: (b, i, 0)),
+    ]
+    in_specs = [scalar, scalar, scalar, q_spec, kv_full, kv_full, *mask_specs]
+    stat_shapes = [jax.ShapeDtypeStruct((b, h, tp, 1), f32)] * len(family.stats)
+    extra_shapes = [jax.ShapeDtypeStruct((b, h, tp, d), f32)] * len(family.extras)
+    forward = pl.pallas_call(
+        functools.partial(forward_kernel, cfg),
+        grid=(b, h, q_blocks),
+        in_specs=in_specs,
+        out_specs=[q_spec] + [row_spec] * len(stat_shapes) + [q_spec] * len(extra_shapes),
+        out_shape=[jax.ShapeDtypeStruct((b, h, tp, d), cfg.dtype)] + stat_shapes + extra_shapes,
+        name=f"freeatten_{cfg.family}_fwd",
+        **common,
+    )
+    dq = pl.pallas_call(
+        functools.partial(dq_kernel, cfg),
+        grid=(b, h, q_blocks),
+        in_specs=in_specs + [q_spec] + [row_spec] * len(family.rows),
+        out_specs=q_spec,
+        out_shape=jax.ShapeDtypeStruct((b, h, tp, d), f32),
+        name=f"freeatten_{cfg.family}_dq",
+        **common,
+    )
+
+    # dkv: grid (b, kv head, j), key-major
+    group_spec = pl.BlockSpec((None, g, tp, d), lambda b, k, j: (b, k, 0, 0))
+    group_rows = pl.BlockSpec((None, g, q_blocks, 1, cfg.block_q), lambda b, k, j: (b, k, 0, 0, 0))
+    k_spec = pl.BlockSpec((None, None, cfg.block_k, d), lambda b, k, j: (b, k, j, 0))
+    dkv_mask_specs = [
+        pl.BlockSpec((2, None, q_blocks, 1, cfg.block_q), lambda b, k, j: (0, b, 0, 0, 0)),
+        pl.BlockSpec((3, None, cfg.block_k, 1), lambda b, k, j: (0, b, j, 0)),
+        pl.BlockSpec((None, q_blocks, 1, cfg.block_q), lambda b, k, j: (b, 0, 0, 0)),
+    ]
+    dkv = pl.pallas_call(
+        functools.partial(dkv_kernel, cfg),
+        grid=(b, kv_heads, k_blocks),
+        in_specs=[scalar, scalar, scalar, group_spec, k_spec, k_spec, *dkv_mask_specs, group_spec] + [group_rows] * len(family.rows),
+        out_specs=[k_spec, k_spec],
+        out_shape=[jax.ShapeDtypeStruct((b, kv_heads, sp, d), f32)] * 2,
+        name=f"freeatten_{cfg.family}_dkv",
+        **common,
+    )
+    return forward, dq, dkv
+
+
+def _dot_rows(x, y):
+    return jnp.sum(x.astype(jnp.float32) * y.astype(jnp.float32), axis=-1, keepdims=True)
+
+
+def _backward_rows(family: str, stats, out, dout, p_1):
+    """The [B, H, Tp, 1] row terms of the gradient: D_i = dO_i·O_i, and LSSAR's E_i."""
+    rows = {**stats, "d": _dot_rows(dout, out)}
+    if family == "reweight":
+        e = p_1[0] * (_dot_rows(dout, stats["y"]) - rows["d"] * stats["c"])
+        rows["e"] = jnp.where(stats["x_max"] > 0, e, 0.0)
+    return [rows[name] for name in FAMILIES[family].rows]
+
+
+def _core(cfg: Static, lowering: Lowering, shapes):
+    """out = kernels(q, k, v) with a custom VJP whose residuals are the output and row statistics."""
+    forward, dq_call, dkv_call = _calls(cfg, lowering, shapes)
+    family = FAMILIES[cfg.family]
+
+    def mask_args(plan: pallas_plan.Plan):
+        return plan.q_col, plan.kv_row, plan.n_col
+
+    def run_forward(q, k, v, p_1, plan):
+        out, *stats = forward(plan.k_first, plan.k_end, p_1, q, k, v, *mask_args(plan))
+        return out, dict(zip(family.stats + family.extras, stats))
+
+    @jax.custom_vjp
+    def core(q, k, v, p_1, plan):
+        return run_forward(q, k, v, p_1, plan)[0]
+
+    def core_fwd(q, k, v, p_1, plan):
+        out, stats = run_forward(q, k, v, p_1, plan)
+        return out, (q, k, v, p_1, plan, out, stats)
+
+    def core_bwd(residuals, dout):
+        q, k, v, p_1, plan, out, stats = residuals
+        rows = _backward_rows(cfg.family, stats, out, dout, p_1)
+        dq = dq_call(plan.k_first, plan.k_end, p_1, q, k, v, *mask_args(plan), dout, *rows)
+        rows_t = [x.reshape(*x.shape[:2], -1, 1, cfg.block_q) for x in rows]  # [B, H, I, 1, Q]
+        dkv_masks = (plan.q_row, plan.kv_col, plan.n_row)
+        dk, dv = dkv_call(plan.q_first, plan.q_end, p_1, q, k, v, *dkv_masks, dout, *rows_t)
+        return dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype), None, None
+
+    core.defvjp(core_fwd, core_bwd)
+    return core
+
+
+def _run(lowering: Lowering, cfg: Static, block_q, block_k, qp_BTHD, kp_BSKD, v_BSKD, p_1, mask: Mask, n_BT):
+    """Pad to whole blocks, lay out as [B, heads, length, D], run the kernels, undo the layout."""
+    (b, t, h, d), (s, kv_heads) = qp_BTHD.shape, kp_BSKD.shape[1:3]
+    q_size = _fit(block_q or lowering.blocks[0], t, lowering)
+    k_size = _fit(block_k or lowering.blocks[1], s, lowering)
+    cfg = cfg._replace(block_q=q_size, block_k=k_size)
+    plan = pallas_plan.plan(mask, n_BT, q_size, k_size)
+    heads_first = lambda x, size: jnp.pad(x.transpose(0, 2, 1, 3), ((0, 0), (0, 0), (0, -x.shape[1] % size), (0, 0)))  # noqa: E731
+    q_BHTD, k_BKSD, v_BKSD = heads_first(qp_BTHD, q_size), heads_first(kp_BSKD, k_size), heads_first(v_BSKD, k_size)
+    shapes = (q_BHTD.shape, (kv_heads, k_BKSD.shape[2]))
+    out_BHTD = _core(cfg, lowering, shapes)(q_BHTD, k_BKSD, v_BKSD, p_1, plan)
+    return out_BHTD[:, :, :t].transpose(0, 2, 1, 3)
+
+
+def attend(q_BTHD, k_BSKD, v_BSKD, *, variant: Variant, mask: Mask, opts, block_q=None, block_k=None, interpret=False, **unknown):
+    """o_i = Σ_j A_ij v_j in fused kernels; statistics in float32, matmuls in q's dtype, output in q's dtype.
+
+    block_q, block_k: block lengths (default: the platform's LOWERINGS entry). interpret=True: run
+    the kernels in Pallas interpret mode on any platform (CPU always uses it). Keys no query sees are
+    zeroed first (hide_unseen, as in blockwise); a dense `mask` is refused (the kernels read only the
+    structured mask fields)."""
+    if unknown:
+        raise ValueError(f"unknown option(s) {sorted(unknown)}; implementation 'pallas' takes block_q, block_k, interpret")
+    if mask.dense is not None:
+        raise ValueError("implementation 'pallas' does not take a dense `mask`; use 'blockwise' or 'reference'")
+    check_positive_int("block_q", block_q)
+    check_positive_int("block_k", block_k)
+    kind, p = variant.normalise, opts.get("p")
+    if kind == "reweight" and p is None:
+        kind = "sum"  # re-weighting switched off: plain LSSA
+    dtype = q_BTHD.dtype
+    n_B1T, seen_B1S = count_visible(mask, 512)
+    k_BSKD, v_BSKD = hide_unseen(k_BSKD, v_BSKD, seen_B1S)
+    qp_BTHD, kp_BSKD = variant.prepare(q_BTHD, k_BSKD, n_B1T, opts)
+    n_BT = n_B1T[:, 0]
+    args = (qp_BTHD.astype(dtype), kp_BSKD.astype(dtype), v_BSKD.astype(dtype))
+    p_1 = jax.lax.stop_gradient(jnp.asarray([0.0 if p is None else p], jnp.float32))  # p is not differentiated
+    cfg = Static(kind, mask.causal, mask.window, 0, 0, q_BTHD.shape[2] // k_BSKD.shape[2], static_power(p), variant.weight, dtype)
+    run = lambda name: functools.partial(_run, LOWERINGS[name], cfg, block_q, block_k)  # noqa: E731
+    if interpret:
+        return run("interpret")(*args, p_1, mask, n_BT)
+    return jax.lax.platform_dependent(*args, p_1, mask, n_BT, cuda=run("cuda"), tpu=run("tpu"), cpu=run("interpret"))
+

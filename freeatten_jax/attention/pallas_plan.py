@@ -1,0 +1,89 @@
+"""The Pallas kernels' view of a Mask: its arrays in kernel layouts, and which block pairs to visit.
+
+Glossary: B batch, T / S query / key length (padded to Tp / Sp), Q / C query / key block length,
+I / J number of query / key blocks. Block skipping is decided per batch row: a pair (i, j) is
+visited only between the first and last key block that may hold a visible pair for query block i
+(and, backward, between the first and last such query block for key block j); a pair is skipped
+only when positions, segments, padding or the window rule out every (query, key) pair in it.
+"""
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from freeatten_jax.attention.variants import Mask
+
+
+class Plan(NamedTuple):
+    """Query-major kernels (forward, dq) read *_col of the queries and *_row of the keys; the key-major
+    dkv kernel the opposite. Rows are stored per block ([.., blocks, 1, size]) so a kernel reads one."""
+
+    q_col: jax.Array  # [2, B, Tp, 1] int32: query positions, segment ids
+    q_row: jax.Array  # [2, B, I, 1, Q] the same, one row per query block
+    kv_row: jax.Array  # [3, B, J, 1, C] int32: key positions, segment ids, valid (0/1)
+    kv_col: jax.Array  # [3, B, Sp, 1] the same as columns
+    n_col: jax.Array  # [B, Tp, 1] float32 N_i (0 on padded rows)
+    n_row: jax.Array  # [B, I, 1, Q] the same as rows
+    k_first: jax.Array  # [B, I] first and one-past-last key block that query block i may see
+    k_end: jax.Array
+    q_first: jax.Array  # [B, J] first and one-past-last query block that may see key block j
+    q_end: jax.Array
+
+
+def _pad(x_BL, size: int, fill):
+    """Pad [B, L] to a multiple of `size` with `fill` (None: repeat the last entry, widening no range)."""
+    pad = -x_BL.shape[1] % size
+    return jnp.pad(x_BL, ((0, 0), (0, pad)), **(dict(mode="edge") if fill is None else dict(constant_values=fill)))
+
+
+def _range(x_BXY, valid_BXY):
+    """Min and max over each block's valid entries ([B, X])."""
+    big = jnp.iinfo(jnp.int32).max
+    return jnp.min(jnp.where(valid_BXY, x_BXY, big), axis=2), jnp.max(jnp.where(valid_BXY, x_BXY, -big), axis=2)
+
+
+def maybe_visible(mask: Mask, qpos_BIQ, qseg_BIQ, kpos_BJC, kseg_BJC, kvalid_BJC) -> jax.Array:
+    """[B, I, J] bool: False only when no (query, key) pair of the two blocks can be visible."""
+    every = jnp.ones(qpos_BIQ.shape, bool)
+    (q_lo, q_hi), (qs_lo, qs_hi) = _range(qpos_BIQ, every), _range(qseg_BIQ, every)
+    (k_lo, k_hi), (ks_lo, ks_hi) = _range(kpos_BJC, kvalid_BJC), _range(kseg_BJC, kvalid_BJC)
+    q_lo, q_hi, qs_lo, qs_hi = (x[:, :, None] for x in (q_lo, q_hi, qs_lo, qs_hi))
+    k_lo, k_hi, ks_lo, ks_hi = (x[:, None, :] for x in (k_lo, k_hi, ks_lo, ks_hi))
+    maybe = jnp.any(kvalid_BJC, axis=2)[:, None, :] & (ks_lo <= qs_hi) & (qs_lo <= ks_hi)
+    if mask.causal:
+        maybe &= k_lo <= q_hi
+    if mask.window is not None:
+        maybe &= (k_lo - q_hi < mask.window) & (q_lo - k_hi < mask.window)
+    return maybe
+
+
+def _span(maybe_BXY):
+    """First and one-past-last True along Y for each (B, X); (0, 0) where none."""
+    size = maybe_BXY.shape[2]
+    first = jnp.argmax(maybe_BXY, axis=2)
+    end = size - jnp.argmax(maybe_BXY[:, :, ::-1], axis=2)
+    anything = jnp.any(maybe_BXY, axis=2)
+    return jnp.where(anything, first, 0).astype(jnp.int32), jnp.where(anything, end, 0).astype(jnp.int32)
+
+
+def plan(mask: Mask, n_BT, block_q: int, block_k: int) -> Plan:
+    """The mask arrays padded to whole blocks and laid out for the kernels, and the visiting spans."""
+    b = n_BT.shape[0]
+    qpos_BT, qseg_BT = _pad(mask.q_positions, block_q, None), _pad(mask.q_segment_ids, block_q, None)
+    kpos_BS, kseg_BS = _pad(mask.kv_positions, block_k, None), _pad(mask.kv_segment_ids, block_k, None)
+    kvalid_BS = _pad(mask.kv_valid, block_k, False)
+    blocks_q = lambda x: x.reshape(b, -1, block_q)  # noqa: E731
+    blocks_k = lambda x: x.reshape(b, -1, block_k)  # noqa: E731
+    maybe_BIJ = maybe_visible(mask, blocks_q(qpos_BT), blocks_q(qseg_BT), blocks_k(kpos_BS), blocks_k(kseg_BS), blocks_k(kvalid_BS))
+    q_2BT = jnp.stack([qpos_BT, qseg_BT])
+    kv_3BS = jnp.stack([kpos_BS, kseg_BS, kvalid_BS.astype(jnp.int32)])
+    return Plan(
+        q_2BT[..., None],
+        q_2BT.reshape(2, b, -1, 1, block_q),
+        kv_3BS.reshape(3, b, -1, 1, block_k),
+        kv_3BS[..., None],
+        _pad(n_BT.astype(jnp.float32), block_q, 0.0)[..., None],
+        _pad(n_BT.astype(jnp.float32), block_q, 0.0).reshape(b, -1, 1, block_q),
+        *_span(maybe_BIJ),
+        *_span(maybe_BIJ.transpose(0, 2, 1)),
+    )

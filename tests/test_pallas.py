@@ -1,0 +1,241 @@
+"""The Pallas kernels (interpret mode on the CPU) equal the reference in values and gradients, hide
+masked NaN/Inf (SPEC §8), and lower to real kernels for TPU (Mosaic) and CUDA (Triton).
+
+Glossary: B batch, T queries, S keys, H heads, K kv heads, D head dim. Tolerances: float32 inputs
+agree to 1e-4 relative (both float32; summation order differs), bfloat16 to 5e-2 relative (the
+kernels run their matmuls in bfloat16, as on a GPU, where the reference stays float32). LSSAR at
+bfloat16 gets 0.15: its power p = 15 amplifies score errors; moving q by a random 2^-8 (one bfloat16
+rounding) moves the reference itself by 2% (output) and 5% (dq), the kernels' extra rounding of q'
+and k' by 3% and 9% (measured on the kv_cache_offset_bfloat16 case).
+"""
+import contextlib
+import functools
+import os
+import re
+import zlib
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from freeatten_jax import attention
+from freeatten_jax.attention import pallas_plan
+
+TOLERANCE = {jnp.float32: 1e-4, jnp.bfloat16: 5e-2}
+LSSAR_BFLOAT16_TOLERANCE = 0.15
+# Interpret mode unless FREEATTEN_PALLAS_INTERPRET=0 (benchmarks/device_check.py: the real kernels on a GPU).
+INTERPRET = os.environ.get("FREEATTEN_PALLAS_INTERPRET", "1") != "0"
+PALLAS = dict(implementation="pallas", interpret=INTERPRET, block_q=16, block_k=8)  # several blocks, ragged tails
+FAST_COMPILE = {"xla_backend_optimization_level": 0, "xla_llvm_disable_expensive_passes": True}
+
+
+def key(*names):
+    return jax.random.key(zlib.crc32("/".join(names).encode()))
+
+
+def inputs(rng, b, t, s, h, kv_heads, d, dtype=jnp.float32):
+    """q, k, v and a cotangent for the output."""
+    kq, kk, kv, kg = jax.random.split(rng, 4)
+    q_BTHD = jax.random.normal(kq, (b, t, h, d), dtype)
+    k_BSKD = jax.random.normal(kk, (b, s, kv_heads, d), dtype)
+    v_BSKD = jax.random.normal(kv, (b, s, kv_heads, d), dtype)
+    return q_BTHD, k_BSKD, v_BSKD, jax.random.normal(kg, (b, t, h, d), dtype)
+
+
+def fast_jit(f, *args):
+    """f(*args), jitted with a cheap backend compile (these tests are compile-bound)."""
+    return jax.jit(f).lower(*args).compile(FAST_COMPILE)(*args)
+
+
+def compiled_value_and_grads(q, k, v, g, params, implementation_options, attend=attention.attend, **options):
+    """The compiled map (q, k, v, g, params) -> (output, vjp of g w.r.t. q, k, v and `params`) of `attend`."""
+
+    def run(q, k, v, params):
+        return attend(q, k, v, **params, **options, **implementation_options)
+
+    def both(q, k, v, g, params):
+        out, vjp = jax.vjp(run, q, k, v, params)
+        return out, vjp(g)
+
+    return jax.jit(both).lower(q, k, v, g, params).compile(FAST_COMPILE)
+
+
+def value_and_grads(q, k, v, g, params, implementation_options, attend=attention.attend, **options):
+    return compiled_value_and_grads(q, k, v, g, params, implementation_options, attend, **options)(q, k, v, g, params)
+
+
+def assert_close(got, want, tolerance, what):
+    got, want = np.asarray(got, np.float32), np.asarray(want, np.float32)
+    assert np.all(np.isfinite(got)), what
+    scale = max(float(np.max(np.abs(want))), 1e-3)
+    error = float(np.max(np.abs(got - want)))
+    assert error <= tolerance * scale, f"{what}: max error {error:.3g} vs scale {scale:.3g}"
+
+
+def compare(q, k, v, g, params, implementation_options, tolerance, check_params=True, attend=attention.attend, **options):
+    """`attend` with implementation_options: output and gradients (of `params` too if check_params) equal the reference's."""
+    out, grads = value_and_grads(q, k, v, g, params, implementation_options, attend, **options)
+    out_ref, grads_ref = value_and_grads(q, k, v, g, params, dict(implementation="reference"), **options)
+    assert out.dtype == q.dtype
+    assert_close(out, out_ref, tolerance, "output")
+    for name, got, want in zip(["dq", "dk", "dv", "params"][: 4 if check_params else 3], grads, grads_ref):
+        for (path, leaf), leaf_ref in zip(jax.tree_util.tree_leaves_with_path(got), jax.tree.leaves(want)):
+            assert_close(leaf, leaf_ref, tolerance, f"{name}{jax.tree_util.keystr(path)}")
+
+
+def variant_params(variant: str, h: int):
+    """The differentiable variant options the tests use (ssmax's per-head s, and b)."""
+    return {"s": jnp.linspace(0.6, 1.4, h), "b": jnp.float32(0.1)} if variant == "ssmax" else {}
+
+
+def scenario(name: str, rng):
+    """(q, k, v, cotangent, causal, mask options)."""
+    if name == "causal_packed_padded_gqa":  # segments, padding, a fully masked row (N_i = 0), GQA, T = 37
+        q, k, v, g = inputs(rng, 2, 37, 37, 4, 2, 16)
+        segments = jnp.array([[0] * 20 + [1] * 17, [0] * 9 + [1] * 21 + [2] * 7])
+        kv_mask = jnp.array([[True] * 37, [True] * 30 + [False] * 7])  # segment 2 of row 1 sees nothing
+        return q, k, v, g, True, dict(q_segment_ids=segments, kv_mask=kv_mask)
+    if name == "bidirectional_window_positions_mqa":  # unsorted positions, S > T, window, padding, MQA
+        q, k, v, g = inputs(rng, 2, 23, 41, 4, 1, 16)
+        q_positions = jax.random.permutation(jax.random.fold_in(rng, 1), 41)[:23]
+        options = dict(q_positions=q_positions, kv_positions=jnp.arange(41), window=15, kv_mask=jnp.arange(41) < 36)
+        return q, k, v, g, False, options
+    if name == "kv_cache_offset_bfloat16":  # S > T, per-sequence q_offset, bfloat16
+        q, k, v, g = inputs(rng, 2, 11, 45, 4, 2, 16, jnp.bfloat16)
+        return q, k, v, g, True, dict(q_offset=jnp.array([30, 34]))
+    raise ValueError(name)
+
+
+CASES = [("causal_packed_padded_gqa", variant) for variant in attention.VARIANTS]
+CASES += [("bidirectional_window_positions_mqa", variant) for variant in ("lssa", "lssar")]
+CASES += [("kv_cache_offset_bfloat16", variant) for variant in ("ssmax", "lssar")]
+
+
+@pytest.mark.parametrize("name, variant", CASES)
+def test_pallas_matches_reference(name, variant):
+    q, k, v, g, causal, mask_options = scenario(name, key(name, variant))
+    params = variant_params(variant, q.shape[2])
+    tolerance = LSSAR_BFLOAT16_TOLERANCE if (variant, q.dtype) == ("lssar", jnp.bfloat16) else TOLERANCE[q.dtype.type]
+    compare(q, k, v, g, params, PALLAS, tolerance, variant=variant, causal=causal, **mask_options)
+
+
+def test_lssar_traced_fractional_power():
+    """p as a traced (jit argument), fractional value takes the kernels' non-integer power path (values
+    and q, k, v gradients; p itself is not differentiated, as in blockwise)."""
+    q, k, v, g, causal, mask_options = scenario("causal_packed_padded_gqa", key("traced-p"))
+    compare(q, k, v, g, {"p": jnp.float32(2.5)}, PALLAS, 1e-4, check_params=False, variant="lssar", causal=causal, **mask_options)
+
+
+@pytest.mark.parametrize("variant", ["softmax", "lssar"])
+def test_masked_nan_and_inf_never_leak(variant):
+    """NaN/Inf in keys and values hidden by padding, causality or segments (an unfilled KV cache, other
+    documents) change no visible output and no gradient of a visible input; a row that sees nothing
+    outputs zeros (SPEC §8)."""
+    q, k, v, g = inputs(key("nan", variant), 2, 12, 40, 2, 1, 16)
+    options = dict(
+        variant=variant,
+        kv_mask=jnp.arange(40) < 30,  # slots 30.. are unfilled
+        q_offset=jnp.array([17, 0]),  # batch 0: queries at 17..28, so key 29 is causally hidden
+        q_segment_ids=jnp.array([[0] * 12, [0] * 5 + [2] * 7]),  # batch 1: queries 5.. see no key (N_i = 0)
+        kv_segment_ids=jnp.array([[0] * 40, [0] * 5 + [1] * 35]),  # batch 1: keys 5.. hidden from every query
+    )
+    dirty_k = k.at[:, 30:].set(jnp.nan).at[0, 29].set(jnp.inf).at[1, 5:30].set(-jnp.inf)
+    dirty_v = v.at[:, 30:].set(jnp.inf).at[0, 29].set(jnp.nan).at[1, 5:30].set(jnp.nan)
+    run = compiled_value_and_grads(q, k, v, g, {}, PALLAS, **options)
+    (out_clean, (dq_clean, dk_clean, dv_clean, _)), (out, (dq, dk, dv, _)) = run(q, k, v, g, {}), run(q, dirty_k, dirty_v, g, {})
+    assert_close(out, out_clean, 1e-6, "output")
+    assert_close(dq, dq_clean, 1e-6, "dq")
+    for b, seen in ((0, 29), (1, 5)):  # the keys some query sees
+        assert_close(dk[b, :seen], dk_clean[b, :seen], 1e-6, f"dk, batch {b}")
+        assert_close(dv[b, :seen], dv_clean[b, :seen], 1e-6, f"dv, batch {b}")
+    np.testing.assert_array_equal(np.asarray(out[1, 5:]), 0.0)
+
+
+def test_block_skipping_is_conservative():
+    """A block pair outside the visiting span never holds a visible pair (random positions, segments,
+    padding, window); and something is skipped."""
+    rngs = jax.random.split(key("skip"), 4)
+    mask = attention.make_mask(
+        2, 50, 60, causal=True, q_positions=jax.random.randint(rngs[0], (2, 50), 0, 60),
+        q_segment_ids=jnp.sort(jax.random.randint(rngs[1], (2, 50), 0, 4), axis=1),
+        kv_segment_ids=jnp.sort(jax.random.randint(rngs[2], (2, 60), 0, 4), axis=1),
+        kv_mask=jax.random.bernoulli(rngs[3], 0.8, (2, 60)), window=20,
+    )
+    plan = fast_jit(lambda mask: pallas_plan.plan(mask, jnp.zeros((2, 50), jnp.int32), 8, 8), mask)
+    visible_BIJ = np.pad(np.asarray(mask.visible()[:, 0]), ((0, 0), (0, 6), (0, 4))).reshape(2, 7, 8, 8, 8).any(axis=(2, 4))
+    j_J = np.arange(8)
+    in_span = (plan.k_first[:, :, None] <= j_J) & (j_J < plan.k_end[:, :, None])
+    in_span_t = (plan.q_first[:, :, None] <= np.arange(7)) & (np.arange(7) < plan.q_end[:, :, None])
+    assert not np.any(visible_BIJ & ~np.asarray(in_span))
+    assert not np.any(visible_BIJ & ~np.asarray(in_span_t).transpose(0, 2, 1))
+    assert not np.all(in_span)
+
+
+def test_scale_reaches_the_kernels():
+    """scale= (instead of 1/sqrt(d)): values and gradients, the scale's own included, equal the
+    reference's (which test_masks checks against q * scale * sqrt(d)). One variant per kernel family:
+    ssmax's prepare scales through softmax's, and sigmoid shares relu's prepare and kernel."""
+    q, k, v, g, causal, mask_options = scenario("causal_packed_padded_gqa", key("scale"))
+    for variant in ("ssmax", "sigmoid"):
+        params = {**variant_params(variant, q.shape[2]), "scale": jnp.float32(0.7)}
+        compare(q, k, v, g, params, PALLAS, 1e-4, variant=variant, causal=causal, **mask_options)
+
+
+@pytest.mark.parametrize(
+    "options, words",
+    [
+        (dict(block=8), "implementation 'pallas' takes"),
+        (dict(mask=jnp.ones((1, 1, 4, 4), bool)), "does not take a dense `mask`"),
+        (dict(block_q=0), "block_q must be a positive int"),
+    ],
+)
+def test_bad_options_are_refused(options, words):
+    q = jnp.zeros((1, 4, 1, 16))
+    with pytest.raises(ValueError, match=words):
+        attention.attend(q, q, q, variant="lssa", implementation="pallas", **options)
+
+
+KERNEL_CALLS = {"tpu": "tpu_custom_call", "cuda": "__gpu$xla.gpu.triton"}
+# Triton lowering reads the target GPU; without one (jax >= 0.11), an abstract H200 stands in.
+H200 = jax.sharding.AbstractMesh((1,), ("device",), abstract_device=jax.sharding.AbstractDevice("NVIDIA H200", None, "gpu"))
+TARGETS = {"tpu": contextlib.nullcontext, "cuda": functools.partial(jax.sharding.use_abstract_mesh, H200)}
+
+
+@pytest.mark.parametrize("variant", ["lssa", "lssar"])
+def test_lowers_to_tpu_and_cuda_kernels(variant):
+    """Forward+backward at bfloat16, T = 4096, D = 128 lowers for TPU (Mosaic) and CUDA (Triton) to the
+    three kernels (forward, dq, dkv) as custom calls, chosen by platform_dependent, without any
+    [T, S] score tensor in the surrounding XLA."""
+    shape = jax.ShapeDtypeStruct((1, 4096, 2, 128), jnp.bfloat16)
+
+    def loss(q, k, v):
+        return jnp.sum(attention.attend(q, k, v, variant=variant, implementation="pallas").astype(jnp.float32))
+
+    for platform, call in KERNEL_CALLS.items():
+        with TARGETS[platform]():
+            traced = jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2))).trace(shape, shape, shape)
+            text = traced.lower(lowering_platforms=(platform,)).as_text()
+        assert text.count(f"custom_call @{call}") == 3, platform
+        assert {"fwd", "dq", "dkv"} <= set(re.findall(r"freeatten_\w+_(fwd|dq|dkv)", text)), platform
+        assert not any(other in text for other in set(KERNEL_CALLS.values()) - {call}), platform
+        assert "4096x4096" not in text, platform
+
+
+def test_without_interpret_option_the_platform_decides():
+    """Without interpret=True, platform_dependent picks the lowering (interpret mode on the CPU); values
+    and gradients through it equal the reference's."""
+    q, k, v, g = inputs(key("platform"), 1, 20, 20, 2, 1, 16)
+    compare(q, k, v, g, {}, dict(implementation="pallas"), 1e-4, variant="lssa")
+
+
+def test_auto_decides_per_platform_and_never_picks_pallas():
+    """auto under cross-lowering: float32 softmax at T = 1024 is blockwise on the CPU (a while loop over
+    blocks, no [T, S] tensor) and the reference on CUDA and TPU (a [T, S] tensor, no loop), decided by
+    platform_dependent rather than by the machine that lowers; no Pallas kernel in any."""
+    shape = jax.ShapeDtypeStruct((1, 1024, 1, 16), jnp.float32)
+    traced = jax.jit(functools.partial(attention.attend, variant="softmax")).trace(shape, shape, shape)
+    for platform, picked in {"cpu": "blockwise", "cuda": "reference", "tpu": "reference"}.items():
+        text = traced.lower(lowering_platforms=(platform,)).as_text()
+        assert ("1024x1024" in text, "stablehlo.while" in text) == (picked == "reference", picked == "blockwise"), platform
+        assert "freeatten_" not in text and "custom_call" not in text, platform
