@@ -14,6 +14,7 @@ from flax import nnx
 from freeatten_jax.data.tokenizer import ByteTokenizer
 from freeatten_jax.evaluation import attention_stats, loss, passkey, switches
 from freeatten_jax.nn import Transformer, preset
+from freeatten_jax.training.loss import next_token_losses
 
 MARK, BOOST = 1, 100.0  # tokens equal to MARK get e^logit = BOOST times the weight of the others in head 1
 
@@ -114,6 +115,16 @@ def test_each_switch_gives_the_model_it_names(switch, attention, expected):
     np.testing.assert_allclose(switched, _logits(expected)[1], atol=1e-6)
     assert all(layer.rope_theta == expected.rope_theta for layer in model.attention_layers)
     assert not np.allclose(switched, _logits(_model_cfg(attention))[1], atol=1e-5)  # the switch does change the model
+
+
+def test_eval_losses_restart_per_document_as_training_does():
+    """Eval's token losses on a document-masked run equal training's (eos_id passed through), not the unmasked ones."""
+    model = Transformer(_model_cfg("lssar"), rngs=nnx.Rngs(0))
+    windows_WL = np.random.default_rng(1).integers(0, 39, (3, 13)).astype(np.int32)
+    windows_WL[:, [4, 9]] = 39  # EOS opens two documents inside each window
+    masked = loss.token_losses(model, windows_WL, eos_id=39)
+    np.testing.assert_allclose(masked, next_token_losses(model, jnp.asarray(windows_WL), eos_id=39), rtol=1e-5, atol=1e-6)
+    assert not np.allclose(masked, loss.token_losses(model, windows_WL), atol=1e-4)
 
 
 # ----------------------------------------------------------------------------- passkey

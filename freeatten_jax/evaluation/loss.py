@@ -14,18 +14,19 @@ from freeatten_jax import data
 from freeatten_jax.training.loss import next_token_losses
 
 
-@functools.partial(jax.jit, static_argnames=("graphdef",))
-def _losses(state, tokens_WL, *, graphdef):
-    return next_token_losses(nnx.merge(graphdef, state), tokens_WL)
+@functools.partial(jax.jit, static_argnames=("graphdef", "eos_id"))
+def _losses(state, tokens_WL, *, graphdef, eos_id):
+    return next_token_losses(nnx.merge(graphdef, state), tokens_WL, eos_id=eos_id)
 
 
-def token_losses(model, windows_WL: np.ndarray, tokens_per_batch: int = 16384) -> np.ndarray:
-    """Per-position losses [W, T] in float32, in batches of about tokens_per_batch tokens."""
+def token_losses(model, windows_WL: np.ndarray, tokens_per_batch: int = 16384, eos_id: int | None = None) -> np.ndarray:
+    """Per-position losses [W, T] in float32, in batches of about tokens_per_batch tokens; `eos_id` as in
+    training (document masking), so that 1x equals training's val_loss on document-masked runs too."""
     graphdef, state = nnx.split(model)
     count = len(windows_WL)
     batch = min(count, max(1, tokens_per_batch // windows_WL.shape[1]))
     padded_WL = np.concatenate([windows_WL, np.zeros((-count % batch, windows_WL.shape[1]), windows_WL.dtype)])  # one shape: one compile
-    parts = [np.asarray(_losses(state, jnp.asarray(padded_WL[i : i + batch]), graphdef=graphdef)) for i in range(0, count, batch)]
+    parts = [np.asarray(_losses(state, jnp.asarray(padded_WL[i : i + batch]), graphdef=graphdef, eos_id=eos_id)) for i in range(0, count, batch)]
     return np.concatenate(parts)[:count]
 
 

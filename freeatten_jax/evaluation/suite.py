@@ -141,7 +141,7 @@ def evaluate(workdir: str, switch: switches.Switch, settings: Settings, splits_o
         windows_WL = _windows(splits, m * train_len, run["span_tokens"], m)
         _check_context(m * train_len, settings.context)
         with sharding.use_mesh(mesh, sharding.DEFAULT_RULES):  # the sequence over 'context' when it is > 1
-            losses_WT = loss.token_losses(model, windows_WL)
+            losses_WT = loss.token_losses(model, windows_WL, eos_id=data.document_eos(cfg.data))
         run["lengths"].append({"length": m * train_len, "multiplier": m, **loss.summarise(losses_WT, train_len, settings.seed)})
         run["per_position"] = losses_WT.mean(0).tolist()
         longest = windows_WL
