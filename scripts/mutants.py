@@ -25,7 +25,7 @@ def oracle(variant: str) -> tuple[str, ...]:
 
 
 BLOCKWISE = ("tests/test_blockwise.py::test_blockwise_matches_reference",)
-BLOCK_EDGES = ("tests/test_block_edges.py", *BLOCKWISE)  # test_block_edges.py: on a branch merged later
+BLOCK_EDGES = ("tests/test_block_edges.py",)
 EVAL = "tests/test_eval_metrics.py"
 
 MUTANTS = [
@@ -61,6 +61,12 @@ MUTANTS = [
            BLOCK_EDGES),
     Mutant("blockwise: window skip one position short", "freeatten_jax/attention/blockwise.py", "(q_lo - k_hi < q_mask.window)",
            "(q_lo - k_hi < q_mask.window - 1)", BLOCK_EDGES),
+    # --- attention/pallas_plan.py and ring.py: the other block-skipping and sequence-sharded implementations
+    Mutant("pallas: causal skip k_lo < q_hi", "freeatten_jax/attention/pallas_plan.py", "maybe &= k_lo <= q_hi", "maybe &= k_lo < q_hi",
+           (*BLOCK_EDGES, "-k", "pallas")),
+    Mutant("context parallel: K/V sent the wrong way round the ring", "freeatten_jax/attention/ring.py",
+           "[(d, (d + 1) % size) for d in range(size)]", "[(d, (d - 1) % size) for d in range(size)]",
+           ("tests/test_context_parallel.py::test_matches_reference",)),
     # --- nn/attention_layer.py
     Mutant("decode: default positions from the slot count, not the last position", "freeatten_jax/nn/attention_layer.py",
            "jnp.where(filled, cache.positions_BS[:, last] + 1, 0)", "jnp.where(filled, cache.positions_BS[:, last] * 0 + cache.length, 0)",
