@@ -84,6 +84,9 @@ MUTANTS = [
            "needle.start + 5 : needle.stop + 5]", (EVAL, "-k", "needle_mass")),
     Mutant("attention entropy: sign flipped", "freeatten_jax/evaluation/attention_stats.py", "ent_HT.append(np.asarray(-jnp.sum(",
            "ent_HT.append(np.asarray(jnp.sum(", (EVAL, "-k", "entropy_and_max")),
+    Mutant("passkey: scored by startswith, not first-integer equality", "freeatten_jax/evaluation/passkey.py",
+           "return first_integer(generated_text) == key", "return generated_text.strip().startswith(key)",
+           ("tests/test_eval.py::test_passkey_scoring_is_first_integer_equality_and_rank",)),
     Mutant("switch rope_theta=50x read as absolute 50", "freeatten_jax/evaluation/switches.py",
            "cfg.model.rope_theta * float(value[:-1])", "float(value[:-1])", (EVAL, "-k", "each_switch")),
 ]

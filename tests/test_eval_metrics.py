@@ -1,6 +1,6 @@
 """Evaluation metrics against hand-computed values: loss over the last training-length positions, needle
 mass, entropy and max weight per N_i bucket (on a stand-in model with known attention), every eval-time
-switch's effect on a real model, and passkey prompts and scoring.
+switch's effect on a real model, and eval losses under document masking (passkey prompts and scoring: test_eval.py).
 
 Glossary: B batch, T positions, H heads, K kv heads, D head dim, W windows, N visible keys (N_i = i + 1).
 """
@@ -11,8 +11,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from freeatten_jax.data.tokenizer import ByteTokenizer
-from freeatten_jax.evaluation import attention_stats, loss, passkey, switches
+from freeatten_jax.evaluation import attention_stats, loss, switches
 from freeatten_jax.nn import Transformer, preset
 from freeatten_jax.training.loss import next_token_losses
 
@@ -126,27 +125,3 @@ def test_eval_losses_restart_per_document_as_training_does():
     np.testing.assert_allclose(masked, next_token_losses(model, jnp.asarray(windows_WL), eos_id=39), rtol=1e-5, atol=1e-6)
     assert not np.allclose(masked, loss.token_losses(model, windows_WL), atol=1e-4)
 
-
-# ----------------------------------------------------------------------------- passkey
-
-
-def test_passkey_prompt_holds_the_needle_where_it_says():
-    tokenizer = ByteTokenizer()
-    for depth in (0.0, 0.5, 1.0):
-        tokens, needle = passkey.build_prompt(tokenizer, 400, depth, "48213")
-        assert len(tokens) == 400
-        assert tokenizer.decode(tokens[needle]) == passkey.NEEDLE.format(key="48213")
-        assert tokenizer.decode(tokens).endswith(passkey.QUESTION)
-    first, _ = passkey.build_prompt(tokenizer, 400, 0.0, "48213")
-    assert tokenizer.decode(first).startswith(passkey.INTRO + passkey.NEEDLE.format(key="48213"))
-    with pytest.raises(ValueError, match="too short"):
-        passkey.build_prompt(tokenizer, 50, 0.5, "48213")
-
-
-def test_passkey_exact_match_scoring():
-    tokenizer = ByteTokenizer()
-    encode = lambda text: np.asarray(tokenizer.encode(text), np.int32)
-    assert passkey.exact_match(tokenizer, encode(" 48213."), "48213")
-    assert passkey.exact_match(tokenizer, encode("48213 is"), "48213")
-    for wrong in (" 48212.", " 4821", " the key", " 1 48213"):
-        assert not passkey.exact_match(tokenizer, encode(wrong), "48213"), wrong
