@@ -65,7 +65,7 @@ def summarise(losses_WT: np.ndarray, train_len: int, seed: int = 0) -> dict:
     return {
         "loss": float(losses_WT.mean()),
         "loss_ci": bootstrap_ci(windows_W, seed),
-        "loss_last_train_len": float(losses_WT[:, -train_len:].mean()),
+        "loss_last_train_len": float(last_W.mean()),  # windows have equal lengths: the mean of all those positions
         "loss_last_train_len_ci": bootstrap_ci(last_W, seed),
         "windows": int(losses_WT.shape[0]),
         "tokens_scored": int(losses_WT.size),
