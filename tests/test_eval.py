@@ -42,7 +42,7 @@ def trained(tmp_path_factory):
     return runs
 
 
-SETTINGS = suite.Settings(multipliers=(1, 2, 8), eval_tokens=3 * 257, passkey_depths=(0.2, 0.8), passkey_keys=1, passkey_candidates=4)
+SETTINGS = suite.Settings(multipliers=(1, 2, 8), eval_tokens=3 * 257, passkey_depths=(0.5,), passkey_keys=1, passkey_candidates=4)
 
 
 @pytest.mark.slow
