@@ -12,12 +12,13 @@ import contextlib
 import functools
 import os
 import re
-import zlib
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+
+from test_blockwise import _inputs as inputs, _key as key  # noqa: F401 (test_block_edges imports them from here)
 
 from freeatten_jax import attention
 from freeatten_jax.attention import pallas_plan
@@ -30,17 +31,6 @@ PALLAS = dict(implementation="pallas", interpret=INTERPRET, block_q=16, block_k=
 FAST_COMPILE = {"xla_backend_optimization_level": 0, "xla_llvm_disable_expensive_passes": True}
 
 
-def key(*names):
-    return jax.random.key(zlib.crc32("/".join(names).encode()))
-
-
-def inputs(rng, b, t, s, h, kv_heads, d, dtype=jnp.float32):
-    """q, k, v and a cotangent for the output."""
-    kq, kk, kv, kg = jax.random.split(rng, 4)
-    q_BTHD = jax.random.normal(kq, (b, t, h, d), dtype)
-    k_BSKD = jax.random.normal(kk, (b, s, kv_heads, d), dtype)
-    v_BSKD = jax.random.normal(kv, (b, s, kv_heads, d), dtype)
-    return q_BTHD, k_BSKD, v_BSKD, jax.random.normal(kg, (b, t, h, d), dtype)
 
 
 def fast_jit(f, *args):
