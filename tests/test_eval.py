@@ -238,3 +238,23 @@ def test_freeatten_generate_continues_a_prompt_with_the_runs_tokenizer(trained, 
     bad = subprocess.run([*cmd[:3], f"--workdir={tmp_path / 'none'}", "--prompt=x"], capture_output=True, text=True, timeout=300,
                          cwd=tmp_path, env={**os.environ, "PYTHONPATH": os.getcwd()})
     assert bad.returncode == 1 and bad.stderr.strip().splitlines()[-1].startswith("error: no checkpoint in ")
+
+
+def _summary_run(variant, switch, losses, hits):
+    """A run with loss (and its interval) per multiplier 1, 2 and one retrieval cell of two keys per length."""
+    lengths = [{"multiplier": m, "length": 8 * m, "loss": x, "loss_ci": [x - 0.1, x + 0.1], "loss_last_train_len": x,
+                "loss_last_train_len_ci": [x, x]} for m, x in zip((1, 2), losses)]
+    cells = [{"length": 8 * m, "accuracy": h / 2, "keys": 2, "mean_key_rank": 1.0 + h} for m, h in zip((1, 2), hits)]
+    return {"variant": variant, "switch": switch, "train_len": 8, "lengths": lengths, "passkey": cells, "retrieval": cells}
+
+
+def test_summary_pools_seeds_per_variant_and_switch():
+    from freeatten_jax.evaluation import report
+
+    runs = [_summary_run("softmax", "none", (1.0, 2.0), (2, 0)), _summary_run("softmax", "none", (2.0, 4.0), (1, 1)),
+            _summary_run("softmax", "rope_theta=50x", (1.5, 1.5), (0, 0))]
+    text = report.grouped_tables(runs, (1, 2))
+    assert "| softmax (2 runs) | 1.500 [0.900, 2.100] | 3.000 [1.900, 4.100] |" in text
+    assert "| softmax [rope_theta=50x] | 1.500 [1.400, 1.600] | 1.500 [1.400, 1.600] |" in text
+    assert "| softmax (2 runs) | retrieval | 3/4 | 1/4 | 2.000 |" in text
+    assert "| softmax [rope_theta=50x] | passkey | 0/2 | 0/2 | 1.000 |" in text

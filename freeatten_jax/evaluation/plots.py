@@ -35,7 +35,8 @@ def _style(runs: list[dict]):
     return style
 
 
-def _name(variant: str, switch: str, count: int) -> str:
+def group_name(variant: str, switch: str, count: int) -> str:
+    """How one (variant, switch) group of `count` runs is named in legends and summary tables."""
     return variant + ("" if switch == "none" else f" [{switch}]") + (f" ({count} runs)" if count > 1 else "")
 
 
@@ -64,7 +65,7 @@ def loss_vs_length(out, runs) -> str:
     style = _style(runs)
     for (variant, switch), rs in groups(runs).items():
         x = [p["length"] for p in rs[0]["lengths"]]
-        _band(ax, x, [[p["loss"] for p in r["lengths"]] for r in rs], style(variant, switch), _name(variant, switch, len(rs)))
+        _band(ax, x, [[p["loss"] for p in r["lengths"]] for r in rs], style(variant, switch), group_name(variant, switch, len(rs)))
     ax.set_xscale("log", base=2)
     ax.set(xlabel="evaluation length (tokens)", ylabel="mean next-token loss (nats)", title="Loss vs length (same held-out span)")
     return _finish(fig, ax, out / "loss_vs_length.png")
@@ -77,7 +78,7 @@ def per_position(out, runs) -> str:
         losses_RT = np.asarray([r["per_position"] for r in rs])
         width = max(1, losses_RT.shape[1] // 64)  # a moving average keeps the curves readable
         smooth_RT = np.stack([np.convolve(row, np.ones(width) / width, mode="valid") for row in losses_RT])
-        _band(ax, np.arange(smooth_RT.shape[1]) + width, smooth_RT, style(variant, switch), _name(variant, switch, len(rs)))
+        _band(ax, np.arange(smooth_RT.shape[1]) + width, smooth_RT, style(variant, switch), group_name(variant, switch, len(rs)))
     ax.axvline(runs[0]["train_len"], color="grey", linestyle=":", label="training length")
     ax.set_xscale("log", base=2)
     ax.set(xlabel="position", ylabel="loss (nats, moving average)", title="Per-position loss at the longest length")
@@ -92,7 +93,7 @@ def accuracy_vs_length(out, runs, task: str, title: str) -> str:
         x = sorted({c["length"] for c in rs[0][task]})
         acc = lambda r, n: np.mean([np.nan if c["accuracy"] is None else c["accuracy"] for c in r[task] if c["length"] == n])
         if x:
-            _band(ax, x, [[acc(r, n) for n in x] for r in rs], style(variant, switch), _name(variant, switch, len(rs)))
+            _band(ax, x, [[acc(r, n) for n in x] for r in rs], style(variant, switch), group_name(variant, switch, len(rs)))
     ax.set_xscale("log", base=2)
     ax.set(xlabel="prompt length (tokens)", ylabel="greedy accuracy", ylim=(-0.03, 1.03), title=title)
     return _finish(fig, ax, out / f"{task}.png")
@@ -103,7 +104,7 @@ def entropy_vs_n(out, runs) -> str:
     style = _style(runs)
     for (variant, switch), rs in groups(runs).items():
         entropy_RU = [np.asarray(r["attention"]["entropy"]).mean((0, 1)) for r in rs]
-        _band(ax, rs[0]["attention"]["n_from"], entropy_RU, style(variant, switch), _name(variant, switch, len(rs)))
+        _band(ax, rs[0]["attention"]["n_from"], entropy_RU, style(variant, switch), group_name(variant, switch, len(rs)))
     n = np.asarray(runs[0]["attention"]["n_from"], float)
     ax.plot(n, np.log(n), color="grey", linestyle=":", label="uniform (log N)")
     ax.set_xscale("log", base=2)

@@ -57,6 +57,44 @@ def retrieval_table(runs: list[dict], task: str) -> str:
     return table + ("\n\nNot scored (n/a):\n" + "\n".join(lines) if lines else "")
 
 
+def _envelope(rs: list[dict], multiplier: int, key: str) -> str:
+    """Mean over runs at one multiplier with [the lowest low, the highest high] of the runs' 95% intervals, or n/a."""
+    xs = [x for r in rs for x in r["lengths"] if x["multiplier"] == multiplier]
+    if not xs:
+        return "n/a"
+    return (f"{_fmt(float(np.mean([x[key] for x in xs])))} "
+            f"[{_fmt(min(x[f'{key}_ci'][0] for x in xs))}, {_fmt(max(x[f'{key}_ci'][1] for x in xs))}]")
+
+
+def _pooled_accuracy(rs: list[dict], task: str, length: int) -> str:
+    """Prompts retrieved / prompts scored at one length, over runs, depths and keys, or n/a."""
+    cells = [c for r in rs for c in r[task] if c["length"] == length and c["accuracy"] is not None]
+    scored = sum(c["keys"] for c in cells)
+    return f"{round(sum(c['accuracy'] * c['keys'] for c in cells))}/{scored}" if scored else "n/a"
+
+
+def _pooled_rank(rs: list[dict], task: str) -> str:
+    """Mean rank of the true key over every scored prompt of the runs, or n/a."""
+    cells = [c for r in rs for c in r[task] if c["mean_key_rank"] is not None]
+    scored = sum(c["keys"] for c in cells)
+    return _fmt(sum(c["mean_key_rank"] * c["keys"] for c in cells) / scored) if scored else "n/a"
+
+
+def grouped_tables(runs: list[dict], multipliers) -> str:
+    """Runs of one variant under one switch (e.g. seeds) as one row: loss and retrieval by length."""
+    groups = plots.groups(runs)
+    names = {key: plots.group_name(*key, len(rs)) for key, rs in groups.items()}
+    lengths = [m * runs[0]["train_len"] for m in multipliers] if runs else []
+    loss = lambda key: _md_table(["variant", *[f"{m}x" for m in multipliers]],
+                                 [[names[g], *[_envelope(rs, m, key) for m in multipliers]] for g, rs in groups.items()])
+    retrieval = _md_table(["variant", "task", *[str(n) for n in lengths], "mean rank of true key"],
+                          [[names[g], task, *[_pooled_accuracy(rs, task, n) for n in lengths], _pooled_rank(rs, task)]
+                           for g, rs in groups.items() for task in ("passkey", "retrieval")])
+    return ("Loss over all positions: mean over runs [lowest low, highest high of the runs' 95% intervals]\n\n" + loss("loss")
+            + "\n\nLoss over the last training-length positions of each window (same format)\n\n" + loss("loss_last_train_len")
+            + "\n\nRetrieval: prompts retrieved / prompts scored by length, pooled over runs, depths and keys\n\n" + retrieval)
+
+
 def write_csvs(out: pathlib.Path, runs: list[dict]) -> None:
     _write_csv(out / "loss_vs_length.csv",
                ["run", "checkpoint", "step", "variant", "switch", "length", "multiplier", "loss", "loss_ci_low", "loss_ci_high",
@@ -99,6 +137,7 @@ def markdown(runs: list[dict], settings: dict, figures: dict[str, str]) -> str:
     parts = [
         "# Length-extrapolation report",
         "## Checkpoints\n\n" + checkpoints,
+        "## Summary by variant and switch\n\n" + grouped_tables(runs, multipliers),
         f"## Loss vs length (mean next-token loss, nats, [95% bootstrap interval over windows])\n\n"
         f"Every length scores the same held-out span: the first {spans} validation tokens, cut into non-overlapping "
         f"windows of each length ({windows}).\n\n"
