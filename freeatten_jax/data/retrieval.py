@@ -1,5 +1,6 @@
-"""Synthetic retrieval sequences mixed into the training stream, so that models learn retrieval at 1x
-and a length-extrapolation test of retrieval can tell variants apart (issue 14).
+"""Synthetic retrieval sequences mixed into the training stream, meant to teach retrieval at 1x so that
+a length-extrapolation test of retrieval can tell variants apart (issue 14; the `tiny` model does not
+learn it in 600 steps: docs/results.md).
 
 A sequence is Landmark filler (passkey.FILLER sentences, space-joined) with the needle "The pass key is
 NNNNN. " at a random depth, then the query "\\nThe pass key is" and the answer " NNNNN": a short form of
