@@ -48,7 +48,7 @@ SETTINGS = suite.Settings(multipliers=(1, 2, 8), eval_tokens=3 * 257, passkey_de
 @pytest.mark.slow
 def test_suite_writes_every_output(trained, tmp_path):
     workdirs = [trained["lssa"][0], trained["ssmax"][0]]
-    runs = suite.run_suite(workdirs, ["p=15", "p=off", "s=0.5"], SETTINGS, str(tmp_path))  # RoPE switch: unit-tested
+    runs = suite.run_suite(workdirs, ["p=15", "p=off", "s=0.5"], SETTINGS, str(tmp_path))  # RoPE: test_eval_metrics
     labels = [(r["variant"], r["switch"]) for r in runs]
     assert labels == [("lssa", "none"), ("lssa", "p=15"), ("ssmax", "none"), ("ssmax", "s=0.5")]
     results = json.loads((tmp_path / "results.json").read_text())
@@ -197,19 +197,6 @@ def test_switches_that_change_nothing_are_skipped():
     assert not switches.applicable(lssar, ssmax_protocol) and not switches.applicable(lssa, ssmax_protocol)
     with pytest.raises(ConfigError, match="switch variant 'softmx' is unknown"):
         switches.parse("rope_theta=50x@softmx")
-
-
-def test_rope_theta_switch_sets_every_layer_relative_or_absolute():
-    from flax import nnx
-
-    from freeatten_jax.nn import Transformer
-
-    cfg = _typed("softmax")
-    model = Transformer(cfg.model, rngs=nnx.Rngs(0))
-    switches.apply(model, cfg, switches.parse("rope_theta=50x@softmax+ssmax"))
-    assert [layer.rope_theta for layer in model.attention_layers] == [50 * cfg.model.rope_theta] * cfg.model.num_layers
-    switches.apply(model, cfg, switches.parse("rope_theta=20000"))
-    assert {layer.rope_theta for layer in model.attention_layers} == {20000.0}
 
 
 def test_switch_parsing_and_errors(trained, tmp_path):
