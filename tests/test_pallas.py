@@ -18,7 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from test_blockwise import _inputs as inputs, _key as key  # noqa: F401 (test_block_edges imports them from here)
+from test_blockwise import _assert_close as assert_close, _inputs as inputs, _key as key  # noqa: F401 (test_block_edges imports them from here)
 
 from freeatten_jax import attention
 from freeatten_jax.attention import pallas_plan
@@ -53,14 +53,6 @@ def compiled_value_and_grads(q, k, v, g, params, implementation_options, attend=
 
 def value_and_grads(q, k, v, g, params, implementation_options, attend=attention.attend, **options):
     return compiled_value_and_grads(q, k, v, g, params, implementation_options, attend, **options)(q, k, v, g, params)
-
-
-def assert_close(got, want, tolerance, what):
-    got, want = np.asarray(got, np.float32), np.asarray(want, np.float32)
-    assert np.all(np.isfinite(got)), what
-    scale = max(float(np.max(np.abs(want))), 1e-3)
-    error = float(np.max(np.abs(got - want)))
-    assert error <= tolerance * scale, f"{what}: max error {error:.3g} vs scale {scale:.3g}"
 
 
 def compare(q, k, v, g, params, implementation_options, tolerance, check_params=True, attend=attention.attend, **options):
