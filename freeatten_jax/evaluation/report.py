@@ -31,14 +31,6 @@ def _fmt(x: float | None) -> str:
     return "n/a" if x is None or not np.isfinite(x) else f"{x:.3f}"
 
 
-def _with_ci(x: dict | None, key: str) -> str:
-    """`mean [low, high]` of one length's measurement, or n/a."""
-    if x is None:
-        return "n/a"
-    low, high = x[f"{key}_ci"]
-    return f"{_fmt(x[key])} [{_fmt(low)}, {_fmt(high)}]"
-
-
 def _mean(cells: list[dict], key: str) -> float | None:
     values = [c[key] for c in cells if c[key] is not None]
     return float(np.mean(values)) if values else None
@@ -58,7 +50,8 @@ def retrieval_table(runs: list[dict], task: str) -> str:
 
 
 def _envelope(rs: list[dict], multiplier: int, key: str) -> str:
-    """Mean over runs at one multiplier with [the lowest low, the highest high] of the runs' 95% intervals, or n/a."""
+    """Mean over runs at one multiplier with [the lowest low, the highest high] of the runs' 95% intervals (for one
+    run: its mean and interval), or n/a."""
     xs = [x for r in rs for x in r["lengths"] if x["multiplier"] == multiplier]
     if not xs:
         return "n/a"
@@ -122,7 +115,7 @@ def write_csvs(out: pathlib.Path, runs: list[dict]) -> None:
 def markdown(runs: list[dict], settings: dict, figures: dict[str, str]) -> str:
     multipliers = settings["multipliers"]
     mult_header = [f"{m}x" for m in multipliers]
-    by_mult = lambda r, key: [_with_ci(next((x for x in r["lengths"] if x["multiplier"] == m), None), key) for m in multipliers]
+    by_mult = lambda r, key: [_envelope([r], m, key) for m in multipliers]  # one run: its mean and interval
     checkpoints = _md_table(
         ["run", "checkpoint", "step", "variant", "switch", "train length", "RoPE theta"],
         [[label(r), r["workdir"], r["step"], r["variant"], r["switch"], r["train_len"], f"{r['rope_theta']:g}"] for r in runs],
