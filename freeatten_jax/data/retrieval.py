@@ -2,7 +2,7 @@
 a length-extrapolation test of retrieval can tell variants apart (issue 14; the `tiny` model does not
 learn it in 600 steps: docs/results.md).
 
-A sequence is Landmark filler (passkey.FILLER sentences, space-joined) with the needle "The pass key is
+A sequence is Landmark filler (FILLER, also evaluation.passkey's, space-joined) with the needle "The pass key is
 NNNNN. " at a random depth, then the query "\\nThe pass key is" and the answer " NNNNN": a short form of
 the Landmark passkey that fits a 64-token training window. A fraction `f` of the stream's windows is
 replaced: window i is synthetic iff floor((i + 1) f) > floor(i f) (so exactly floor(n f) of the first n),

@@ -7,9 +7,10 @@ import re
 
 import numpy as np
 
+from freeatten_jax.data.retrieval import FILLER  # Landmark's filler sentences, also the training mix's
+
 OPENING = ("There is an important info hidden inside a lot of irrelevant text. Find it and memorize them. "
            "I will quiz you about the important information there.")
-FILLER = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again."
 NEEDLE = "The pass key is {key}. Remember it. {key} is the pass key."
 QUESTION = "What is the pass key? The pass key is"
 
