@@ -158,11 +158,13 @@ def test_passkey_scoring_is_first_integer_equality_and_rank():
     assert passkey.key_rank(-2.0, [-2.0]) == 2  # a tie is not a win
 
 
-def _fake_run(variant, switch, seed):
+def _fake_run(variant, switch, seed, depths=(0.5,), step=12, train_len=32):
     rng = np.random.default_rng(seed)
-    cells = [{"length": n, "depth": 0.5, "accuracy": None if n == 32 else float(rng.random())} for n in (32, 64)]
-    return {"variant": variant, "switch": switch, "train_len": 32, "per_position": rng.random(64).tolist(),
-            "lengths": [{"length": n, "loss": float(rng.random())} for n in (32, 64)], "passkey": cells, "retrieval": cells,
+    cells = [{"length": n, "depth": d, "keys": 2, "accuracy": None if n == 32 else float(rng.integers(3)) / 2}
+             for n in (32, 64) for d in depths]
+    lengths = [{"length": n, "loss": 3.0 + 0.001 * i, "loss_ci": (2.9 + 0.001 * i, 3.2 + 0.001 * i)} for i, n in enumerate((32, 64))]
+    return {"name": f"{variant}{seed}", "variant": variant, "switch": switch, "train_len": train_len, "step": step,
+            "per_position": rng.random(64).tolist(), "lengths": lengths, "passkey": cells, "retrieval": cells,
             "attention": {"n_from": [1, 2, 4], "entropy": rng.random((2, 2, 3)).tolist()}}
 
 
@@ -177,6 +179,53 @@ def test_plots_draw_one_line_per_variant_and_switch_with_seed_bands(tmp_path):
     assert style("softmax", "none")["linestyle"] == style("lssar", "none")["linestyle"] != style("softmax", "rope_theta=50x")["linestyle"]
     for name in plots.write_all(tmp_path, runs).values():
         assert (tmp_path / name).read_bytes().startswith(b"\x89PNG")
+
+
+def test_loss_plot_has_interval_band_training_length_mark_and_a_minimum_span():
+    """One run still gets a band (its 95% interval), the training length is marked, and a 0.001-nat wobble is not
+    zoomed into a spike: the y-axis spans at least MIN_LOSS_SPAN."""
+    from freeatten_jax.evaluation import plots
+
+    ax = plots.draw_loss_vs_length([_fake_run("lssar", "none", 0)]).axes[0]
+    marks = [line for line in ax.lines if list(line.get_xdata()) == [32, 32]]
+    assert len(marks) == 1 and "training length" in marks[0].get_label()
+    (band,) = ax.collections
+    ys = np.concatenate([path.vertices[:, 1] for path in band.get_paths()])
+    assert ys.min() == pytest.approx(2.9) and ys.max() == pytest.approx(3.201)  # the interval, not the mean
+    low, high = ax.get_ylim()
+    assert high - low >= plots.MIN_LOSS_SPAN and low <= 2.9 and high >= 3.201
+    assert plots.y_limits([0.0], [2.0], 0.5) == pytest.approx((-0.1, 2.1))  # wide data: 5% padding, no forced span
+
+
+def test_retrieval_plot_is_a_depth_by_length_heatmap_when_the_grid_has_cells():
+    from freeatten_jax.evaluation import plots
+
+    runs = [_fake_run("softmax", "none", seed, depths=(0.1, 0.9)) for seed in (0, 1)] + [_fake_run("lssar", "none", 0, depths=(0.1, 0.9))]
+    lengths, depths, acc_DL = plots.accuracy_grid(runs[:2], "passkey")
+    assert lengths == [32, 64] and depths == [0.1, 0.9] and np.isnan(acc_DL[:, 0]).all()
+    expected = [np.mean([c["accuracy"] for r in runs[:2] for c in r["passkey"] if c["length"] == 64 and c["depth"] == d]) for d in depths]
+    assert acc_DL[:, 1] == pytest.approx(expected)  # pooled over runs, weighted by keys (equal here)
+    fig = plots.draw_accuracy(runs, "passkey", "Passkey")
+    heatmaps = [ax for ax in fig.axes if ax.images]
+    assert [ax.get_title() for ax in heatmaps] == ["softmax (2 runs)", "lssar"]
+    assert heatmaps[0].images[0].get_array().shape == (2, 2)
+    single = _fake_run("lssar", "none", 0)
+    single["passkey"] = [{"length": 64, "depth": 0.5, "keys": 4, "accuracy": 0.75}]
+    (ax,) = plots.draw_accuracy([single], "passkey", "Passkey").axes  # one cell: a point on a line plot, not a 1x1 map
+    assert not ax.images and list(ax.lines[0].get_ydata()) == [0.75]
+
+
+def test_report_warns_when_compared_runs_differ_in_step_or_training_length():
+    from freeatten_jax.evaluation import report
+
+    same = [_fake_run("softmax", "none", 0), _fake_run("lssar", "none", 1)]
+    assert report.comparability_warnings(same) == []
+    mixed = [_fake_run("softmax", "none", 0, step=51), _fake_run("lssar", "none", 1, step=10, train_len=64)]
+    warnings_ = report.comparability_warnings(mixed)
+    assert warnings_ == [
+        "Warning: the runs compared have different checkpoint steps (10: lssar1; 51: softmax0); their differences are not only the variant's.",
+        "Warning: the runs compared have different training lengths (32: softmax0; 64: lssar1); their differences are not only the variant's.",
+    ]
 
 
 def _typed(variant):

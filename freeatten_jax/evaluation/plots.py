@@ -1,7 +1,9 @@
 """PNG plots of the suite's results (matplotlib, no display needed).
 
-Runs of one variant under one switch (e.g. several seeds) form one line: their mean, with a band from
-their minimum to their maximum. One colour per variant, one line style per switch.
+Runs of one variant under one switch (e.g. several seeds) form one line: their mean. Loss bands span
+the runs' 95% bootstrap intervals (lowest low to highest high, as the summary tables); other bands span
+the runs' minimum to maximum. One colour per variant, one line style per eval-time switch; a dotted
+vertical line marks the training length. Each `draw_*` returns the figure so that tests can read it.
 """
 import pathlib
 import warnings
@@ -15,6 +17,8 @@ import numpy as np  # noqa: E402
 COLOURS = {"softmax": "tab:blue", "ssmax": "tab:orange", "lssa": "tab:green", "lssar": "tab:red", "sigmoid": "tab:purple",
            "relu": "tab:brown"}
 STYLES = ["-", "--", ":", "-."]
+MIN_LOSS_SPAN = 0.5  # nats: the y-axis of a loss plot never zooms in further (a 0.01-nat wobble stays flat)
+LEGEND_TITLE = "colour: variant; line style: eval-time switch"
 
 
 def groups(runs: list[dict]) -> dict[tuple[str, str], list[dict]]:
@@ -40,84 +44,158 @@ def group_name(variant: str, switch: str, count: int) -> str:
     return variant + ("" if switch == "none" else f" [{switch}]") + (f" ({count} runs)" if count > 1 else "")
 
 
-def _band(ax, x, values_RX, style, label) -> None:
-    """Mean line over runs with a min-max band (no band for one run)."""
+def _nan_stats(values_RX, low_RX=None, high_RX=None):
+    """Mean over runs, and the band: [min of lows, max of highs] (the values themselves if no interval given)."""
     values_RX = np.asarray(values_RX, float)
     with warnings.catch_warnings():  # lengths no run could score are NaN: gaps in the line
         warnings.simplefilter("ignore", RuntimeWarning)
-        mean_X, low_X, high_X = np.nanmean(values_RX, 0), np.nanmin(values_RX, 0), np.nanmax(values_RX, 0)
+        low_RX = values_RX if low_RX is None else np.asarray(low_RX, float)
+        high_RX = values_RX if high_RX is None else np.asarray(high_RX, float)
+        return np.nanmean(values_RX, 0), np.nanmin(low_RX, 0), np.nanmax(high_RX, 0)
+
+
+def _line(ax, x, mean_X, low_X, high_X, style, label) -> None:
     ax.plot(x, mean_X, marker="o" if len(x) < 12 else None, markersize=3, label=label, **style)
-    if len(values_RX) > 1:
+    if not np.allclose(low_X, high_X, equal_nan=True):
         ax.fill_between(x, low_X, high_X, color=style["color"], alpha=0.15, linewidth=0)
 
 
-def _finish(fig, ax, path: pathlib.Path) -> str:
+def y_limits(low, high, min_span: float) -> tuple[float, float]:
+    """The data's range (finite values), widened about its centre to at least `min_span`."""
+    finite = np.concatenate([np.ravel(low), np.ravel(high)]).astype(float)
+    finite = finite[np.isfinite(finite)]
+    lo, hi = (float(finite.min()), float(finite.max())) if finite.size else (0.0, 1.0)
+    pad = max((min_span - (hi - lo)) / 2, 0.05 * (hi - lo))
+    return lo - pad, hi + pad
+
+
+def _mark_train_len(ax, train_lens: set[int]) -> None:
+    for n in sorted(train_lens):
+        ax.axvline(n, color="grey", linestyle=":", linewidth=1, label=f"training length ({n})")
+
+
+def _new(title: str, xlabel: str, ylabel: str):
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    ax.set(title=title, xlabel=xlabel, ylabel=ylabel)
+    return fig, ax
+
+
+def _legend(ax) -> None:
     if ax.get_legend_handles_labels()[0]:
-        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
-    fig.tight_layout()
+        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False, title=LEGEND_TITLE,
+                  title_fontsize=7)
+
+
+def draw_loss_vs_length(runs: list[dict]):
+    """Mean loss by length per group, the runs' 95% intervals as a band, the training length marked."""
+    fig, ax = _new("Loss vs length (same held-out span)", "evaluation length (tokens)", "mean next-token loss (nats)")
+    style, lows, highs = _style(runs), [], []
+    for (variant, switch), rs in groups(runs).items():
+        x = [p["length"] for p in rs[0]["lengths"]]
+        mean_X, low_X, high_X = _nan_stats([[p["loss"] for p in r["lengths"]] for r in rs],
+                                           [[p["loss_ci"][0] for p in r["lengths"]] for r in rs],
+                                           [[p["loss_ci"][1] for p in r["lengths"]] for r in rs])
+        _line(ax, x, mean_X, low_X, high_X, style(variant, switch), group_name(variant, switch, len(rs)))
+        lows.append(low_X), highs.append(high_X)
+    _mark_train_len(ax, {r["train_len"] for r in runs})
+    ax.set_xscale("log", base=2)
+    if lows:
+        ax.set_ylim(*y_limits(np.concatenate(lows), np.concatenate(highs), MIN_LOSS_SPAN))
+    _legend(ax)
+    return fig
+
+
+def draw_per_position(runs: list[dict]):
+    fig, ax = _new("Per-position loss at the longest length", "position", "loss (nats, moving average)")
+    style, lows, highs = _style(runs), [], []
+    for (variant, switch), rs in groups(runs).items():
+        losses_RT = np.asarray([r["per_position"] for r in rs])
+        width = max(1, losses_RT.shape[1] // 64)  # a moving average keeps the curves readable
+        smooth_RT = np.stack([np.convolve(row, np.ones(width) / width, mode="valid") for row in losses_RT])
+        mean_X, low_X, high_X = _nan_stats(smooth_RT)
+        _line(ax, np.arange(smooth_RT.shape[1]) + width, mean_X, low_X, high_X, style(variant, switch),
+              group_name(variant, switch, len(rs)))
+        lows.append(low_X), highs.append(high_X)
+    _mark_train_len(ax, {r["train_len"] for r in runs})
+    ax.set_xscale("log", base=2)
+    if lows:
+        ax.set_ylim(*y_limits(np.concatenate(lows), np.concatenate(highs), MIN_LOSS_SPAN))
+    _legend(ax)
+    return fig
+
+
+def accuracy_grid(rs: list[dict], task: str) -> tuple[list[int], list[float], np.ndarray]:
+    """(lengths, depths, accuracy [depth, length]) pooled over the runs' keys; NaN where nothing was scored."""
+    cells = [c for r in rs for c in r[task]]
+    lengths, depths = sorted({c["length"] for c in cells}), sorted({c["depth"] for c in cells})
+    hits_DL, keys_DL = np.zeros((len(depths), len(lengths))), np.zeros((len(depths), len(lengths)))
+    for c in cells:
+        if c["accuracy"] is not None:
+            d, n = depths.index(c["depth"]), lengths.index(c["length"])
+            hits_DL[d, n] += c["accuracy"] * c["keys"]
+            keys_DL[d, n] += c["keys"]
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return lengths, depths, np.where(keys_DL > 0, hits_DL / keys_DL, np.nan)
+
+
+def draw_accuracy(runs: list[dict], task: str, title: str):
+    """Greedy retrieval accuracy: a heatmap of depth x length per group when the grid has more than one cell,
+    else one line per group (the mean over runs' depths and keys)."""
+    grouped = groups(runs)
+    grids = {key: accuracy_grid(rs, task) for key, rs in grouped.items()}
+    if not any(len(lengths) * len(depths) > 1 for lengths, depths, _ in grids.values()):
+        fig, ax = _new(title, "prompt length (tokens)", "greedy accuracy")
+        style = _style(runs)
+        for (variant, switch), (lengths, _, acc_DL) in grids.items():
+            if lengths:
+                _line(ax, lengths, acc_DL[0], acc_DL[0], acc_DL[0], style(variant, switch),
+                      group_name(variant, switch, len(grouped[variant, switch])))
+        _mark_train_len(ax, {r["train_len"] for r in runs})
+        ax.set_xscale("log", base=2)
+        ax.set_ylim(-0.03, 1.03)
+        _legend(ax)
+        return fig
+    fig, axes = plt.subplots(1, len(grids), figsize=(3.2 * len(grids) + 1, 3.4), squeeze=False)
+    for ax, ((variant, switch), (lengths, depths, acc_DL)) in zip(axes[0], grids.items()):
+        image = ax.imshow(acc_DL, vmin=0, vmax=1, cmap="viridis", aspect="auto", origin="lower")
+        for (d, n), value in np.ndenumerate(acc_DL):
+            ax.text(n, d, "n/a" if np.isnan(value) else f"{value:.2f}", ha="center", va="center", fontsize=7,
+                    color="white" if np.isnan(value) or value < 0.5 else "black")
+        ax.set_xticks(range(len(lengths)), [str(n) for n in lengths], fontsize=7, rotation=45)
+        ax.set_yticks(range(len(depths)), [f"{d:g}" for d in depths], fontsize=7)
+        ax.set(title=group_name(variant, switch, len(grouped[variant, switch])), xlabel="prompt length (tokens)", ylabel="needle depth")
+        ax.title.set_fontsize(8)
+    fig.colorbar(image, ax=axes[0].tolist(), label="greedy accuracy")
+    fig.suptitle(title, fontsize=9)
+    return fig
+
+
+def draw_entropy_vs_n(runs: list[dict]):
+    fig, ax = _new("Entropy vs N_i", "visible keys N_i", "attention entropy (nats, mean over layers and heads)")
+    style = _style(runs)
+    for (variant, switch), rs in groups(runs).items():
+        entropy_RU = [np.asarray(r["attention"]["entropy"]).mean((0, 1)) for r in rs]
+        _line(ax, rs[0]["attention"]["n_from"], *_nan_stats(entropy_RU), style(variant, switch), group_name(variant, switch, len(rs)))
+    n = np.asarray(runs[0]["attention"]["n_from"], float)
+    ax.plot(n, np.log(n), color="grey", linestyle=":", label="uniform (log N)")
+    ax.set_xscale("log", base=2)
+    _legend(ax)
+    return fig
+
+
+def _save(fig, path: pathlib.Path) -> str:
     fig.savefig(path, dpi=110, bbox_inches="tight")
     plt.close(fig)
     return path.name
 
 
-def loss_vs_length(out, runs) -> str:
-    fig, ax = plt.subplots(figsize=(8, 4.5))
-    style = _style(runs)
-    for (variant, switch), rs in groups(runs).items():
-        x = [p["length"] for p in rs[0]["lengths"]]
-        _band(ax, x, [[p["loss"] for p in r["lengths"]] for r in rs], style(variant, switch), group_name(variant, switch, len(rs)))
-    ax.set_xscale("log", base=2)
-    ax.set(xlabel="evaluation length (tokens)", ylabel="mean next-token loss (nats)", title="Loss vs length (same held-out span)")
-    return _finish(fig, ax, out / "loss_vs_length.png")
-
-
-def per_position(out, runs) -> str:
-    fig, ax = plt.subplots(figsize=(8, 4.5))
-    style = _style(runs)
-    for (variant, switch), rs in groups(runs).items():
-        losses_RT = np.asarray([r["per_position"] for r in rs])
-        width = max(1, losses_RT.shape[1] // 64)  # a moving average keeps the curves readable
-        smooth_RT = np.stack([np.convolve(row, np.ones(width) / width, mode="valid") for row in losses_RT])
-        _band(ax, np.arange(smooth_RT.shape[1]) + width, smooth_RT, style(variant, switch), group_name(variant, switch, len(rs)))
-    ax.axvline(runs[0]["train_len"], color="grey", linestyle=":", label="training length")
-    ax.set_xscale("log", base=2)
-    ax.set(xlabel="position", ylabel="loss (nats, moving average)", title="Per-position loss at the longest length")
-    return _finish(fig, ax, out / "per_position.png")
-
-
-def accuracy_vs_length(out, runs, task: str, title: str) -> str:
-    """Greedy retrieval accuracy (mean over depths and keys) by length; unscored lengths are gaps."""
-    fig, ax = plt.subplots(figsize=(8, 4.5))
-    style = _style(runs)
-    for (variant, switch), rs in groups(runs).items():
-        x = sorted({c["length"] for c in rs[0][task]})
-        acc = lambda r, n: np.mean([np.nan if c["accuracy"] is None else c["accuracy"] for c in r[task] if c["length"] == n])
-        if x:
-            _band(ax, x, [[acc(r, n) for n in x] for r in rs], style(variant, switch), group_name(variant, switch, len(rs)))
-    ax.set_xscale("log", base=2)
-    ax.set(xlabel="prompt length (tokens)", ylabel="greedy accuracy", ylim=(-0.03, 1.03), title=title)
-    return _finish(fig, ax, out / f"{task}.png")
-
-
-def entropy_vs_n(out, runs) -> str:
-    fig, ax = plt.subplots(figsize=(8, 4.5))
-    style = _style(runs)
-    for (variant, switch), rs in groups(runs).items():
-        entropy_RU = [np.asarray(r["attention"]["entropy"]).mean((0, 1)) for r in rs]
-        _band(ax, rs[0]["attention"]["n_from"], entropy_RU, style(variant, switch), group_name(variant, switch, len(rs)))
-    n = np.asarray(runs[0]["attention"]["n_from"], float)
-    ax.plot(n, np.log(n), color="grey", linestyle=":", label="uniform (log N)")
-    ax.set_xscale("log", base=2)
-    ax.set(xlabel="visible keys N_i", ylabel="attention entropy (nats, mean over layers and heads)", title="Entropy vs N_i")
-    return _finish(fig, ax, out / "entropy_vs_n.png")
-
-
 def write_all(out: pathlib.Path, runs: list[dict]) -> dict[str, str]:
     """Every plot, as {title: file name relative to out}."""
     return {
-        "loss vs length": loss_vs_length(out, runs),
-        "per-position loss": per_position(out, runs),
-        "passkey (Landmark format)": accuracy_vs_length(out, runs, "passkey", "Passkey retrieval, Landmark format"),
-        "retrieval (training-mix format)": accuracy_vs_length(out, runs, "retrieval", "Retrieval, training-mix format"),
-        "entropy vs N_i": entropy_vs_n(out, runs),
+        "loss vs length": _save(draw_loss_vs_length(runs), out / "loss_vs_length.png"),
+        "per-position loss": _save(draw_per_position(runs), out / "per_position.png"),
+        "passkey (Landmark format)": _save(draw_accuracy(runs, "passkey", "Passkey retrieval, Landmark format"), out / "passkey.png"),
+        "retrieval (training-mix format)": _save(draw_accuracy(runs, "retrieval", "Retrieval, training-mix format"),
+                                                 out / "retrieval.png"),
+        "entropy vs N_i": _save(draw_entropy_vs_n(runs), out / "entropy_vs_n.png"),
     }

@@ -112,6 +112,18 @@ def write_csvs(out: pathlib.Path, runs: list[dict]) -> None:
                [[label(r), layer, head, s] for r in ssmax for layer, row in enumerate(r["ssmax_s"]) for head, s in enumerate(row)])
 
 
+def comparability_warnings(runs: list[dict]) -> list[str]:
+    """One line per way the compared runs differ that the tables do not control for: the checkpoint's
+    training step, or the training length."""
+    lines = []
+    for key, what in (("step", "checkpoint steps"), ("train_len", "training lengths")):
+        values = sorted({r[key] for r in runs})
+        if len(values) > 1:
+            named = "; ".join(f"{v}: {', '.join(sorted({r['name'] for r in runs if r[key] == v}))}" for v in values)
+            lines.append(f"Warning: the runs compared have different {what} ({named}); their differences are not only the variant's.")
+    return lines
+
+
 def markdown(runs: list[dict], settings: dict, figures: dict[str, str]) -> str:
     multipliers = settings["multipliers"]
     mult_header = [f"{m}x" for m in multipliers]
@@ -129,6 +141,7 @@ def markdown(runs: list[dict], settings: dict, figures: dict[str, str]) -> str:
     )
     parts = [
         "# Length-extrapolation report",
+        *comparability_warnings(runs),
         "## Checkpoints\n\n" + checkpoints,
         "## Summary by variant and switch\n\n" + grouped_tables(runs, multipliers),
         f"## Loss vs length (mean next-token loss, nats, [95% bootstrap interval over windows])\n\n"
