@@ -155,16 +155,18 @@ def draw_accuracy(runs: list[dict], task: str, title: str):
         ax.set_ylim(-0.03, 1.03)
         _legend(ax)
         return fig
-    fig, axes = plt.subplots(1, len(grids), figsize=(3.2 * len(grids) + 1, 3.4), squeeze=False)
+    fig, axes = plt.subplots(1, len(grids), figsize=(3.2 * len(grids) + 1, 3.4), squeeze=False,
+                             constrained_layout=True)
     for ax, ((variant, switch), (lengths, depths, acc_DL)) in zip(axes[0], grids.items()):
         image = ax.imshow(acc_DL, vmin=0, vmax=1, cmap="viridis", aspect="auto", origin="lower")
         for (d, n), value in np.ndenumerate(acc_DL):
             ax.text(n, d, "n/a" if np.isnan(value) else f"{value:.2f}", ha="center", va="center", fontsize=7,
-                    color="white" if np.isnan(value) or value < 0.5 else "black")
+                    color="grey" if np.isnan(value) else "white" if value < 0.5 else "black")
         ax.set_xticks(range(len(lengths)), [str(n) for n in lengths], fontsize=7, rotation=45)
         ax.set_yticks(range(len(depths)), [f"{d:g}" for d in depths], fontsize=7)
-        ax.set(title=group_name(variant, switch, len(grouped[variant, switch])), xlabel="prompt length (tokens)", ylabel="needle depth")
+        ax.set(title=group_name(variant, switch, len(grouped[variant, switch])), xlabel="prompt length (tokens)")
         ax.title.set_fontsize(8)
+    axes[0, 0].set_ylabel("needle depth")
     fig.colorbar(image, ax=axes[0].tolist(), label="greedy accuracy")
     fig.suptitle(title, fontsize=9)
     return fig
