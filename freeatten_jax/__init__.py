@@ -1,2 +1,14 @@
-"""freeatten_jax: length-extrapolating attention (softmax, SSMax, LSSA, LSSAR) for JAX and Flax NNX."""
+"""freeatten_jax: length-extrapolating attention (softmax, SSMax, LSSA, LSSAR) for JAX and Flax NNX.
+
+`freeatten_jax.load_run(workdir)` loads a trained run (needs the `train` extra; imported on first use, so
+the core install keeps working without it).
+"""
 __version__ = "0.1.0"
+
+
+def __getattr__(name: str):
+    if name in ("load_run", "Run"):
+        from freeatten_jax.training import run
+
+        return getattr(run, name)
+    raise AttributeError(f"module 'freeatten_jax' has no attribute {name!r}")

@@ -105,4 +105,9 @@ MUTANTS = [
     Mutant("report: no warning for runs at different steps", "freeatten_jax/evaluation/report.py",
            '(("step", "checkpoint steps"), ("train_len", "training lengths"))', '(("train_len", "training lengths"),)',
            ("tests/test_eval.py::test_report_warns_when_compared_runs_differ_in_step_or_training_length",)),
+    Mutant("load_run: orbax's restore warnings on the console", "freeatten_jax/training/run.py", "    logger.setLevel(logging.ERROR)\n",
+           "    logger.setLevel(level)\n", ("tests/test_eval.py::test_load_run_is_the_public_way_to_use_a_trained_model",)),
+    Mutant("generate: on_token misses the first token", "freeatten_jax/nn/decoding.py",
+           "    new_tokens = [token_B]\n    if on_token is not None:\n        on_token(token_B)\n", "    new_tokens = [token_B]\n",
+           ("tests/test_generate.py::test_generate_reports_each_steps_tokens_to_on_token",)),
 ]

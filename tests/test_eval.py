@@ -5,6 +5,7 @@ import os
 import subprocess
 import sys
 
+import jax.numpy as jnp
 import numpy as np
 import pytest
 from tqdm import tqdm
@@ -281,11 +282,43 @@ def test_freeatten_generate_continues_a_prompt_with_the_runs_tokenizer(trained, 
     assert all(len(text.encode()) == 6 for text in sampled) and len(sampled) > 1
     code = "import sys; from freeatten_jax.training.generate_cli import main; sys.argv[0] = 'freeatten-generate'; main()"
     cmd = [sys.executable, "-c", code, f"--workdir={workdir}", "--prompt=the king ", "--max_new_tokens=6", "--temperature=0"]
-    result = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=tmp_path, env={**os.environ, "PYTHONPATH": os.getcwd()})
+    env = {**os.environ, "PYTHONPATH": os.getcwd()}
+    result = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=tmp_path, env=env)
     assert result.returncode == 0 and result.stdout == "the king " + greedy + "\n", result.stderr[-2000:]
+    batched = subprocess.run([*cmd, "--num_samples=2", "--step=12"], capture_output=True, text=True, timeout=300, cwd=tmp_path, env=env)
+    assert batched.stdout == f"the king {greedy}\n{'-' * 40}\nthe king {greedy}\n", batched.stderr[-2000:]
+    report = batched.stderr.strip().splitlines()[-1]
+    assert report.startswith("checkpoint step 12; 2 sample(s) x up to 6 tokens: first token after ") and report.endswith(" tokens/s")
     bad = subprocess.run([*cmd[:3], f"--workdir={tmp_path / 'none'}", "--prompt=x"], capture_output=True, text=True, timeout=300,
-                         cwd=tmp_path, env={**os.environ, "PYTHONPATH": os.getcwd()})
+                         cwd=tmp_path, env=env)
     assert bad.returncode == 1 and bad.stderr.strip().splitlines()[-1].startswith("error: no checkpoint in ")
+    no_step = subprocess.run([*cmd, "--step=7"], capture_output=True, text=True, timeout=300, cwd=tmp_path, env=env)
+    assert no_step.returncode == 1 and no_step.stderr.strip().splitlines()[-1].startswith("error: checkpoint step 7 in ")
+
+
+@pytest.mark.slow
+def test_load_run_is_the_public_way_to_use_a_trained_model(trained, caplog):
+    import logging
+
+    import freeatten_jax
+    from freeatten_jax.data.tokenizer import ByteTokenizer
+    from freeatten_jax.training import checkpoint
+
+    workdir = trained["ssmax"][0]
+    caplog.clear()
+    run = freeatten_jax.load_run(workdir)
+    assert not [r for r in caplog.records if r.levelno == logging.WARNING]  # orbax's read-only restore notices are not shown
+    model, cfg, step = checkpoint.load_params(workdir)
+    assert run.step == step == 12 and run.config == cfg and type(run.tokenizer) is ByteTokenizer and run.workdir == workdir
+    tokens = jnp.asarray(run.encode("the king and")[None])
+    np.testing.assert_array_equal(run.model(tokens), model(tokens))
+    timing = {}
+    samples = run.generate("the king ", 5, num_samples=3, top_k=5, top_p=0.9, seed=1, timing=timing)
+    assert len(samples) == 3 and len(set(samples)) > 1 and all(len(s.encode()) == 5 for s in samples)  # rows sample independently
+    assert timing["tokens_after_first"] == 4 * 3 and timing["first_token_s"] > 0 and timing["after_first_s"] > 0
+    assert run.generate("the king ", 5, num_samples=3, temperature=0.0) == [run.generate("the king ", 5, temperature=0.0)[0]] * 3
+    with pytest.raises(UserError, match="checkpoint step 5 in"):
+        freeatten_jax.load_run(workdir, step=5)
 
 
 def _summary_run(variant, switch, losses, hits):

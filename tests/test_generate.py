@@ -131,6 +131,14 @@ def test_generate_greedy_follows_the_model_and_sampling_is_seeded():
     assert not np.array_equal(a, c)
 
 
+def test_generate_reports_each_steps_tokens_to_on_token():
+    model, prompt = Transformer(_cfg("lssar", num_layers=1), rngs=nnx.Rngs(0)), _tokens()[:, :4]
+    seen = []
+    out = generate(model, prompt, 4, temperature=0.0, on_token=seen.append)
+    assert len(seen) == 4 and all(t.shape == (prompt.shape[0],) for t in seen)
+    np.testing.assert_array_equal(np.stack(seen, axis=1), np.asarray(out)[:, prompt.shape[1]:])
+
+
 def test_generate_uses_eval_mode_without_changing_the_callers_model():
     model = Transformer(_cfg("ssmax", dropout=0.5), rngs=nnx.Rngs(0))
     prompt = _tokens()[:, :4]

@@ -5,6 +5,7 @@ Cache slots hold absolute positions, so N_i in ssmax/lssa/lssar is the query's p
 exactly as in a full forward pass over the same tokens.
 """
 import functools
+from typing import Callable
 
 import jax
 import jax.numpy as jnp
@@ -71,11 +72,14 @@ def generate(
     eos_id: int | None = None,
     seed: int = 0,
     prefill_chunk: int | None = None,
+    on_token: Callable[[jax.Array], None] | None = None,
 ) -> jax.Array:
     """The prompt followed by up to max_new_tokens sampled tokens, [B, T + generated].
 
     Runs an eval-mode copy of `model` (the caller's model is left as it is); temperature 0 is greedy.
     With `eos_id`, a row that samples it keeps emitting it, and generation stops once every row has.
+    Rows are sampled independently (one batch). `on_token(tokens_B)` is called with each new step's tokens
+    (to stream or to time them).
     """
     if max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
@@ -89,6 +93,8 @@ def generate(
     sampling = dict(graphdef=graphdef, temperature=temperature, top_k=top_k, top_p=top_p)
     token_B, cache = _prefill_and_sample(state, prompt_BT, cache, keys[0], chunk=prefill_chunk, **sampling)
     new_tokens = [token_B]
+    if on_token is not None:
+        on_token(token_B)
     for key in keys[1:]:
         if eos_id is not None and bool(jnp.all(token_B == eos_id)):
             break
@@ -96,4 +102,6 @@ def generate(
         if eos_id is not None:
             token_B = jnp.where(new_tokens[-1] == eos_id, eos_id, token_B)
         new_tokens.append(token_B)
+        if on_token is not None:
+            on_token(token_B)
     return jnp.concatenate([prompt_BT, jnp.stack(new_tokens, axis=1).astype(prompt_BT.dtype)], axis=1)
