@@ -138,7 +138,7 @@ def test_layer_cache_decoding_matches_full_pass(variant):
     layer = Attention(E, H, num_kv_heads=2, variant=variant, use_bias=True, rngs=nnx.Rngs(2))
     x = _x(t=T)
     cache = layer.init_cache(2, T + 3)
-    decode = nnx.jit(lambda m, x, c: m.decode(x, c))
+    decode = nnx.jit(lambda m, x, c: m(x, cache=c))
     pieces = []
     for part in (slice(0, 6), slice(6, 12)):
         y, cache = decode(layer, x[:, part], cache)

@@ -96,18 +96,19 @@ def test_eval_refuses_lengths_and_context_sizes_it_cannot_split():
         suite._context_mesh(9)
 
 
-def test_kv_cache_decoding_under_a_context_mesh_attends_gathered(ring_calls):
-    """Out of scope for the ring (one query a step): decoding falls back to `attend`, with the same logits."""
+def test_kv_cache_decoding_under_a_data_tensor_context_mesh_attends_gathered(ring_calls):
+    """Out of scope for the ring (one query a step): decoding, through the same `__call__` as training, falls
+    back to `attend` under a data x tensor x context mesh, with the same logits as one device."""
     model = _model("lssa")
     tokens = jax.random.randint(jax.random.key(2), (2, 17), 0, 64)
 
     @nnx.jit
     def prefill_and_step(model, tokens):
-        logits, cache = model.decode(tokens[:, :16], model.init_cache(2, 32))
-        return jnp.concatenate([logits, model.decode(tokens[:, 16:], cache)[0]], axis=1)
+        logits, cache = model(tokens[:, :16], cache=model.init_cache(2, 32))
+        return jnp.concatenate([logits, model(tokens[:, 16:], cache=cache)[0]], axis=1)
 
     expected = prefill_and_step(model, tokens)
-    mesh = sharding.make_mesh((1, 1, 1, 4), jax.devices()[:4])
+    mesh = sharding.make_mesh((2, 1, 2, 2))
     graphdef, state = nnx.split(model)
     with sharding.use_mesh(mesh, RULES):
         logits = prefill_and_step(nnx.merge(graphdef, jax.device_put(state, sharding.state_shardings(state, mesh, RULES))), tokens)

@@ -46,7 +46,7 @@ def _incremental(models, tokens, positions, segments):
 
         def step(cache, xs):
             token, position, segment = xs
-            step_logits, cache = model.decode(token[:, None], cache, positions_BT=position, segment_ids_BT=segment)
+            step_logits, cache = model(token[:, None], positions_BT=position, segment_ids_BT=segment, cache=cache)
             return cache, step_logits[:, 0]
 
         rest = lambda x: None if x is None else jnp.swapaxes(x[:, PROMPT:, None], 0, 1)
@@ -158,7 +158,7 @@ def _prefill_then_default_positions(models, tokens, positions, segments):
         logits, cache = prefill(model, tokens[:, :PROMPT], cache, positions_BT=positions[:, :PROMPT], segment_ids_BT=segments[:, :PROMPT])
 
         def step(cache, token_B):
-            step_logits, cache = model.decode(token_B[:, None], cache)
+            step_logits, cache = model(token_B[:, None], cache=cache)
             return cache, step_logits[:, 0]
 
         _, step_logits = jax.lax.scan(step, cache, jnp.swapaxes(tokens[:, PROMPT:], 0, 1))

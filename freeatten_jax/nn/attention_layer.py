@@ -58,6 +58,15 @@ class KVCache:
             at + k_BTKD.shape[1],
         )
 
+    def next_positions(self, batch: int, t: int, positions_BT=None, segment_ids_BT=None) -> tuple[jax.Array, jax.Array]:
+        """Positions and segment ids [B, T] of T new entries: the given ones, else each row's last cached
+        position + 1 onwards (0.. when empty) and its last cached segment."""
+        last, filled = jnp.maximum(self.length - 1, 0), self.length > 0
+        next_B1 = jnp.where(filled, self.positions_BS[:, last] + 1, 0)[:, None]
+        positions_BT = jnp.broadcast_to(next_B1 + jnp.arange(t) if positions_BT is None else positions_BT, (batch, t))
+        segment_B1 = jnp.where(filled, self.segment_ids_BS[:, last], 0)[:, None]
+        return positions_BT, jnp.broadcast_to(segment_B1 if segment_ids_BT is None else segment_ids_BT, (batch, t))
+
     def filled_BS(self) -> jax.Array:
         """True for slots holding a real key."""
         slots_S = jnp.arange(self.k_BSKD.shape[1])
@@ -154,46 +163,35 @@ class Attention(nnx.Module):
         """An empty cache of max_len slots in the compute dtype."""
         return KVCache.empty(batch, max_len, self.num_kv_heads, self.head_dim, self.dtype)
 
-    def __call__(self, x_BTE, *, positions_BT=None, segment_ids_BT=None) -> jax.Array:
-        """Self-attention over x; positions default to 0..T-1; segment ids mask packed documents."""
+    def __call__(self, x_BTE, *, positions_BT=None, segment_ids_BT=None, cache: KVCache | None = None):
+        """Self-attention over x: `y_BTE`, or `(y_BTE, cache)` when a cache is given.
+
+        Without a cache, x attends to itself: positions default to 0..T-1 and segment ids mask packed
+        documents. With a cache, x's T new positions are appended to it and attend over every filled slot;
+        positions default to each row's last cached position + 1 onwards (0.. on an empty cache) and
+        segment ids to its last cached segment, so N_i is the query's absolute position + 1 (restarting per
+        segment, as in packed training). Either way the call goes through the same projections, RoPE and
+        `_attend` (context-parallel when the mesh shards the sequence and no cache is given: a cache is
+        attended gathered).
+        """
         b, t = x_BTE.shape[:2]
-        mask = {}  # only what the caller gave, so a plain mask stays visibly plain (fused kernels, Mask.plain)
-        if positions_BT is not None:
-            mask.update(q_positions=positions_BT, kv_positions=positions_BT)
-        if segment_ids_BT is not None:
-            mask.update(q_segment_ids=segment_ids_BT, kv_segment_ids=segment_ids_BT)
-        positions_BT = jnp.broadcast_to(jnp.arange(t) if positions_BT is None else positions_BT, (b, t))
+        if cache is None:
+            mask = {}  # only what the caller gave, so a plain mask stays visibly plain (fused kernels, Mask.plain)
+            if positions_BT is not None:
+                mask.update(q_positions=positions_BT, kv_positions=positions_BT)
+            if segment_ids_BT is not None:
+                mask.update(q_segment_ids=segment_ids_BT, kv_segment_ids=segment_ids_BT)
+            positions_BT = jnp.broadcast_to(jnp.arange(t) if positions_BT is None else positions_BT, (b, t))
+        else:
+            positions_BT, segment_ids_BT = cache.next_positions(b, t, positions_BT, segment_ids_BT)
         q_BTHD, k_BTKD, v_BTKD = self._qkv(x_BTE, positions_BT)
         if self.capture:
             self.sow(nnx.Intermediate, "qk", (q_BTHD, k_BTKD))
-        out_BTHD = self._attend(q_BTHD, k_BTKD, v_BTKD, over_context=True, **mask)
-        return self._project_out(out_BTHD)
-
-    def decode(self, x_BTE, cache: KVCache, *, positions_BT=None, segment_ids_BT=None) -> tuple[jax.Array, KVCache]:
-        """Appends T new positions to the cache and attends over every filled slot.
-
-        Positions default to each row's last cached position + 1 onwards (0.. on an empty cache) and
-        segment ids to its last cached segment, so N_i is the query's absolute position + 1 (restarting
-        per segment, as in packed training) also after a prefill with explicit positions.
-        """
-        b, t = x_BTE.shape[:2]
-        last, filled = jnp.maximum(cache.length - 1, 0), cache.length > 0
-        next_B1 = jnp.where(filled, cache.positions_BS[:, last] + 1, 0)[:, None]
-        positions_BT = jnp.broadcast_to(next_B1 + jnp.arange(t) if positions_BT is None else positions_BT, (b, t))
-        segment_B1 = jnp.where(filled, cache.segment_ids_BS[:, last], 0)[:, None]
-        segment_ids_BT = jnp.broadcast_to(segment_B1 if segment_ids_BT is None else segment_ids_BT, (b, t))
-        q_BTHD, k_BTKD, v_BTKD = self._qkv(x_BTE, positions_BT)
+        if cache is None:
+            return self._project_out(self._attend(q_BTHD, k_BTKD, v_BTKD, over_context=True, **mask))
         cache = cache.append(k_BTKD, v_BTKD, positions_BT, segment_ids_BT)
-        out_BTHD = self._attend(
-            q_BTHD,
-            cache.k_BSKD,
-            cache.v_BSKD,
-            q_positions=positions_BT,
-            kv_positions=cache.positions_BS,
-            q_segment_ids=segment_ids_BT,
-            kv_segment_ids=cache.segment_ids_BS,
-            kv_mask=cache.filled_BS(),
-        )
+        out_BTHD = self._attend(q_BTHD, cache.k_BSKD, cache.v_BSKD, q_positions=positions_BT, kv_positions=cache.positions_BS,
+                                q_segment_ids=segment_ids_BT, kv_segment_ids=cache.segment_ids_BS, kv_mask=cache.filled_BS())
         return self._project_out(out_BTHD), cache
 
     def _qkv(self, x_BTE, positions_BT):
@@ -218,8 +216,8 @@ class Attention(nnx.Module):
 
     def _attend(self, q_BTHD, k_BSKD, v_BSKD, *, over_context: bool = False, **mask):
         """`attention.attend`; `context_parallel_attend` (a ring over the mesh, blockwise on each device) when
-        over_context and the active mesh shards the sequence (`sharding.context_parallelism`). Decoding
-        passes over_context=False: its KV cache attends gathered."""
+        over_context and the active mesh shards the sequence (`sharding.context_parallelism`). A KV cache
+        passes over_context=False: one new token a step cannot be split round a ring, so it attends gathered."""
         options = dict(variant=self.variant, **self.variant_options(), **dict(self.implementation_options), **mask)
         context = sharding.context_parallelism(q_BTHD.shape[:3], k_BSKD.shape[2]) if over_context else None
         if context is not None:

@@ -24,7 +24,7 @@ def prefill(model, tokens_BT, cache, *, chunk: int | None = None, positions_BT=N
         part = slice(start, start + chunk)
         positions = None if positions_BT is None else positions_BT[:, part]
         segments = None if segment_ids_BT is None else segment_ids_BT[:, part]
-        logits_BCV, cache = model.decode(tokens_BT[:, part], cache, positions_BT=positions, segment_ids_BT=segments)
+        logits_BCV, cache = model(tokens_BT[:, part], positions_BT=positions, segment_ids_BT=segments, cache=cache)
         pieces.append(logits_BCV)
     return jnp.concatenate(pieces, axis=1), cache
 
@@ -57,7 +57,7 @@ def _prefill_and_sample(state, tokens_BT, cache, key, *, graphdef, chunk, temper
 
 @functools.partial(jax.jit, static_argnames=("graphdef", *_SAMPLING), donate_argnames=("cache",))
 def _step(state, token_B, cache, key, *, graphdef, temperature, top_k, top_p):
-    logits_B1V, cache = nnx.merge(graphdef, state).decode(token_B[:, None], cache)
+    logits_B1V, cache = nnx.merge(graphdef, state)(token_B[:, None], cache=cache)
     return sample(logits_B1V[:, 0], key, temperature, top_k, top_p), cache
 
 

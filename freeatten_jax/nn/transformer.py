@@ -105,22 +105,17 @@ class Block(nnx.Module):
         self.mlp = Mlp(cfg, out_init, rngs=rngs)
         self.dropout = nnx.Dropout(cfg.dropout, rngs=rngs)
 
-    def __call__(self, x_BTE, positions_BT, segment_ids_BT):
-        h_BTE = self.attn(self.attn_norm(x_BTE), positions_BT=positions_BT, segment_ids_BT=segment_ids_BT)
+    def __call__(self, x_BTE, positions_BT, segment_ids_BT, cache: KVCache | None = None):
+        """(x_BTE, cache): the cache (None without one) as the attention layer returned it."""
+        h_BTE = self.attn(self.attn_norm(x_BTE), positions_BT=positions_BT, segment_ids_BT=segment_ids_BT, cache=cache)
+        h_BTE, cache = (h_BTE, None) if cache is None else h_BTE
         x_BTE = x_BTE + self.dropout(h_BTE)
         x_BTE = x_BTE + self.dropout(self.mlp(self.mlp_norm(x_BTE)))
-        return sharding.constrain(x_BTE, ACTIVATIONS_BTE)
-
-    def decode(self, x_BTE, cache: KVCache, positions_BT, segment_ids_BT):
-        h_BTE, cache = self.attn.decode(
-            self.attn_norm(x_BTE), cache, positions_BT=positions_BT, segment_ids_BT=segment_ids_BT
-        )
-        x_BTE = x_BTE + self.dropout(h_BTE)
-        return x_BTE + self.dropout(self.mlp(self.mlp_norm(x_BTE))), cache
+        return sharding.constrain(x_BTE, ACTIVATIONS_BTE), cache
 
 
-def _run_block(block: Block, x_BTE, positions_BT, segment_ids_BT):
-    return block(x_BTE, positions_BT, segment_ids_BT)
+def _run_block(block: Block, x_BTE, positions_BT, segment_ids_BT, cache):
+    return block(x_BTE, positions_BT, segment_ids_BT, cache)
 
 
 # ----------------------------------------------------------------------------- model
@@ -145,29 +140,25 @@ class Transformer(nnx.Module):
         tied = cfg.tie_embeddings
         self.unembed_EV = None if tied else param(rngs.params(), default_init, (e, v), ("embed", "vocab"), pdtype)
 
-    def __call__(self, tokens_BT, *, positions_BT=None, segment_ids_BT=None) -> jax.Array:
-        """Logits [B, T, V] float32; positions default to 0..T-1 (pass per-document ones when packed)."""
+    def __call__(self, tokens_BT, *, positions_BT=None, segment_ids_BT=None, cache: tuple[KVCache, ...] | None = None):
+        """Logits [B, T, V] float32, or `(logits, cache)` when a cache (`init_cache`) is given.
+
+        Without a cache, positions default to 0..T-1 (pass per-document ones when packed). With one, the T
+        tokens are appended to it (a prefill or one decoding step): positions continue each row's last cached
+        position and segment, so N_i follows the absolute position. Both go through the same blocks, remat
+        and sharding constraints.
+        """
         x_BTE = self._embed(tokens_BT)
         run = _run_block if self.remat == "none" else nnx.remat(_run_block, policy=REMAT_POLICIES[self.remat])
-        for block in self.blocks:
-            x_BTE = run(block, x_BTE, positions_BT, segment_ids_BT)
-        return self._logits(x_BTE)
+        layer_caches = [None] * len(self.blocks) if cache is None else list(cache)
+        for i, block in enumerate(self.blocks):
+            x_BTE, layer_caches[i] = run(block, x_BTE, positions_BT, segment_ids_BT, layer_caches[i])
+        logits_BTV = self._logits(x_BTE)
+        return logits_BTV if cache is None else (logits_BTV, tuple(layer_caches))
 
     def init_cache(self, batch: int, max_len: int) -> tuple[KVCache, ...]:
         """An empty KV cache of max_len slots per layer."""
         return tuple(block.attn.init_cache(batch, max_len) for block in self.blocks)
-
-    def decode(self, tokens_BT, cache, *, positions_BT=None, segment_ids_BT=None):
-        """(logits [B, T, V], cache) for T new tokens appended to the cache (prefill or one step).
-
-        Positions continue each row's last cached position (and segment), so N_i follows the absolute position.
-        """
-        x_BTE = self._embed(tokens_BT)
-        new_cache = []
-        for block, layer_cache in zip(self.blocks, cache):
-            x_BTE, layer_cache = block.decode(x_BTE, layer_cache, positions_BT, segment_ids_BT)
-            new_cache.append(layer_cache)
-        return self._logits(x_BTE), tuple(new_cache)
 
     def set_attention(self, variant: str | None = None, **options) -> None:
         """Eval-time switch in every layer, no parameter changes: e.g. ('lssar', p=15) on an LSSA model.
