@@ -1,0 +1,129 @@
+"""Multi-query associative recall (MQAR, as in the Zoology benchmark) with its own vocabulary, for testing
+whether retrieval survives beyond the training length.
+
+A sequence holds `pairs` key-value pairs at random offsets among noise tokens, then every key once as a
+query, each followed by its value (the answer). Only answers are scored. At m times the training length the
+same pairs sit at the same offsets and the gap before the queries is filled with more noise, so every
+query reaches back (m - 1) * train_len tokens further to find its pair.
+
+Two forms: "fused" (one token per pair, key * num_values + value: one attention layer solves it by
+matching the query's key to the pair token's content) and "two_token" (key then value, as in Zoology: needs
+an induction circuit). Token ids of the fused form: pairs [0, K*V), queries [K*V, K*V+K), answers next
+(V ids), noise last; the two-token form: keys [0, K), values [K, K+V) (also the answers), noise last.
+
+Glossary: L = length + 1 window tokens (inputs and shifted targets), T = length target positions,
+P pairs, K keys, V values.
+"""
+import dataclasses
+
+import numpy as np
+
+FORMS = ("fused", "two_token")
+
+
+@dataclasses.dataclass(frozen=True)
+class Task:
+    """The vocabulary and shape of one MQAR task."""
+
+    num_keys: int = 8
+    num_values: int = 8
+    pairs: int = 4
+    noise_tokens: int = 16  # distinct noise ids (filler between pairs and before the queries)
+    form: str = "fused"
+
+    def __post_init__(self):
+        if self.form not in FORMS:
+            raise ValueError(f"mqar form {self.form!r} is unknown; valid forms: {', '.join(FORMS)}")
+        if not 1 <= self.pairs <= self.num_keys:
+            raise ValueError(f"mqar pairs must be in [1, num_keys={self.num_keys}], got {self.pairs}")
+        if min(self.num_values, self.noise_tokens) < 1:
+            raise ValueError("mqar num_values and noise_tokens must be >= 1")
+
+    @property
+    def pair_width(self) -> int:
+        """Tokens one key-value pair occupies in the context."""
+        return 1 if self.form == "fused" else 2
+
+    @property
+    def query_tokens(self) -> int:
+        """Tokens of the query block at the end: a query and its answer per pair."""
+        return 2 * self.pairs
+
+    @property
+    def noise_start(self) -> int:
+        fused = self.num_keys * self.num_values + self.num_keys + self.num_values
+        return fused if self.form == "fused" else self.num_keys + self.num_values
+
+    @property
+    def vocab_size(self) -> int:
+        return self.noise_start + self.noise_tokens
+
+    def pair_tokens(self, keys_P, values_P) -> np.ndarray:
+        """The context tokens of the pairs [P, pair_width]."""
+        if self.form == "fused":
+            return (keys_P * self.num_values + values_P)[:, None]
+        return np.stack([keys_P, self.num_keys + values_P], axis=1)
+
+    def query_answer(self, keys_P, values_P) -> np.ndarray:
+        """[P, 2]: each query token and its answer token."""
+        if self.form == "fused":
+            base = self.num_keys * self.num_values
+            return np.stack([base + keys_P, base + self.num_keys + values_P], axis=1)
+        return np.stack([keys_P, self.num_keys + values_P], axis=1)
+
+
+@dataclasses.dataclass(frozen=True)
+class Instance:
+    """One draw: which keys map to which values, where the pairs sit (offsets inside the training-length
+    context) and in which order the keys are queried; the noise is drawn from `noise_seed`."""
+
+    keys_P: np.ndarray
+    values_P: np.ndarray
+    offsets_P: np.ndarray  # token offset of each pair, increasing, non-overlapping
+    order_P: np.ndarray  # the query order (a permutation of range(P))
+    noise_seed: int
+
+
+def context_tokens(task: Task, train_len: int) -> int:
+    """Tokens before the queries in a training window (train_len + 1 tokens); ValueError if the pairs do not fit."""
+    context = train_len + 1 - task.query_tokens
+    if context < task.pairs * task.pair_width:
+        raise ValueError(f"mqar: {task.pairs} pairs and their queries need {task.pairs * task.pair_width + task.query_tokens} "
+                         f"tokens, more than the window of train_len + 1 = {train_len + 1}")
+    return context
+
+
+def draw(task: Task, train_len: int, rng: np.random.Generator) -> Instance:
+    """A random instance for windows of train_len + 1 tokens: distinct keys, random values, random
+    non-overlapping pair offsets in the context, a random query order."""
+    context = context_tokens(task, train_len)
+    slack = context - task.pairs * (task.pair_width - 1)  # stars and bars: P starts among `slack`, then spread
+    starts_P = np.sort(rng.choice(slack, size=task.pairs, replace=False))
+    return Instance(keys_P=rng.choice(task.num_keys, size=task.pairs, replace=False),
+                    values_P=rng.integers(task.num_values, size=task.pairs),
+                    offsets_P=starts_P + np.arange(task.pairs) * (task.pair_width - 1),
+                    order_P=rng.permutation(task.pairs), noise_seed=int(rng.integers(2**31)))
+
+
+def render(task: Task, instance: Instance, length: int) -> tuple[np.ndarray, np.ndarray]:
+    """(tokens [length + 1] int32, answer mask [length] bool over the target positions) of one instance at
+    `length` (>= the training length it was drawn for): the pairs at their offsets, noise up to the query block."""
+    tokens_L = np.random.default_rng(instance.noise_seed).integers(task.noise_tokens, size=length + 1) + task.noise_start
+    context = length + 1 - task.query_tokens
+    if context < int(instance.offsets_P[-1]) + task.pair_width:
+        raise ValueError(f"mqar: length {length} is shorter than the training length this instance was drawn for")
+    pairs_PW = task.pair_tokens(instance.keys_P, instance.values_P)
+    for offset, pair in zip(instance.offsets_P, pairs_PW):
+        tokens_L[offset : offset + task.pair_width] = pair
+    tokens_L[context:] = task.query_answer(instance.keys_P, instance.values_P)[instance.order_P].reshape(-1)
+    mask_T = np.zeros(length, bool)
+    mask_T[context : length : 2] = True  # target position t predicts token t + 1: the answers at context + 1, + 3, ...
+    return tokens_L.astype(np.int32), mask_T
+
+
+def batch(task: Task, train_len: int, length: int, count: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """`count` instances drawn for train_len from `seed`, rendered at `length`: tokens [count, length + 1] and
+    answer masks [count, length]. The same seed gives the same pairs at every length (paired across lengths)."""
+    rng = np.random.default_rng(seed)
+    rendered = [render(task, draw(task, train_len, rng), length) for _ in range(count)]
+    return np.stack([t for t, _ in rendered]), np.stack([m for _, m in rendered])

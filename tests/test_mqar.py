@@ -1,0 +1,80 @@
+"""MQAR (data.mqar, evaluation.mqar): the sequences' layout, the same pairs at every length, and the scoring."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from freeatten_jax.data import mqar
+from freeatten_jax.evaluation import mqar as mqar_eval
+
+
+@pytest.mark.parametrize("form", mqar.FORMS)
+def test_sequence_holds_pairs_then_queries_with_their_answers(form):
+    task = mqar.Task(num_keys=8, num_values=8, pairs=4, noise_tokens=16, form=form)
+    inst = mqar.draw(task, 64, np.random.default_rng(0))
+    tokens_L, mask_T = mqar.render(task, inst, 64)
+    assert tokens_L.shape == (65,) and mask_T.shape == (64,) and mask_T.sum() == 4
+    assert tokens_L.min() >= 0 and tokens_L.max() < task.vocab_size
+    pairs = {int(k): int(v) for k, v in zip(inst.keys_P, inst.values_P)}
+    for i, (offset, key) in enumerate(zip(inst.offsets_P, inst.keys_P)):
+        expected = [key * 8 + pairs[key]] if form == "fused" else [key, 8 + pairs[key]]
+        assert tokens_L[offset : offset + task.pair_width].tolist() == expected
+    others = np.setdiff1d(np.arange(65 - task.query_tokens), np.concatenate([o + np.arange(task.pair_width) for o in inst.offsets_P]))
+    assert (tokens_L[others] >= task.noise_start).all()  # everything else before the queries is noise
+    for t in np.flatnonzero(mask_T):  # target t predicts token t + 1: the answer to the query at t
+        query, answer = int(tokens_L[t]), int(tokens_L[t + 1])
+        key = query - 64 if form == "fused" else query
+        assert answer == (64 + 8 + pairs[key] if form == "fused" else 8 + pairs[key])
+    assert sorted(int(tokens_L[t]) for t in np.flatnonzero(mask_T)) == sorted(int(q) for q in task.query_answer(inst.keys_P, inst.values_P)[:, 0])
+
+
+def test_longer_lengths_keep_the_pairs_and_fill_the_gap_with_noise():
+    task = mqar.Task(pairs=4)
+    short_BL, short_BT = mqar.batch(task, 32, 32, 5, seed=3)
+    long_BL, long_BT = mqar.batch(task, 32, 128, 5, seed=3)
+    context = 33 - task.query_tokens
+    assert (long_BL[:, :context] < task.noise_start).sum() == (short_BL[:, :context] < task.noise_start).sum() == 5 * 4
+    pair_positions = short_BL[:, :context] < task.noise_start
+    assert (long_BL[:, :context][pair_positions] == short_BL[:, :context][pair_positions]).all()  # same pairs, same offsets
+    assert (long_BL[:, context : 129 - task.query_tokens] >= task.noise_start).all()  # the gap is noise
+    assert (long_BL[:, -task.query_tokens :] == short_BL[:, -task.query_tokens :]).all()  # same queries and answers
+    assert (long_BT[:, -task.query_tokens + 1 :] == short_BT[:, -task.query_tokens + 1 :]).all() and long_BT.sum() == 20
+
+
+def test_bad_tasks_are_one_line_errors():
+    with pytest.raises(ValueError, match="form 'three' is unknown"):
+        mqar.Task(form="three")
+    with pytest.raises(ValueError, match="pairs must be in"):
+        mqar.Task(num_keys=4, pairs=5)
+    with pytest.raises(ValueError, match="more than the window"):
+        mqar.context_tokens(mqar.Task(pairs=8, form="two_token"), 16)
+
+
+class _Recall(nnx.Module):
+    """An exact fused-form solver: at a query for key k, one-hot logits on the answer of the pair with key k
+    seen before it; `wrong` answers with the value of the first pair instead."""
+
+    def __init__(self, task, wrong=False):
+        self.task, self.wrong = task, wrong
+
+    def __call__(self, tokens_BT):
+        k, v = self.task.num_keys, self.task.num_values
+        is_pair_BT = tokens_BT < k * v
+        is_query_BT = (tokens_BT >= k * v) & (tokens_BT < k * v + k)
+        query_key_BT = tokens_BT - k * v
+        match_BTS = is_pair_BT[:, None, :] & ((tokens_BT // v)[:, None, :] == query_key_BT[:, :, None])
+        if self.wrong:
+            match_BTS = is_pair_BT[:, None, :] & (jnp.cumsum(is_pair_BT, axis=1) == 1)[:, None, :]
+        value_BT = jnp.sum(jnp.where(match_BTS, tokens_BT[:, None, :] % v, 0), axis=-1)
+        guess_BT = jnp.where(is_query_BT, k * v + k + value_BT, 0)
+        return jax.nn.one_hot(guess_BT, self.task.vocab_size)
+
+
+def test_scoring_counts_each_answer_at_every_length():
+    task = mqar.Task(pairs=4)
+    rows = mqar_eval.accuracy_by_length(_Recall(task), task, 32, (1, 4), instances=6, seed=0)
+    assert [(r["length"], r["queries"], r["accuracy"]) for r in rows] == [(32, 24, 1.0), (128, 24, 1.0)]
+    wrong = mqar_eval.accuracy_by_length(_Recall(task, wrong=True), task, 32, (1,), instances=50, seed=0)[0]
+    assert 0.15 < wrong["accuracy"] < 0.45  # right only for the query of the first pair (1 in 4) and value collisions
+    assert len(wrong["per_instance"]) == 50 and np.mean(wrong["per_instance"]) == pytest.approx(wrong["accuracy"])
