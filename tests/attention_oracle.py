@@ -1,4 +1,4 @@
-"""A float64 NumPy oracle for SPEC §2, written from the SPEC and independent of the library.
+"""A float64 NumPy oracle for docs/method.md §2, written from docs/method.md and independent of the library.
 
 Glossary: B batch, T queries, S keys, H query heads, K key/value heads, D head dim.
 """

@@ -113,7 +113,7 @@ def test_matches_reference(scenario, variant, strategy):
 
 @pytest.mark.parametrize("variant, extra", [("lssa", {}), ("softmax", {"scale": 0.3})], ids=["lssa", "softmax_scale"])
 def test_nan_in_hidden_keys_reaches_nothing(variant, extra):
-    """SPEC §8: NaN in the keys and values that no query of their batch row sees (padding, whole chunks of
+    """docs/method.md §8: NaN in the keys and values that no query of their batch row sees (padding, whole chunks of
     it on some devices) leaves the output and every gradient finite and equal to the clean reference's.
     Softmax also takes scale= (it must reach variant.prepare, as in attend)."""
     mesh, _, q, k, v, g, causal, mask_options = _scenario("context4_causal_packed_padded_gqa")

@@ -1,7 +1,7 @@
 """flax_attention_fn inside Flax's own attention modules (nnx and linen), KV-cache decoding included.
 
 Glossary: B batch, T length, E features, H heads. Flax's reference attention gives the mean of the
-values on a row that sees nothing where ours gives zeros (SPEC §8), so rows without any visible key
+values on a row that sees nothing where ours gives zeros (docs/method.md §8), so rows without any visible key
 are left out of the comparisons with Flax.
 """
 import functools

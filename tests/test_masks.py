@@ -1,4 +1,4 @@
-"""Explicit dense masks (values and gradients), per-head N_i, `scale`, and masked NaN/Inf (SPEC §8).
+"""Explicit dense masks (values and gradients), per-head N_i, `scale`, and masked NaN/Inf (docs/method.md §8).
 
 Glossary: B batch, T queries, S keys, H heads, K kv heads, D head dim. Every comparison runs on the
 reference and the blockwise path (small blocks, so masks and padding fall on block edges).

@@ -1,1 +1,1 @@
-"""The long-context extrapolation suite (SPEC §7): loss vs length, passkey, attention analysis."""
+"""The long-context extrapolation suite (docs/method.md §7): loss vs length, passkey, attention analysis."""

@@ -1,4 +1,4 @@
-"""Passkey retrieval prompts exactly in the Landmark-attention format (SPEC §7), and their scoring.
+"""Passkey retrieval prompts exactly in the Landmark-attention format (docs/method.md §7), and their scoring.
 
 The prompt is the lines [opening, filler before, needle, filler after, question] joined by newlines,
 where the filler is FILLER repeated and space-joined, cut by characters as Landmark cuts it.

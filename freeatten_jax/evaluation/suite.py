@@ -1,4 +1,4 @@
-"""Runs the extrapolation suite (SPEC §7) over checkpoints x eval-time switches and writes the report.
+"""Runs the extrapolation suite (docs/method.md §7) over checkpoints x eval-time switches and writes the report.
 
 Glossary: W windows, L window tokens, C candidate keys, T prompt tokens.
 """

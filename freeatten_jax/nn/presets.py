@@ -1,4 +1,4 @@
-"""Model sizes (SPEC §5) as `ModelConfig`s: the shape of the network only.
+"""Model sizes (docs/method.md §5) as `ModelConfig`s: the shape of the network only.
 
 tiny: trains on a CPU in minutes (byte vocabulary). gpt2_small: the LSSA paper's GPT-2 small with
 RoPE instead of learned positions (~124M, tied). ssmax_162m: the SSMax paper's model (~162M: gated
