@@ -110,4 +110,6 @@ MUTANTS = [
     Mutant("generate: on_token misses the first token", "freeatten_jax/nn/decoding.py",
            "    new_tokens = [token_B]\n    if on_token is not None:\n        on_token(token_B)\n", "    new_tokens = [token_B]\n",
            ("tests/test_generate.py::test_generate_reports_each_steps_tokens_to_on_token",)),
+    Mutant("eval --quick: the full span", "freeatten_jax/evaluation/suite.py", "passkey_depths=(0.5,), passkey_keys=1,",
+           "passkey_depths=(0.1, 0.5, 0.9), passkey_keys=1,", ("tests/test_eval.py::test_quick_settings_and_the_estimate_line",)),
 ]

@@ -47,9 +47,13 @@ SETTINGS = suite.Settings(multipliers=(1, 2, 8), eval_tokens=3 * 257, passkey_de
 
 
 @pytest.mark.slow
-def test_suite_writes_every_output(trained, tmp_path):
+def test_suite_writes_every_output(trained, tmp_path, capsys):
     workdirs = [trained["lssa"][0], trained["ssmax"][0]]
     runs = suite.run_suite(workdirs, ["p=15", "p=off", "s=0.5"], SETTINGS, str(tmp_path))  # RoPE: test_eval_metrics
+    progress = capsys.readouterr().err  # the plan, the bar naming the run and the task, then the estimate
+    assert progress.startswith("evaluating 4 run(s) (checkpoint x switch) at 3 lengths (1x, 2x, 8x), 1 passkey depth(s) x 1 key(s)")
+    assert "lssa (lssa) [p=15]" in progress and "ssmax (ssmax) [s=0.5]" in progress and "loss at length 256" in progress
+    assert "passkey at length 64" in progress and "first of 4 runs took " in progress
     labels = [(r["variant"], r["switch"]) for r in runs]
     assert labels == [("lssa", "none"), ("lssa", "p=15"), ("ssmax", "none"), ("ssmax", "s=0.5")]
     results = json.loads((tmp_path / "results.json").read_text())
@@ -147,6 +151,14 @@ def test_passkey_prompt_is_the_landmark_text_and_fits_the_length():
     assert len(shorter_T) == len(LANDMARK.encode()) - 1
     with pytest.raises(ValueError, match="without filler is 247 tokens, longer than the length 200"):
         passkey.build_prompt(ByteTokenizer(), 200, 0.5, "40712")
+
+
+def test_quick_settings_and_the_estimate_line():
+    quick = suite.Settings(eval_tokens=0).quick()
+    assert (quick.multipliers, quick.passkey_depths, quick.passkey_keys, quick.span_windows) == ((1, 4, 16), (0.5,), 1, 4)
+    assert suite.span_tokens(quick, 64) == 4 * (16 * 64 + 1) and suite.span_tokens(suite.Settings(), 64) == 16 * (16 * 64 + 1)
+    assert suite.estimate(30.0, 8) == "first of 8 runs took 30 s: the whole evaluation will take about 4 min"
+    assert suite.estimate(120.0, 8).endswith("about 16 min; --quick gives a first look in a fraction of that")
 
 
 def test_passkey_scoring_is_first_integer_equality_and_rank():

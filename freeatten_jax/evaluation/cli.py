@@ -37,6 +37,8 @@ def main() -> None:
     analysis = flags.DEFINE_integer("analysis_windows", 1, "Windows of the longest length for the entropy analysis.")
     implementation = flags.DEFINE_string("implementation", "auto", "Attention implementation at every length.")
     seed = flags.DEFINE_integer("seed", 0, "Seed of the passkey keys.")
+    quick = flags.DEFINE_bool("quick", False, "A first look in minutes on a CPU: lengths 1x, 4x, 16x, a quarter of the span, "
+                              "one passkey depth and key (overrides those flags).")
     context = flags.DEFINE_integer("context", 1, "Devices sharing each window's sequence (context parallelism; "
                                    "lengths must be multiples of 2x it) for the loss vs length.")
 
@@ -55,7 +57,7 @@ def main() -> None:
             seed=seed.value,
             context=context.value,
         )
-        suite.run_suite(workdirs.value, switches.value, settings, out.value)
+        suite.run_suite(workdirs.value, switches.value, settings.quick() if quick.value else settings, out.value)
         print(f"report: {out.value}/report.md")
 
     cli.run(evaluate, sys.argv, verbosity=logging.ERROR)  # orbax's read-only notices drown the progress bar

@@ -6,6 +6,8 @@ import dataclasses
 import functools
 import json
 import pathlib
+import sys
+import time
 
 import jax
 import jax.numpy as jnp
@@ -26,7 +28,8 @@ from freeatten_jax.training.loss import next_token_losses
 @dataclasses.dataclass(frozen=True)
 class Settings:
     multipliers: tuple[int, ...] = (1, 2, 4, 8, 16)  # evaluation lengths, in training lengths, ascending
-    eval_tokens: int = 0  # the held-out span scored at every length; 0: 16 windows of the longest length
+    eval_tokens: int = 0  # the held-out span scored at every length; 0: span_windows windows of the longest length
+    span_windows: int = 16  # windows of the longest length in the span when eval_tokens is 0
     passkey_depths: tuple[float, ...] = (0.1, 0.5, 0.9)
     passkey_keys: int = 3  # random keys per (length, depth) cell
     passkey_candidates: int = 10  # the true key and 9 random ones, ranked by likelihood
@@ -34,6 +37,11 @@ class Settings:
     implementation: str = "auto"  # attention implementation used at every length
     seed: int = 0
     context: int = 1  # devices sharing each window's sequence (context parallelism) for the loss vs length
+
+    def quick(self) -> "Settings":
+        """A first look in minutes on a CPU: three lengths, a quarter of the span, one passkey depth and key."""
+        return dataclasses.replace(self, multipliers=(1, 4, 16), span_windows=4, passkey_depths=(0.5,), passkey_keys=1,
+                                   passkey_candidates=5)
 
 
 class SplitCache:
@@ -51,7 +59,7 @@ class SplitCache:
 
 def span_tokens(settings: Settings, train_len: int) -> int:
     """The held-out span (tokens) every length is scored on."""
-    return settings.eval_tokens or 16 * (max(settings.multipliers) * train_len + 1)
+    return settings.eval_tokens or settings.span_windows * (max(settings.multipliers) * train_len + 1)
 
 
 def _windows(splits: data.Splits, length: int, tokens: int, multiplier: int) -> np.ndarray:
@@ -93,13 +101,14 @@ def _score_prompt(model, tokenizer, prompt_T: np.ndarray, key: str, others: list
     return hit, float(totals[0]), passkey.key_rank(totals[0], totals[1:])
 
 
-def _retrieval(model, tokenizer, build, lengths: list[int], settings: Settings, rng, progress) -> tuple[list[dict], list]:
+def _retrieval(model, tokenizer, task: str, build, lengths: list[int], settings: Settings, rng, progress) -> tuple[list[dict], list]:
     """(grid cells of length x depth, needle-mass [layers, H] for each prompt at the longest length).
 
     `build(tokenizer, length, depth, key) -> (prompt tokens, needle slice)`; a cell that cannot be
     scored (no tokenizer, or the prompt does not fit the length) carries the reason instead of numbers."""
     cells, masses = [], []
     for length in lengths:
+        progress.set_postfix_str(f"{task} at length {length}")
         for depth in settings.passkey_depths:
             cell = {"length": length, "depth": depth, "accuracy": None, "mean_key_loglik": None, "mean_key_rank": None, "keys": 0}
             progress.update(1)
@@ -140,21 +149,23 @@ def evaluate(workdir: str, switch: switches.Switch, settings: Settings, splits_o
     for m in sorted(settings.multipliers):  # the last one is the longest: per-position loss and analysis
         windows_WL = _windows(splits, m * train_len, run["span_tokens"], m)
         _check_context(m * train_len, settings.context)
+        progress.set_postfix_str(f"loss at length {m * train_len}")
         with sharding.use_mesh(mesh, sharding.DEFAULT_RULES):  # the sequence over 'context' when it is > 1
             losses_WT = loss.token_losses(model, windows_WL, eos_id=data.document_eos(cfg.data))
         run["lengths"].append({"length": m * train_len, "multiplier": m, **loss.summarise(losses_WT, train_len, settings.seed)})
         run["per_position"] = losses_WT.mean(0).tolist()
         longest = windows_WL
         progress.update(1)
+    progress.set_postfix_str("attention analysis")
     tokens_BT = jnp.asarray(longest[: settings.analysis_windows, :-1])
     entropy, max_weight, n_from = attention_stats.entropy_and_max(model, tokens_BT)
     run["attention"] = {"entropy": entropy.tolist(), "max_weight": max_weight.tolist(), "n_from": n_from.tolist()}
     progress.update(1)
     lengths = [x["length"] for x in run["lengths"]]
     tokenizer = data.run_tokenizer(workdir, cfg.data)
-    run["passkey"], masses = _retrieval(model, tokenizer, passkey.build_prompt, lengths, settings,
+    run["passkey"], masses = _retrieval(model, tokenizer, "passkey", passkey.build_prompt, lengths, settings,
                                         np.random.default_rng(settings.seed), progress)
-    run["retrieval"], _ = _retrieval(model, tokenizer, retrieval.build_prompt, lengths, settings,
+    run["retrieval"], _ = _retrieval(model, tokenizer, "retrieval", retrieval.build_prompt, lengths, settings,
                                      np.random.default_rng(settings.seed), progress)
     run["needle_mass"] = []
     if masses:
@@ -186,6 +197,14 @@ def _saved_config(workdir: str) -> config.Config:
         ckpt.close()
 
 
+def estimate(first_s: float, jobs: int) -> str:
+    """The line printed after the first run: its time and the whole evaluation's, extrapolated (it includes the
+    first run's compilation, so it errs long)."""
+    total_min = first_s * jobs / 60
+    hint = "; --quick gives a first look in a fraction of that" if total_min > 10 else ""
+    return f"first of {jobs} runs took {first_s:.0f} s: the whole evaluation will take about {total_min:.0f} min{hint}"
+
+
 def run_suite(workdirs: list[str], switch_texts: list[str], settings: Settings, out: str) -> list[dict]:
     """Evaluates each checkpoint as trained and under each applicable switch; writes the report to `out`."""
     parsed = [switches.parse(t) for t in switch_texts]
@@ -195,9 +214,15 @@ def run_suite(workdirs: list[str], switch_texts: list[str], settings: Settings, 
         raise UserError("nothing to evaluate: no switch applies to these checkpoints")
     per_job = len(settings.multipliers) + 1 + 2 * len(settings.multipliers) * len(settings.passkey_depths)
     runs, splits_of = [], SplitCache()
+    print(f"evaluating {len(jobs)} run(s) (checkpoint x switch) at {len(settings.multipliers)} lengths "
+          f"({', '.join(f'{m}x' for m in settings.multipliers)}), {len(settings.passkey_depths)} passkey depth(s) x "
+          f"{settings.passkey_keys} key(s); the time of the first run gives an estimate of the whole", file=sys.stderr)
+    start = time.perf_counter()
     with tqdm(total=len(jobs) * per_job, desc="eval", unit="task") as progress:
-        for workdir, switch in jobs:
-            progress.set_postfix_str(f"{pathlib.Path(workdir).name} [{switch.label}]")
+        for i, (workdir, switch) in enumerate(jobs):
+            progress.set_description(f"{pathlib.Path(workdir).name} ({configs[workdir].model.attention}) [{switch.label}]")
             runs.append(evaluate(workdir, switch, settings, splits_of, progress))
+            if i == 0 and len(jobs) > 1:
+                progress.write(estimate(time.perf_counter() - start, len(jobs)), file=sys.stderr)
     report.write(pathlib.Path(out), runs, {**dataclasses.asdict(settings), "switches": switch_texts, "workdirs": list(workdirs)})
     return runs
