@@ -112,4 +112,6 @@ MUTANTS = [
            ("tests/test_generate.py::test_generate_reports_each_steps_tokens_to_on_token",)),
     Mutant("eval --quick: the full span", "freeatten_jax/evaluation/suite.py", "passkey_depths=(0.5,), passkey_keys=1,",
            "passkey_depths=(0.1, 0.5, 0.9), passkey_keys=1,", ("tests/test_eval.py::test_quick_settings_and_the_estimate_line",)),
+    Mutant("attend: unknown options not naming the variant's", "freeatten_jax/attention/__init__.py",
+           "{', '.join(get_variant(variant).defaults) or 'none'}", "none", ("tests/test_attention.py::test_errors",)),
 ]

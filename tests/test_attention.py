@@ -232,6 +232,13 @@ def test_errors():
         attention.attend(q, q, q, variant="flash")
     with pytest.raises(ValueError, match="unknown option"):
         attention.attend(q, q, q, variant="softmax", p=3)
+    with pytest.raises(ValueError, match=r"unknown option\(s\) \['pp'\]: variant 'lssar' takes p; implementation 'auto' takes none; "
+                                         r"every variant takes the mask options q_positions, kv_positions"):
+        attention.attend(q, q, q, variant="lssar", pp=3)
+    with pytest.raises(ValueError, match="variant 'softmax' takes scale; implementation 'blockwise' takes block_q, block_k;"):
+        attention.attend(q, q, q, variant="softmax", implementation="blockwise", block=3)
+    with pytest.raises(ValueError, match="variant 'lssa' takes none; implementation 'reference' takes none;"):
+        attention.attention_weights(q, q, q, variant="lssa", p=3)
     with pytest.raises(ValueError, match="multiple"):
         attention.attend(np.zeros((1, 4, 3, 8)), q, q, variant="softmax")
     with pytest.raises(ValueError, match="implementation"):

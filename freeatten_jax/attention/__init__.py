@@ -3,6 +3,8 @@
 Glossary: B batch, T queries, S keys, H query heads, K key/value heads, D head dim.
 `variant` names what is computed (VARIANTS); `implementation` names how (IMPLEMENTATIONS).
 """
+import inspect
+
 import jax
 
 from freeatten_jax.attention import arguments, auto, blockwise, pallas, reference
@@ -35,8 +37,7 @@ def attend(q, k, v, *, variant: str, causal: bool = True, implementation: str = 
     if implementation not in IMPLEMENTATIONS:
         raise ValueError(f"unknown implementation {implementation!r}; valid: {', '.join(IMPLEMENTATIONS)}")
     spec, mask, opts, impl_options = arguments.parse(q, k, v, variant, causal, dict(options))
-    if impl_options and implementation == "reference":
-        raise ValueError(f"unknown option(s) {sorted(impl_options)} for variant {variant!r}")
+    _check_unknown(variant, implementation, impl_options)
     return IMPLEMENTATIONS[implementation](q, k, v, variant=spec, mask=mask, opts=opts, **impl_options)
 
 
@@ -44,6 +45,20 @@ def attention_weights(q, k, v, *, variant: str, causal: bool = True, **options) 
     """The full weight matrix A as [B, H, T, S] float32 (reference path; for analysis and tests)."""
     spec, mask, opts, rest = arguments.parse(q, k, v, variant, causal, dict(options))
     rest.pop("implementation", None)
-    if rest:
-        raise ValueError(f"unknown option(s) {sorted(rest)} for variant {variant!r}")
+    _check_unknown(variant, "reference", rest)
     return reference.weights(q, k, variant=spec, mask=mask, opts=opts)
+
+
+def implementation_options(name: str) -> tuple[str, ...]:
+    """The options implementation `name` takes beyond the variant's and the mask's (e.g. block sizes)."""
+    params = inspect.signature(IMPLEMENTATIONS[name]).parameters.values()
+    return tuple(p.name for p in params if p.kind is p.KEYWORD_ONLY and p.name not in ("variant", "mask", "opts"))
+
+
+def _check_unknown(variant: str, implementation: str, unknown: dict) -> None:
+    """A ValueError naming every option this call could take: the variant's, the implementation's and the mask's."""
+    if unknown:
+        raise ValueError(f"unknown option(s) {sorted(unknown)}: variant {variant!r} takes "
+                         f"{', '.join(get_variant(variant).defaults) or 'none'}; implementation {implementation!r} takes "
+                         f"{', '.join(implementation_options(implementation)) or 'none'}; every variant takes the mask options "
+                         f"{', '.join(arguments.MASK_OPTIONS)}")

@@ -79,7 +79,7 @@ def _dense_mask(mask, batch: int, q_len: int, kv_len: int) -> jax.Array:
     return jnp.asarray(mask)
 
 
-_MASK_OPTIONS = ("q_positions", "kv_positions", "q_offset", "q_segment_ids", "kv_segment_ids", "kv_mask", "window", "mask")
+MASK_OPTIONS = ("q_positions", "kv_positions", "q_offset", "q_segment_ids", "kv_segment_ids", "kv_mask", "window", "mask")
 
 
 def _check_shapes(q, k, v):
@@ -102,7 +102,7 @@ def parse(q, k, v, variant: str, causal: bool, options: dict[str, Any]) -> tuple
     """(Variant, Mask, variant options, implementation options) from the public arguments."""
     _check_shapes(q, k, v)
     spec = get_variant(variant)
-    mask_args = {name: options.pop(name) for name in _MASK_OPTIONS if name in options}
+    mask_args = {name: options.pop(name) for name in MASK_OPTIONS if name in options}
     mask = make_mask(q.shape[0], q.shape[1], k.shape[1], causal=causal, **mask_args)
     if mask.dense is not None and mask.dense.shape[1] not in (1, q.shape[2]):
         raise ValueError(f"mask's head axis must be 1 or num_heads={q.shape[2]}, got {mask.dense.shape}")
