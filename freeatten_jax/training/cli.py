@@ -6,7 +6,7 @@
 Metrics go to WORKDIR/metrics.jsonl and WORKDIR/tensorboard; checkpoints to WORKDIR/checkpoints.
 Several processes (one per host): `--coordinator_address=host0:1234 --num_processes=2 --process_id=0|1`
 (left out on TPU pods, SLURM and MPI: detected). Exit codes: 0 done, 1 error, 75 stopped by SIGTERM/SIGINT
-after saving (rerun to resume).
+after saving (rerun to resume), 76 another process died (restart them all to resume).
 """
 import sys
 
@@ -26,8 +26,8 @@ def main() -> None:
                                       "auto-detected on TPU pods, SLURM and MPI when left out).")
     num_processes = flags.DEFINE_integer("num_processes", None, "Processes in the run (with --coordinator_address).", lower_bound=1)
     process_id = flags.DEFINE_integer("process_id", None, "This process's index, 0 .. num_processes - 1.", lower_bound=0)
-    heartbeat = flags.DEFINE_integer("heartbeat_timeout", 100, "Seconds without a peer's heartbeat before a process stops.",
-                                     lower_bound=1)
+    peer_timeout = flags.DEFINE_integer("peer_timeout", 60, "Seconds without news from another process before this one "
+                                        "stops (exit 76).", lower_bound=1)
     flags.mark_flags_as_required(["config", "workdir"])
 
     def train(_):
@@ -36,7 +36,7 @@ def main() -> None:
         from freeatten_jax.data import cache_root
         from freeatten_jax.training import distributed, loop
 
-        cluster = distributed.Cluster(coordinator.value, num_processes.value, process_id.value, heartbeat.value)
+        cluster = distributed.Cluster(coordinator.value, num_processes.value, process_id.value, peer_timeout.value)
         # Compiled programs are cached on disk, so resuming or rerunning a run starts faster.
         cfg = cli.config_value(config)
         jax.config.update("jax_compilation_cache_dir", str(cache_root(cfg.data.cache_dir) / "jax_compilation_cache"))

@@ -2,15 +2,19 @@
 
 `Cluster` holds the command line's --coordinator_address / --num_processes / --process_id; fields left None are
 auto-detected by jax.distributed.initialize on TPU/GPU clusters. On CPU the processes talk over gloo.
-A process whose peer dies is stopped by the coordination service's heartbeat (`heartbeat_timeout_s`).
+`PeerWatch` stops a process whose peer died (a collective would wait for it forever) within `peer_timeout_s`, in
+one line; jax's own heartbeat (twice that) is the backstop, which aborts with a stack trace.
 """
 import dataclasses
 import os
+import sys
+import threading
+import time
 
 import jax
 import numpy as np
 
-from freeatten_jax.errors import ConfigError
+from freeatten_jax.errors import EXIT_PEER_LOST, ConfigError
 from freeatten_jax.nn.sharding import Rules, batch_sharding
 
 _MULTI_PROCESS_SIGNS = {
@@ -29,7 +33,7 @@ class Cluster:
     coordinator_address: str | None = None  # host:port of process 0's coordination service
     num_processes: int | None = None
     process_id: int | None = None
-    heartbeat_timeout_s: int = 100  # a process whose peer stops answering for this long is stopped
+    peer_timeout_s: int = 60  # a process that has not heard from a peer for this long stops (PeerWatch)
 
     def __post_init__(self):
         given = [self.coordinator_address, self.num_processes, self.process_id]
@@ -57,8 +61,70 @@ def initialize_distributed(cluster: Cluster | None = None, environ=os.environ) -
         return False
     jax.config.update("jax_cpu_collectives_implementation", "gloo")  # CPU processes (tests, one-machine runs)
     jax.distributed.initialize(cluster.coordinator_address, cluster.num_processes, cluster.process_id,
-                               heartbeat_timeout_seconds=cluster.heartbeat_timeout_s)
+                               heartbeat_timeout_seconds=2 * cluster.peer_timeout_s)
     return True
+
+
+class PeerWatch:
+    """While training, each process bumps a counter in the coordination service's key-value store every second and
+    reads its peers'; one whose peer's counter stands still for `timeout_s`, or that loses the service (process 0
+    gone), writes one `error:` line and exits with EXIT_PEER_LOST. A process that finishes writes `done`."""
+
+    def __init__(self, timeout_s: float, interval_s: float = 1.0):
+        from jax._src import distributed as jax_distributed  # the client of jax.distributed.initialize (as orbax uses it)
+
+        self.client, self.timeout_s, self.interval_s = jax_distributed.global_state.client, timeout_s, interval_s
+        self.me, self.count = jax.process_index(), jax.process_count()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="PeerWatch", daemon=True)
+        self._thread.start()
+
+    def _key(self, process: int) -> str:
+        return f"freeatten_peer_watch/{process}"
+
+    def _run(self) -> None:
+        heard = {p: (None, time.monotonic()) for p in range(self.count) if p != self.me}  # last value, when it changed
+        beat = 0
+        while not self._stop.wait(self.interval_s):
+            beat += 1
+            try:
+                self.client.key_value_set(self._key(self.me), str(beat), allow_overwrite=True)
+                values = {p: self._try_get(p) for p in heard}
+            except Exception as e:  # the service runs in process 0
+                self._lost(f"lost the coordination service ({str(e).strip().splitlines()[0][:120]}): process 0 died or "
+                           f"cannot be reached")
+            now = time.monotonic()
+            for p, value in values.items():
+                if value == "done":
+                    continue
+                if value != heard[p][0]:
+                    heard[p] = (value, now)
+                elif now - heard[p][1] > self.timeout_s:
+                    self._lost(f"process {p} of {self.count} has not been heard from for {self.timeout_s:g} s: it died or hangs")
+
+    def _try_get(self, process: int) -> str | None:
+        try:
+            return self.client.key_value_try_get(self._key(process))
+        except Exception as e:
+            if "NOT_FOUND" in str(e):
+                return None  # not started yet: counted from when this one started
+            raise
+
+    def _lost(self, what: str) -> None:
+        sys.stdout.flush()
+        sys.stderr.write(f"error: {what}; stopping this process too (exit {EXIT_PEER_LOST}): restart every process to "
+                         f"resume from the last checkpoint\n")
+        sys.stderr.flush()
+        os._exit(EXIT_PEER_LOST)
+
+    def stop(self) -> None:
+        """Tells the peers this process finished (not died), and stops watching."""
+        self._stop.set()
+        self._thread.join()
+        try:
+            self.client.key_value_set(self._key(self.me), "done", allow_overwrite=True)
+        except Exception:  # the service is gone at the very end: nothing to tell
+            pass
 
 
 def host_local_batch_to_global(batch: np.ndarray, mesh, rules: Rules) -> jax.Array:

@@ -205,6 +205,15 @@ def train_and_evaluate(cfg_dict, workdir, cluster: distributed.Cluster | None = 
     written. Process 0 holds WORKDIR/lock for the run: a second trainer on the same workdir stops at once.
     """
     distributed.initialize_distributed(cluster)
+    watch = distributed.PeerWatch((cluster or distributed.Cluster()).peer_timeout_s) if jax.process_count() > 1 else None
+    try:
+        return _checked_and_trained(cfg_dict, workdir)
+    finally:
+        if watch is not None:
+            watch.stop()
+
+
+def _checked_and_trained(cfg_dict, workdir) -> RunMetrics:
     cfg = config.parse(cfg_dict)
     storage.check_workdir(workdir)
     try:
