@@ -5,6 +5,7 @@ Every test copies one trained run folder (steps 1..6, checkpoints 2, 4, 6) and c
 uninterrupted run of 8 steps (constant learning rate: the number of steps does not change the schedule).
 """
 import contextlib
+import errno
 import io
 import json
 import os
@@ -323,6 +324,24 @@ def test_a_full_disk_stops_the_run_at_its_failed_save_in_one_line_keeping_the_ch
         message.endswith("stopped; the earlier checkpoints are kept: free space or fix the storage, then rerun"), message
     assert saves == [8] and len(steps) <= 4  # fetched the batches of steps 7..10 at most
     assert checkpoint.Checkpointer(workdir, read_only=True).all_steps() == [2, 4, 6]
+
+
+def test_a_save_failing_in_the_background_stops_the_run_within_two_steps(run6, text_glob, monkeypatch):
+    """Orbax reports a failure of its save thread (as a full disk or a lost bucket gives) only when asked: the loop
+    asks every step, so the run stops at once, not at the next checkpoint (12) or at the end (16)."""
+    started, fetched = [], []
+    save, fetch = ocp.CheckpointManager.save, distributed.host_local_batch_to_global
+
+    def failed_in_the_background(self):
+        if started:
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(ocp.CheckpointManager, "save", lambda self, step, *a, **k: started.append(step) or save(self, step, *a, **k))
+    monkeypatch.setattr(ocp.CheckpointManager, "check_for_errors", failed_in_the_background)
+    monkeypatch.setattr(distributed, "host_local_batch_to_global", lambda *args: fetched.append(1) or fetch(*args))
+    with pytest.raises(checkpoint.CheckpointWriteError, match=r"^saving a checkpoint to .* failed \(OSError: \[Errno 28\] No space"):
+        loop.train_and_evaluate(_cfg(text_glob, 16, **{"train.log_every": 100, "train.checkpoint_every": 4}), run6)
+    assert started == [8] and len(fetched) <= 4
 
 
 def test_too_little_free_space_or_a_read_only_workdir_is_refused_before_anything_is_written(text_glob, tmpfs, run_cli, tmp_path):

@@ -78,6 +78,7 @@ def test_read_errors_are_unavailable_and_bad_content_is_not():
 
     assert checkpoint.is_unavailable(chained(PermissionError(errno.EACCES, "Permission denied")))
     assert checkpoint.is_unavailable(chained(OSError(errno.EIO, "Input/output error")))
+    assert checkpoint.is_unavailable(chained(OSError(errno.ESTALE, "Stale file handle")))  # by its errno alone
     assert checkpoint.is_unavailable(ValueError("PERMISSION_DENIED: error opening file: [OS error: Permission denied]"))
     assert checkpoint.is_unavailable(ValueError("UNAVAILABLE: GCS request failed"))
     assert not checkpoint.is_unavailable(chained(FileNotFoundError(errno.ENOENT, "No such file")))
@@ -132,6 +133,13 @@ def test_a_shard_changing_size_under_the_reader_is_one_error_not_sigbus(tmp_path
     with pytest.raises(shards.ShardError, match="changed while training"):
         for _ in range(500):  # past the batches read ahead before the truncation
             next(it)
+    grown = tmp_path / "b.bin"  # rewritten longer in place: every read still fills, the size tells
+    shards.write_shard(grown, np.arange(5000) % 300)
+    shard = shards.Shard(grown)
+    with open(grown, "ab") as f:
+        f.write(b"\0\0" * 10)
+    with pytest.raises(shards.ShardError, match=rf"^{grown} changed while training: it has 11044 bytes, it had 11024"):
+        shard[0:16]
 
 
 @pytest.mark.parametrize("where", ["a file", "under /dev/null"])
