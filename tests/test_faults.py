@@ -73,19 +73,6 @@ CORRUPTIONS = {
 }
 
 
-@pytest.mark.parametrize("corruption", CORRUPTIONS)
-def test_a_corrupt_latest_checkpoint_is_moved_aside_and_the_run_replays_exactly(corruption, runs, run6, text_glob, capsys):
-    CORRUPTIONS[corruption](run6 / "checkpoints" / "6")
-    capsys.readouterr()
-    loop.train_and_evaluate(_cfg(text_glob, 8), run6)
-    out = capsys.readouterr().out
-    assert f"resumed from step 4 (checkpoint in {run6}; confirmed good)" in out
-    notices = [line for line in out.splitlines() if "unreadable" in line]
-    assert len(notices) == 1 and notices[0].startswith("checkpoint 6 is unreadable (") and notices[0].endswith("continuing from step 4")
-    assert [p.name for p in (run6 / "quarantine").iterdir()] == ["step_6-unreadable"]
-    _assert_replays_exactly(run6, runs[1])
-
-
 def test_a_blow_up_stops_in_one_line_quarantines_unconfirmed_checkpoints_and_a_sane_rerun_proceeds(run6, text_glob, capsys):
     wild = {"optim.lr": 1e9, "optim.warmup_steps": 0, "train.checkpoint_every": 1}  # step 7 explodes the weights; 8 is NaN
     with pytest.raises(loop.NonFiniteLossError) as err:
@@ -218,16 +205,23 @@ def _another_steps_state(step: pathlib.Path) -> None:
 TAMPERING = {"flipped array bytes": _flip_bytes, "edited next_index": _edit_next_index, "another step's state": _another_steps_state}
 
 
-@pytest.mark.parametrize("tampering", TAMPERING)
-def test_a_checkpoint_not_matching_its_fingerprints_is_moved_aside_and_the_run_replays_exactly(tampering, runs, run6, text_glob, capsys):
-    TAMPERING[tampering](run6 / "checkpoints" / "6")
+DAMAGE = {**{name: (damage, "unreadable") for name, damage in CORRUPTIONS.items()},
+          **{name: (damage, "fingerprint-mismatch") for name, damage in TAMPERING.items()}}
+NOTICES = {"unreadable": "checkpoint 6 is unreadable (",
+           "fingerprint-mismatch": "checkpoint 6 is not what was saved: it does not match its fingerprints ("}
+
+
+@pytest.mark.parametrize("damage", DAMAGE)
+def test_a_damaged_latest_checkpoint_is_moved_aside_and_the_run_replays_exactly(damage, runs, run6, text_glob, capsys):
+    corrupt, reason = DAMAGE[damage]
+    corrupt(run6 / "checkpoints" / "6")
     capsys.readouterr()
     loop.train_and_evaluate(_cfg(text_glob, 8), run6)
     out = capsys.readouterr().out
-    notice = [line for line in out.splitlines() if line.startswith("checkpoint 6 is ")]
-    assert len(notice) == 1 and notice[0].endswith("continuing from step 4"), out
-    assert "does not match its fingerprints" in notice[0]
-    assert [p.name for p in (run6 / "quarantine").iterdir()] == ["step_6-fingerprint-mismatch"]
+    assert f"resumed from step 4 (checkpoint in {run6}; confirmed good)" in out
+    notices = [line for line in out.splitlines() if line.startswith("checkpoint 6 is ")]
+    assert len(notices) == 1 and notices[0].startswith(NOTICES[reason]) and notices[0].endswith("continuing from step 4"), out
+    assert [p.name for p in (run6 / "quarantine").iterdir()] == [f"step_6-{reason}"]
     _assert_replays_exactly(run6, runs[1])
 
 
@@ -531,6 +525,7 @@ BAD_EVAL = {  # (main, arguments, what the line must contain); {run} is a copy o
     "eval, checkpoint missing a file": (eval_cli.main, ["--workdir={broken}"], "checkpoint step 6 in"),
     "generate, checkpoint missing a file": (generate_cli.main, ["--workdir={broken}", "--prompt=hi"], "checkpoint step 6 in"),
     "generate, no prompt": (generate_cli.main, ["--workdir={broken}"], "--prompt must have a value"),
+    "eval, checkpoint not what was saved": (eval_cli.main, ["--workdir={tampered}"], "differs from its fingerprint"),
     "switch p=-3": (eval_cli.main, ["--workdir={run}", "--switch=p=-3"], "--switch=p=-3 is invalid: p=-3; allowed: a number > 0 or off"),
     "switch rope_theta=0x": (eval_cli.main, ["--workdir={run}", "--switch=rope_theta=0x"], "--switch=rope_theta=0x is invalid"),
     "switch q=1": (eval_cli.main, ["--workdir={run}", "--switch=q=1"], "--switch=q=1 is invalid: unknown switch 'q'"),
@@ -542,7 +537,9 @@ BAD_EVAL = {  # (main, arguments, what the line must contain); {run} is a copy o
 @pytest.mark.parametrize("case", BAD_EVAL)
 def test_bad_eval_or_generate_input_is_one_error_line(case, run_cli, run6, tmp_path):
     main, args, expected = BAD_EVAL[case]
-    paths = {"run": run6, "empty": tmp_path / "empty", "broken": _missing_a_file(run6, tmp_path)}
+    paths = {"run": run6, "empty": tmp_path / "empty", "broken": _missing_a_file(run6, tmp_path), "tampered": tmp_path / "tampered"}
+    shutil.copytree(run6, paths["tampered"])
+    _another_steps_state(paths["tampered"] / "checkpoints" / "6")
     defaults = [f"--out={tmp_path / 'out'}"] if main is eval_cli.main else []
     code, lines = run_cli(main, *defaults, *(a.format(**paths) for a in args))
     errors = [line for line in lines if line.startswith("error: ")]  # eval's progress bar may come before

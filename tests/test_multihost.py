@@ -21,17 +21,19 @@ from freeatten_jax.training.metrics import read_metrics
 STEPS = {"train.checkpoint_every": 3, "optim.schedule": "constant", "train.eval_every": 100, "train.steps": 6, "mesh.shape": (-1, 1, 1)}
 
 _PROCESS = """
-import sys, time
+import os, sys, time
 sys.path.insert(0, "tests")
 from test_multihost import STEPS
 from test_train import tiny_config
 from freeatten_jax.training import distributed, loop
 workdir, text_glob, port, process, wait_at = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5])
-if wait_at:  # process 1 stops while fetching that batch (after the checkpoint before it), for the test's kill -9
+if wait_at:  # process 1 stops while fetching that batch, once the checkpoint before it is written, for the test's kill -9
     fetch, calls = distributed.host_local_batch_to_global, []
     def fetch_or_wait(*args):
         calls.append(1)
         if len(calls) == wait_at:
+            while not os.path.isdir(os.path.join(workdir, "checkpoints", str(wait_at - 1))):
+                time.sleep(0.1)
             print("waiting", flush=True)
             time.sleep(600)
         return fetch(*args)

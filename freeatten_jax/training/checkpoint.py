@@ -7,9 +7,11 @@ the state a non-finite or diverging step was computed from) is moved aside to WO
 never deleted. A checkpoint that cannot be *read* (permission, I/O or network errors) is left as it is: the
 storage is at fault, not the checkpoint. Rotation keeps the newest `max_to_keep` and the last confirmed one.
 """
+import contextlib
 import dataclasses
 import errno
 import json
+import os
 import re
 import uuid
 
@@ -162,7 +164,7 @@ class Checkpointer:
             config=ocp.args.JsonSave(source),
             integrity=ocp.args.JsonSave(fingerprints),
         )
-        self.manager.save(step, args=args, force=True)
+        self._reporting(lambda: self.manager.save(step, args=args, force=True))  # it raises a previous save's failure
 
     def check_for_errors(self) -> None:
         """Raises CheckpointWriteError if a background save has failed (called every step: a failed save stops the run)."""
@@ -177,13 +179,16 @@ class Checkpointer:
         try:
             call()
         except Exception as e:
-            raise CheckpointWriteError(f"saving a checkpoint to {self.directory} failed ({describe(e)}); stopped; "
+            code = re.search(r"os_error_code='(\d+)'", str(e))  # tensorstore's wording of an OS error, cut off by describe
+            cause = f"{os.strerror(int(code[1]))}: " if code else ""
+            raise CheckpointWriteError(f"saving a checkpoint to {self.directory} failed ({cause}{describe(e)}); stopped; "
                                        f"the earlier checkpoints are kept: free space or fix the storage, then rerun") from e
 
     def check_readable(self, step: int) -> None:
         """Opens every file of checkpoint `step` and reads a byte: a permission or I/O error is
         CheckpointUnavailableError, before anything is moved."""
-        folders, files = [self.directory / str(step)], []
+        path = self.directory / str(step)
+        folders, files = [path], []
         try:
             while folders:  # epath has no recursive glob on cloud paths
                 for path in folders.pop().iterdir():
@@ -195,7 +200,7 @@ class Checkpointer:
             if e.errno in _CONTENT_ERRNOS:
                 return  # a file that vanished: the restore finds the checkpoint incomplete
             raise CheckpointUnavailableError(
-                f"cannot read checkpoint step {step} ({e.filename or self.directory}: {e.strerror or e}); nothing was moved "
+                f"cannot read checkpoint step {step} ({e.filename or path}: {e.strerror or e}); nothing was moved "
                 f"or written: fix the storage or its permissions and rerun") from None
 
     def fingerprints(self, step: int) -> dict | None:
@@ -236,7 +241,14 @@ class Checkpointer:
         self._reporting(self.manager.wait_until_finished)
 
     def close(self) -> None:
-        self._reporting(self.manager.close)
+        """Waits for the background save and closes; a failed save is CheckpointWriteError, after closing all the same
+        (orbax reports a failure once: the second close finishes what the first left)."""
+        try:
+            self._reporting(self.manager.close)
+        except CheckpointWriteError:
+            with contextlib.suppress(Exception):
+                self.manager.close()
+            raise
 
 
 def load_params(workdir, step: int | None = None, mesh=None):
