@@ -349,14 +349,12 @@ def test_too_little_free_space_or_a_read_only_workdir_is_refused_before_anything
     assert not list(small.iterdir()) and not list(read_only.iterdir())
 
 
-def test_sigterm_saves_and_exits_75_and_the_rerun_replays_exactly(runs, run6, text_glob, run_cli, tmp_path, monkeypatch):
-    config = _config_file(tmp_path, text_glob, 8)
+def test_sigterm_saves_and_exits_75(run6, text_glob, run_cli, tmp_path, monkeypatch):
+    """A scheduler must not take a preempted run for a finished one (the resume is exact: test_train's preemption test)."""
     monkeypatch.setattr(distributed, "host_local_batch_to_global", _SigtermAtBatch(1))
-    code, lines = run_cli(train_cli.main, f"--config={config}", f"--workdir={run6}")
+    code, lines = run_cli(train_cli.main, f"--config={_config_file(tmp_path, text_glob, 8)}", f"--workdir={run6}")
     assert code == EXIT_PREEMPTED == 75 and "stopped at step 7 by a signal, checkpoint saved; rerun the same command to resume" in lines
-    monkeypatch.undo()
-    assert run_cli(train_cli.main, f"--config={config}", f"--workdir={run6}")[0] is None  # sys.exit(None): status 0
-    _assert_replays_exactly(run6, runs[1])
+    assert checkpoint.Checkpointer(run6, read_only=True).latest_step() == 7
 
 
 # --- kill -9 ------------------------------------------------------------------------------------------------------
