@@ -338,6 +338,23 @@ def test_a_save_failing_in_the_background_stops_the_run_within_two_steps(run6, t
     assert started == [8] and len(fetched) <= 4
 
 
+@pytest.mark.slow
+def test_a_file_size_limit_stops_the_run_in_one_line_keeping_the_checkpoints(run6, text_glob, tmp_path):
+    """`ulimit -f` (RLIMIT_FSIZE, 60 kB): the first checkpoint's array files exceed it; train.py prints one error line,
+    no traceback (orbax's thread tracebacks stay off the console), and exits 1; the earlier checkpoints keep."""
+    import resource
+
+    env = {**os.environ, "PYTHONPATH": os.getcwd(), "JAX_COMPILATION_CACHE_DIR": jax.config.jax_compilation_cache_dir}
+    limit = lambda: resource.setrlimit(resource.RLIMIT_FSIZE, (60_000, 60_000))  # noqa: E731
+    result = subprocess.run([sys.executable, "train.py", f"--config={_config_file(tmp_path, text_glob, 12)}", f"--workdir={run6}"],
+                            capture_output=True, text=True, env=env, preexec_fn=limit, timeout=300)
+    out = (result.stdout + result.stderr).splitlines()
+    errors = [line for line in out if line.startswith("error: ")]
+    assert result.returncode == 1 and len(errors) == 1 and not any("Traceback" in line for line in out), out[-20:]
+    assert errors[0].startswith(f"error: saving a checkpoint to {run6 / 'checkpoints'} failed (File too large: "), errors
+    assert checkpoint.Checkpointer(run6, read_only=True).all_steps() == [2, 4, 6]
+
+
 def test_too_little_free_space_or_a_read_only_workdir_is_refused_before_anything_is_written(text_glob, tmpfs, run_cli, tmp_path):
     small, read_only = tmpfs("64k"), tmpfs("1m", ",ro")
     config = _config_file(tmp_path, text_glob, 8)
