@@ -52,7 +52,7 @@ def is_multi_process(environ=os.environ) -> bool:
     return any(sign(environ[name]) for name, sign in _MULTI_PROCESS_SIGNS.items() if environ.get(name))
 
 
-def initialize_distributed(cluster: Cluster | None = None, environ=os.environ) -> bool:
+def initialize_distributed(environ=os.environ, cluster: Cluster | None = None) -> bool:
     """Calls jax.distributed.initialize() once, with `cluster`'s values or auto-detected, when multi-process."""
     cluster = cluster or Cluster()
     if jax.distributed.is_initialized():

@@ -204,7 +204,7 @@ def train_and_evaluate(cfg_dict, workdir, cluster: distributed.Cluster | None = 
     `cfg_dict` is the command line's ConfigDict. Every field, the workdir and the data are checked before anything is
     written. Process 0 holds WORKDIR/lock for the run: a second trainer on the same workdir stops at once.
     """
-    distributed.initialize_distributed(cluster)
+    distributed.initialize_distributed(cluster=cluster)
     watch = distributed.PeerWatch((cluster or distributed.Cluster()).peer_timeout_s) if jax.process_count() > 1 else None
     try:
         return _checked_and_trained(cfg_dict, workdir)
