@@ -63,6 +63,8 @@ def run(main: Callable[[list[str]], None], argv: list[str], verbosity=logging.WA
             sys.exit(f"error: unexpected arguments: {' '.join(args[1:])}")
         if not flags.FLAGS["verbosity"].present:
             logging.set_verbosity(verbosity)
+            # orbax logs its save threads' failures with tracebacks; they reach the user as one `error:` line
+            logging.get_absl_handler().addFilter(lambda record: "/orbax/" not in record.pathname)
         try:
             main(args)
         except UserError as e:

@@ -1,4 +1,8 @@
-"""User errors: bad input that the entry points report as one `error: ...` line (no traceback)."""
+"""User errors: bad input that the entry points report as one `error: ...` line (no traceback); exit codes."""
+
+EXIT_ERROR = 1  # a user error (one `error:` line) or a failure; rerunning as is will not help
+EXIT_PREEMPTED = 75  # stopped by SIGTERM/SIGINT after saving a checkpoint: rerun the same command to resume (EX_TEMPFAIL)
+EXIT_PEER_LOST = 76  # another process of a multi-process run died or hung: restart them all to resume
 
 
 class UserError(Exception):

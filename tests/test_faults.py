@@ -5,10 +5,12 @@ Every test copies one trained run folder (steps 1..6, checkpoints 2, 4, 6) and c
 uninterrupted run of 8 steps (constant learning rate: the number of steps does not change the schedule).
 """
 import contextlib
+import errno
 import io
 import json
 import os
 import pathlib
+import re
 import shutil
 import signal
 import socket
@@ -17,14 +19,17 @@ import sys
 
 import jax
 import numpy as np
+import orbax.checkpoint as ocp
 import pytest
 from absl import flags
 from flax import nnx
-from test_train import compilation_cache, text_glob, tiny_config  # noqa: F401 (fixtures)
+from test_train import _SigtermAtBatch, compilation_cache, text_glob, tiny_config  # noqa: F401 (fixtures)
 
 from freeatten_jax.data import shards
 from freeatten_jax.evaluation import cli as eval_cli
-from freeatten_jax.training import checkpoint, cli as train_cli, generate_cli, lock, loop, storage
+from freeatten_jax.data import DataError
+from freeatten_jax.errors import EXIT_PREEMPTED
+from freeatten_jax.training import checkpoint, cli as train_cli, distributed, generate_cli, lock, loop, storage
 from freeatten_jax.training.metrics import read_metrics
 
 STEPS = {"train.checkpoint_every": 2, "optim.schedule": "constant", "train.eval_every": 100}
@@ -66,19 +71,6 @@ CORRUPTIONS = {
     "garbage": lambda step: [p.write_bytes(os.urandom(p.stat().st_size)) for p in (step / "state").rglob("*") if p.is_file()],
     "empty step folder": lambda step: [shutil.rmtree(step), step.mkdir()],
 }
-
-
-@pytest.mark.parametrize("corruption", CORRUPTIONS)
-def test_a_corrupt_latest_checkpoint_is_moved_aside_and_the_run_replays_exactly(corruption, runs, run6, text_glob, capsys):
-    CORRUPTIONS[corruption](run6 / "checkpoints" / "6")
-    capsys.readouterr()
-    loop.train_and_evaluate(_cfg(text_glob, 8), run6)
-    out = capsys.readouterr().out
-    assert f"resumed from step 4 (checkpoint in {run6}; confirmed good)" in out
-    notices = [line for line in out.splitlines() if "unreadable" in line]
-    assert len(notices) == 1 and notices[0].startswith("checkpoint 6 is unreadable (") and notices[0].endswith("continuing from step 4")
-    assert [p.name for p in (run6 / "quarantine").iterdir()] == ["step_6-unreadable"]
-    _assert_replays_exactly(run6, runs[1])
 
 
 def test_a_blow_up_stops_in_one_line_quarantines_unconfirmed_checkpoints_and_a_sane_rerun_proceeds(run6, text_glob, capsys):
@@ -137,6 +129,246 @@ def test_an_unwritable_checkpoint_folder_fails_at_start_up_and_keeps_every_check
     monkeypatch.undo()
     assert checkpoint.Checkpointer(run6, read_only=True).all_steps() == [2, 4, 6]
     assert checkpoint.load_params(run6)[2] == 6
+
+
+def _files(folder: pathlib.Path) -> dict:
+    """{relative path: bytes} of every file under `folder` (links as their targets' names): what a run wrote."""
+    return {str(p.relative_to(folder)): (os.readlink(p) if p.is_symlink() else p.read_bytes())
+            for p in sorted(folder.rglob("*")) if p.is_file() or p.is_symlink()}
+
+
+def _config_file(tmp_path, text_glob, steps, **overrides) -> str:
+    """A config file giving `_cfg(text_glob, steps, **overrides)`, for running the train command line in-process."""
+    path = tmp_path / "cfg.py"
+    path.write_text(f"import sys\nsys.path.insert(0, {str(pathlib.Path(__file__).parent)!r})\nfrom test_faults import _cfg\n"
+                    f"def get_config():\n    return _cfg({text_glob!r}, {steps}, **{overrides!r})\n")
+    return str(path)
+
+
+def test_unreadable_checkpoints_stop_in_one_line_and_nothing_is_moved_or_written(runs, run6, text_glob, run_cli, tmp_path):
+    """An I/O error on every checkpoint (the kernel's EIO: each one's largest file is a link to /proc/self/mem, which
+    root cannot read either) is the storage's fault: one line, exit 1, no quarantine, nothing written."""
+    aside = {}
+    for step in (2, 4, 6):
+        largest = _largest(run6 / "checkpoints" / str(step))
+        aside[largest] = largest.read_bytes()
+        largest.unlink()
+        largest.symlink_to("/proc/self/mem")
+    before = _files(run6)
+    code, lines = run_cli(train_cli.main, f"--config={_config_file(tmp_path, text_glob, 8)}", f"--workdir={run6}")
+    assert code == 1 and len(lines) == 1 and lines[0].startswith("error: cannot read checkpoint step 6 ("), lines
+    assert "Input/output error" in lines[0] and lines[0].endswith("nothing was moved or written: fix the storage or its permissions and rerun")
+    assert _files(run6) == before and not (run6 / "quarantine").exists()
+    for path, contents in aside.items():  # the storage is back: the same checkpoints resume exactly
+        path.unlink()
+        path.write_bytes(contents)
+    loop.train_and_evaluate(_cfg(text_glob, 8), run6)
+    _assert_replays_exactly(run6, runs[1])
+
+
+def test_when_every_checkpoint_is_bad_the_run_does_not_start_from_scratch_unless_asked(runs, run6, text_glob, capsys):
+    for step in (2, 4, 6):
+        CORRUPTIONS["garbage"](run6 / "checkpoints" / str(step))
+    refusal = "no usable checkpoint in .*; not starting from scratch: rerun with --config.checkpoint.allow_fresh_start=True"
+    with pytest.raises(loop.NoUsableCheckpointError, match=refusal):
+        loop.train_and_evaluate(_cfg(text_glob, 8), run6)
+    assert sorted(p.name for p in (run6 / "quarantine").iterdir()) == [f"step_{s}-unreadable" for s in (2, 4, 6)]
+    assert len([line for line in capsys.readouterr().out.splitlines() if "is unreadable" in line]) == 3
+    with pytest.raises(loop.NoUsableCheckpointError, match=refusal):  # a rerun does not start from scratch either
+        loop.train_and_evaluate(_cfg(text_glob, 8), run6)
+    loop.train_and_evaluate(_cfg(text_glob, 8, **{"checkpoint.allow_fresh_start": True}), run6)
+    assert "starting from scratch (config.checkpoint.allow_fresh_start)" in capsys.readouterr().out
+    _assert_replays_exactly(run6, runs[1])  # steps 1..8 from scratch: the uninterrupted run's losses
+
+
+def _flip_bytes(step: pathlib.Path) -> None:
+    """64 bytes of an array file inverted (a storage bit rot)."""
+    path = _largest(step / "state")
+    raw = bytearray(path.read_bytes())
+    middle = len(raw) // 2
+    raw[middle : middle + 64] = bytes(b ^ 0xFF for b in raw[middle : middle + 64])
+    path.write_bytes(bytes(raw))
+
+
+def _edit_next_index(step: pathlib.Path) -> None:
+    path = step / "data" / "process_0-of-1.json"
+    state = json.loads(path.read_text())
+    state["next_index"] += 1
+    path.write_text(json.dumps(state))
+
+
+def _another_steps_state(step: pathlib.Path) -> None:
+    shutil.rmtree(step / "state")
+    shutil.copytree(step.parent / "4" / "state", step / "state")  # a whole, readable state: of step 4, not 6
+
+
+TAMPERING = {"flipped array bytes": _flip_bytes, "edited next_index": _edit_next_index, "another step's state": _another_steps_state}
+
+
+DAMAGE = {**{name: (damage, "unreadable") for name, damage in CORRUPTIONS.items()},
+          **{name: (damage, "fingerprint-mismatch") for name, damage in TAMPERING.items()}}
+NOTICES = {"unreadable": "checkpoint 6 is unreadable (",
+           "fingerprint-mismatch": "checkpoint 6 is not what was saved: it does not match its fingerprints ("}
+
+
+@pytest.mark.parametrize("damage", DAMAGE)
+def test_a_damaged_latest_checkpoint_is_moved_aside_and_the_run_replays_exactly(damage, runs, run6, text_glob, capsys):
+    corrupt, reason = DAMAGE[damage]
+    corrupt(run6 / "checkpoints" / "6")
+    capsys.readouterr()
+    loop.train_and_evaluate(_cfg(text_glob, 8), run6)
+    out = capsys.readouterr().out
+    assert f"resumed from step 4 (checkpoint in {run6}; confirmed good)" in out
+    notices = [line for line in out.splitlines() if line.startswith("checkpoint 6 is ")]
+    assert len(notices) == 1 and notices[0].startswith(NOTICES[reason]) and notices[0].endswith("continuing from step 4"), out
+    assert [p.name for p in (run6 / "quarantine").iterdir()] == [f"step_6-{reason}"]
+    _assert_replays_exactly(run6, runs[1])
+
+
+def test_a_finite_blow_up_is_stopped_and_rolled_back_to_the_confirmed_checkpoint_which_rotation_kept(runs, run6, text_glob):
+    """lr 30 from step 7: finite losses of 1e3 and more; spikes at 8, 9, 10 stop the run at 10 and move the checkpoints
+    of 7 and later aside. Saving 7, 8, 9 with max_to_keep=3 would have rotated 6 out, but 6 is the confirmed one."""
+    wild = {"optim.lr": 30.0, "optim.warmup_steps": 0, "train.checkpoint_every": 1}
+    with pytest.raises(loop.DivergenceError) as err:
+        loop.train_and_evaluate(_cfg(text_glob, 20, **wild), run6)
+    message = str(err.value)
+    assert message.startswith("step 10: loss ") and " has been above 5 x its running median (" in message, message
+    assert "for 3 steps (since step 8): diverging; stopped without saving; moved unconfirmed checkpoint(s) 7, 8, 9 to " in message
+    assert "a rerun starts from checkpoint step 6 (lower optim.lr" in message
+    rows = read_metrics(run6)
+    assert [m["step"] for m in rows] == list(range(1, 10)) and all(np.isfinite(m["loss"]) for m in rows)  # finite; 10 not logged
+    assert rows[-1]["loss"] > 100 * rows[5]["loss"], rows
+    assert checkpoint.Checkpointer(run6, read_only=True).all_steps() == [6]
+    assert sorted(p.name for p in (run6 / "quarantine").iterdir()) == [f"step_{s}-diverged" for s in (7, 8, 9)]
+    assert json.loads((run6 / "confirmed.json").read_text())["step"] == 6
+    loop.train_and_evaluate(_cfg(text_glob, 8), run6)
+    _assert_replays_exactly(run6, runs[1])
+
+
+def test_resuming_on_changed_data_is_refused_unless_allowed(run6, text_glob):
+    path = sorted(pathlib.Path(text_glob).parent.glob("*.txt"))[0]
+    original = path.read_bytes()
+    try:
+        path.write_bytes(original + b"\nthe king speaks.")
+        before = _files(run6)
+        with pytest.raises(DataError, match=rf"^the training data changed since checkpoint step 6: {path} was {len(original)} bytes, "
+                                            rf"now {len(original) + 17}; .* --config.data.allow_changed=True"):
+            loop.train_and_evaluate(_cfg(text_glob, 8), run6)
+        assert _files(run6) == before
+        allowed = loop.train_and_evaluate(_cfg(text_glob, 8, **{"data.allow_changed": True}), run6)
+        assert [m["step"] for m in allowed] == [7, 8]
+    finally:
+        path.write_bytes(original)
+
+
+def test_damaged_state_files_do_not_block_a_resume(runs, run6, text_glob, caplog):
+    (run6 / "confirmed.json").write_text("")  # torn
+    with open(run6 / "metrics.jsonl", "ab") as f:
+        f.write(b'{"note": "not a step"}\n\x00\xff binary\n')
+    loop.train_and_evaluate(_cfg(text_glob, 8), run6)
+    assert sum("dropped line" in r.getMessage() for r in caplog.records) == 2 and "confirmed.json is damaged" in caplog.text
+    _assert_replays_exactly(run6, runs[1])
+
+
+@pytest.fixture
+def tmpfs(tmp_path):
+    """Mounts a small tmpfs (root only: mounting needs it); yields a function mount(size, options) -> its path."""
+    mounted = []
+
+    def mount(size: str, options: str = "") -> pathlib.Path:
+        point = tmp_path / f"fs{len(mounted)}"
+        point.mkdir()
+        result = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}{options}", "tmpfs", str(point)], capture_output=True)
+        if result.returncode:
+            pytest.skip(f"mounting a tmpfs needs root: {result.stderr.decode().strip()}")
+        mounted.append(point)
+        return point
+
+    yield mount
+    for point in mounted:
+        subprocess.run(["umount", "--lazy", str(point)], check=True)
+
+
+def _fill(folder: pathlib.Path) -> None:
+    with open(folder / "filler", "wb", buffering=0) as f, contextlib.suppress(OSError):
+        while True:
+            f.write(b"\0" * 4096)
+
+
+def test_a_full_disk_stops_the_run_at_its_failed_save_in_one_line_keeping_the_checkpoints(run6, text_glob, tmpfs, monkeypatch):
+    """The disk fills up as the checkpoint of step 8 starts writing in the background: the run stops within two steps
+    (not at the next checkpoint, 12), in one line, and the checkpoints before keep."""
+    workdir = tmpfs("8m") / "run"
+    shutil.copytree(run6, workdir)
+    steps, saves = [], []
+    save, fetch = ocp.CheckpointManager.save, distributed.host_local_batch_to_global
+
+    def fill_then_save(self, step, *args, **kwargs):
+        saves.append(step)
+        _fill(workdir.parent)
+        return save(self, step, *args, **kwargs)
+
+    monkeypatch.setattr(ocp.CheckpointManager, "save", fill_then_save)
+    monkeypatch.setattr(distributed, "host_local_batch_to_global", lambda *args: steps.append(1) or fetch(*args))
+    quiet = {"train.log_every": 100, "train.checkpoint_every": 4}  # nothing but the checkpoint of step 8 is written
+    with pytest.raises(checkpoint.CheckpointWriteError) as err:
+        loop.train_and_evaluate(_cfg(text_glob, 16, **quiet), workdir)
+    message = str(err.value)
+    assert "\n" not in message and message.startswith(f"saving a checkpoint to {workdir / 'checkpoints'} failed (") and \
+        message.endswith("stopped; the earlier checkpoints are kept: free space or fix the storage, then rerun"), message
+    assert saves == [8] and len(steps) <= 4  # fetched the batches of steps 7..10 at most
+    assert checkpoint.Checkpointer(workdir, read_only=True).all_steps() == [2, 4, 6]
+
+
+def test_a_save_failing_in_the_background_stops_the_run_within_two_steps(run6, text_glob, monkeypatch):
+    """Orbax reports a failure of its save thread (as a full disk or a lost bucket gives) only when asked: the loop
+    asks every step, so the run stops at once, not at the next checkpoint (12) or at the end (16)."""
+    started, fetched = [], []
+    save, fetch = ocp.CheckpointManager.save, distributed.host_local_batch_to_global
+
+    def failed_in_the_background(self):
+        if started:
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(ocp.CheckpointManager, "save", lambda self, step, *a, **k: started.append(step) or save(self, step, *a, **k))
+    monkeypatch.setattr(ocp.CheckpointManager, "check_for_errors", failed_in_the_background)
+    monkeypatch.setattr(distributed, "host_local_batch_to_global", lambda *args: fetched.append(1) or fetch(*args))
+    with pytest.raises(checkpoint.CheckpointWriteError, match=r"^saving a checkpoint to .* failed \(OSError: \[Errno 28\] No space"):
+        loop.train_and_evaluate(_cfg(text_glob, 16, **{"train.log_every": 100, "train.checkpoint_every": 4}), run6)
+    assert started == [8] and len(fetched) <= 4
+
+
+@pytest.mark.slow
+def test_a_file_size_limit_stops_the_run_in_one_line_keeping_the_checkpoints(run6, text_glob, tmp_path):
+    """`ulimit -f` (RLIMIT_FSIZE, 60 kB): the first checkpoint's array files exceed it; train.py ends with one error line
+    and exits 1; the earlier checkpoints keep. (Tensorstore's threads may print "Event loop is closed" tracebacks of
+    their own as orbax gives up the save: not ours to silence.)"""
+    env = {**os.environ, "PYTHONPATH": os.getcwd(), "XDG_CACHE_HOME": str(tmp_path / "cache")}  # its cut-off compilation cache
+    train = [sys.executable, "train.py", f"--config={_config_file(tmp_path, text_glob, 12)}", f"--workdir={run6}"]
+    result = subprocess.run(["bash", "-c", 'ulimit -f 59 && exec "$@"', "bash", *train], capture_output=True, text=True, env=env, timeout=300)
+    errors = [line for line in (result.stdout + result.stderr).splitlines() if line.startswith("error: ")]
+    assert result.returncode == 1 and errors == result.stderr.splitlines()[-1:], result.stderr[-3000:]
+    assert errors[0].startswith(f"error: saving a checkpoint to {run6 / 'checkpoints'} failed (File too large: "), errors
+    assert checkpoint.Checkpointer(run6, read_only=True).all_steps() == [2, 4, 6]
+
+
+def test_too_little_free_space_or_a_read_only_workdir_is_refused_before_anything_is_written(text_glob, tmpfs, run_cli, tmp_path):
+    small, read_only = tmpfs("64k"), tmpfs("1m", ",ro")
+    config = _config_file(tmp_path, text_glob, 8)
+    code, lines = run_cli(train_cli.main, f"--config={config}", f"--workdir={small / 'run'}")
+    assert code == 1 and len(lines) == 1 and re.match(rf"error: {small / 'run'} has 0\.\d MiB free but a checkpoint of this run "
+                                                      r"takes about 0\.\d MiB; free space", lines[0]), lines
+    code, lines = run_cli(train_cli.main, f"--config={config}", f"--workdir={read_only / 'run'}")
+    assert code == 1 and lines == [f"error: --workdir={read_only / 'run'}: {read_only} is not writable; use another --workdir"]
+    assert not list(small.iterdir()) and not list(read_only.iterdir())
+
+
+def test_sigterm_saves_and_exits_75(run6, text_glob, run_cli, tmp_path, monkeypatch):
+    """A scheduler must not take a preempted run for a finished one (the resume is exact: test_train's preemption test)."""
+    monkeypatch.setattr(distributed, "host_local_batch_to_global", _SigtermAtBatch(1))
+    code, lines = run_cli(train_cli.main, f"--config={_config_file(tmp_path, text_glob, 8)}", f"--workdir={run6}")
+    assert code == EXIT_PREEMPTED == 75 and "stopped at step 7 by a signal, checkpoint saved; rerun the same command to resume" in lines
+    assert checkpoint.Checkpointer(run6, read_only=True).latest_step() == 7
 
 
 # --- kill -9 ------------------------------------------------------------------------------------------------------
@@ -229,9 +461,11 @@ def run_cli():
 
 
 def _bad_data(tmp_path, kind) -> str:
-    """A data glob whose file is latin-1 text, binary bytes, or a shard with a token id past GPT-2's vocabulary."""
-    path = tmp_path / (f"{kind}.bin" if kind == "shard" else f"{kind}.txt")
-    contents = {"latin-1": "caf\xe9 au lait\n".encode("latin-1") * 50, "binary": bytes(range(256)) * 4}
+    """A data glob whose file is latin-1 text, binary bytes, a shard with a token id past GPT-2's vocabulary, short or
+    empty text, a 12-byte shard; or a file where a folder should be."""
+    path = tmp_path / (f"{kind}.bin" if kind in ("shard", "tiny_shard") else f"{kind}.txt")
+    contents = {"latin-1": "caf\xe9 au lait\n".encode("latin-1") * 50, "binary": bytes(range(256)) * 4, "short": b"x" * 2000,
+                "empty": b"", "tiny_shard": b"\0" * 12, "file": b""}
     if kind == "shard":
         shards.write_shard(path, np.r_[np.arange(100), 60000, np.arange(100)])
     else:
@@ -259,15 +493,32 @@ BAD_TRAIN = {  # arguments after TRAIN and --workdir -> what the one line must c
     "token past the vocabulary": (["--config.data.source=bin", "--config.data.path={shard}"],
                                   "shard.bin: token id 60000 at token offset 100 (byte 1224) is outside the vocabulary of 50257"),
     "stray argument": (["extra"], "unexpected arguments: extra"),
+    "lssar p -3": (["--config=lssar:tiny", "--config.model.attention_options.p=-3"], "p must be > 0 and finite, got -3.0"),
+    "lssar p 0": (["--config=lssar:tiny", "--config.model.attention_options.p=0"], "config.model.attention_options: p must be > 0"),
+    "lssar p nan": (["--config=lssar:tiny", "--config.model.attention_options.p=nan"], "p must be > 0 and finite, got nan"),
+    "val_fraction 0": (["--config.data.val_fraction=0"], "config.data.val_fraction=0.0 is invalid; allowed: a number in (0, 1)"),
+    "spike factor 1": (["--config.train.spike_factor=1"], "config.train.spike_factor=1.0 is invalid; allowed: 0 (off) or a finite"),
+    "seq_len longer than the data": (["--config.data.source=text", "--config.data.path={short}", "--config.train.seq_len=4096"],
+                                     "the training data has 1900 tokens: too few for 1 window(s) of config.train.seq_len + 1 = 4097"),
+    "empty text file": (["--config.data.source=text", "--config.data.path={empty}"], "the training data has 0 tokens"),
+    "12-byte shard": (["--config.data.source=bin", "--config.data.path={tiny_shard}"], "tiny_shard.bin: not a .bin token shard"),
+    "workdir is a file": (["--workdir={file}"], "is a file; give a folder (existing or to be created)"),
+    "workdir under /dev/null": (["--workdir=/dev/null/run"], "--workdir=/dev/null/run: /dev/null is not a folder"),
+    "half a cluster": (["--coordinator_address=localhost:1234"], "--coordinator_address, --num_processes and --process_id go together"),
 }
 
 
 @pytest.mark.parametrize("case", BAD_TRAIN)
 def test_bad_training_input_is_one_error_line(case, run_cli, tmp_path):
     args, expected = BAD_TRAIN[case]
-    data = {kind: _bad_data(tmp_path, kind) for kind in ("latin-1", "binary", "shard")}
-    code, lines = run_cli(train_cli.main, *TRAIN, f"--workdir={tmp_path / 'run'}", *(a.format(**data) for a in args))
+    (tmp_path / "data").mkdir()
+    data = {kind: _bad_data(tmp_path / "data", kind) for kind in ("latin-1", "binary", "shard", "short", "empty", "tiny_shard", "file")}
+    before = _files(tmp_path)
+    config = next((a for a in args if a.startswith("--config=")), TRAIN[0])  # the case's config replaces softmax:tiny
+    args = [a.format(**data) for a in args if not a.startswith("--config=")]
+    code, lines = run_cli(train_cli.main, config, *TRAIN[1:], f"--workdir={tmp_path / 'run'}", *args)
     assert code == 1 and len(lines) == 1 and lines[0].startswith("error: ") and expected in lines[0], lines
+    assert _files(tmp_path) == before and not (tmp_path / "run").exists()  # nothing written
 
 
 def _missing_a_file(run6, tmp_path):
@@ -286,13 +537,21 @@ BAD_EVAL = {  # (main, arguments, what the line must contain); {run} is a copy o
     "eval, checkpoint missing a file": (eval_cli.main, ["--workdir={broken}"], "checkpoint step 6 in"),
     "generate, checkpoint missing a file": (generate_cli.main, ["--workdir={broken}", "--prompt=hi"], "checkpoint step 6 in"),
     "generate, no prompt": (generate_cli.main, ["--workdir={broken}"], "--prompt must have a value"),
+    "eval, checkpoint not what was saved": (eval_cli.main, ["--workdir={tampered}"], "differs from its fingerprint"),
+    "switch p=-3": (eval_cli.main, ["--workdir={run}", "--switch=p=-3"], "--switch=p=-3 is invalid: p=-3; allowed: a number > 0 or off"),
+    "switch rope_theta=0x": (eval_cli.main, ["--workdir={run}", "--switch=rope_theta=0x"], "--switch=rope_theta=0x is invalid"),
+    "switch q=1": (eval_cli.main, ["--workdir={run}", "--switch=q=1"], "--switch=q=1 is invalid: unknown switch 'q'"),
+    "implementation fast": (eval_cli.main, ["--workdir={run}", "--implementation=fast"],
+                            "--implementation=fast is invalid; allowed: reference, blockwise, pallas, auto"),
 }
 
 
 @pytest.mark.parametrize("case", BAD_EVAL)
 def test_bad_eval_or_generate_input_is_one_error_line(case, run_cli, run6, tmp_path):
     main, args, expected = BAD_EVAL[case]
-    paths = {"run": run6, "empty": tmp_path / "empty", "broken": _missing_a_file(run6, tmp_path)}
+    paths = {"run": run6, "empty": tmp_path / "empty", "broken": _missing_a_file(run6, tmp_path), "tampered": tmp_path / "tampered"}
+    shutil.copytree(run6, paths["tampered"])
+    _another_steps_state(paths["tampered"] / "checkpoints" / "6")
     defaults = [f"--out={tmp_path / 'out'}"] if main is eval_cli.main else []
     code, lines = run_cli(main, *defaults, *(a.format(**paths) for a in args))
     errors = [line for line in lines if line.startswith("error: ")]  # eval's progress bar may come before

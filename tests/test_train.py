@@ -167,10 +167,11 @@ def test_resume_check_refuses_each_fixed_field_and_allows_the_others(text_glob):
     data stream: changing one alone is refused, naming it; schedule, logging and optimiser fields may change."""
     cfg = config.parse(tiny_config("softmax", text_glob))
     fields = sorted(loop._flat(cfg.source))
-    fixed = [k for k in fields if k.split(".")[0] in ("model", "data")] + ["train.seq_len", "train.batch_size", "train.seed"]
+    fixed = [k for k in fields if k.split(".")[0] in ("model", "data") and k != "data.allow_changed"]
+    fixed += ["train.seq_len", "train.batch_size", "train.seed"]
     assert len(fixed) > 20 and "data.path" in fixed and "model.attention" in fixed
     free = ["train.steps", "train.log_every", "train.eval_every", "train.checkpoint_every", "optim.lr", "optim.warmup_steps",
-            "checkpoint.max_to_keep", "mesh.shape"]
+            "checkpoint.max_to_keep", "mesh.shape", "data.allow_changed", "train.spike_factor"]
 
     def changed(field):
         source = json.loads(json.dumps(cfg.source))
@@ -185,6 +186,8 @@ def test_resume_check_refuses_each_fixed_field_and_allows_the_others(text_glob):
     for field in free:
         loop._check_resumable(cfg.source, changed(field), 2, "wd")
     loop._check_resumable(cfg.source, cfg, 2, "wd")
+    moved = changed("data.path")  # data.allow_changed also lets the data's paths change
+    loop._check_resumable(cfg.source, dataclasses.replace(moved, data=dataclasses.replace(cfg.data, allow_changed=True)), 2, "wd")
 
 
 def test_sharded_mesh_gives_the_same_losses(text_glob, tmp_path):

@@ -58,6 +58,7 @@ def get_config(variant: str = "softmax", size: str = "tiny") -> ml_collections.C
     cfg.data.errors = "strict"  # strict: undecodable bytes are an error naming the file and offset | replace | ignore
     cfg.data.retrieval_fraction = 0.0  # e.g. 0.25: that fraction of training windows are synthetic passkey sequences
     cfg.data.tokenizer_path = ""  # .bin shards: a Hugging Face tokenizer.json (e.g. GPT-2's) for passkey and generation
+    cfg.data.allow_changed = False  # True: resume although the data files differ from those the checkpoint was trained on
 
     cfg.optim = ml_collections.ConfigDict()
     cfg.optim.lr = 3e-3
@@ -82,6 +83,8 @@ def get_config(variant: str = "softmax", size: str = "tiny") -> ml_collections.C
     cfg.train.checkpoint_every = 100
     cfg.train.profile_steps = ()  # e.g. (10, 12): a jax.profiler trace of steps 10-12 to WORKDIR/profile
     cfg.train.peak_tflops = 0.0  # per-device peak for MFU; 0: known for the device (H100, A100, TPU v4-v6), else not shown
+    cfg.train.spike_factor = 5.0  # divergence: stop when the loss is above this x its running median ...; 0: off
+    cfg.train.spike_steps = 3  # ... for this many steps in a row; then roll back to the last confirmed checkpoint
 
     cfg.model.max_len = cfg.train.get_ref("seq_len")  # the training length (sets SSMax's initial s)
     cfg.update_from_flattened_dict(TRAINING[size])
@@ -89,4 +92,5 @@ def get_config(variant: str = "softmax", size: str = "tiny") -> ml_collections.C
     cfg.checkpoint = ml_collections.ConfigDict()
     cfg.checkpoint.max_to_keep = 3
     cfg.checkpoint.async_save = True
+    cfg.checkpoint.allow_fresh_start = False  # True: start from step 0 when every checkpoint in the workdir is bad
     return cfg

@@ -12,6 +12,11 @@ import grain
 import numpy as np
 
 
+def num_chunks(sequences, length: int) -> int:
+    """Training windows of `length` tokens per epoch (each host needs at least one)."""
+    return _chunk_offsets(sequences, length)[-1]
+
+
 def _chunk_offsets(sequences, length: int) -> list[int]:
     """Cumulative chunk counts: sequence k owns global chunks [offsets[k], offsets[k+1])."""
     counts = [max(len(s) - length + 1, 0) // length for s in sequences]

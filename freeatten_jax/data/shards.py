@@ -1,4 +1,5 @@
 """llm.c / modded-nanogpt token shards: a 256 x int32 header (magic, version, count), then uint16 tokens."""
+import os
 import pathlib
 
 import numpy as np
@@ -43,21 +44,32 @@ def read_header(path) -> int:
 
 
 class Shard:
-    """A [start, stop) slice of a shard's tokens, memory-mapped lazily (cheap to pickle into workers)."""
+    """A [start, stop) slice of a shard's tokens, read with pread (cheap to pickle into workers).
+
+    Not memory-mapped: a file truncated under a running trainer would kill it with SIGBUS; here a read that
+    finds the file changed raises ShardError, one line."""
 
     def __init__(self, path, start: int = 0, stop: int | None = None):
         self.path = str(path)
         count = read_header(path)
         self.start, self.stop = start, count if stop is None else stop
-        self._tokens = None
+        self.file_size = HEADER_BYTES + 2 * count
+        self._fd = None
 
     def __len__(self) -> int:
         return self.stop - self.start
 
     def __getitem__(self, index: slice) -> np.ndarray:
-        if self._tokens is None:
-            self._tokens = np.memmap(self.path, "<u2", "r", HEADER_BYTES, (self.stop,))[self.start :]
-        return np.asarray(self._tokens[index])
+        start, stop, step = index.indices(len(self))
+        if self._fd is None:
+            self._fd = os.open(self.path, os.O_RDONLY)
+        count = max(stop - start, 0)
+        raw = os.pread(self._fd, 2 * count, HEADER_BYTES + 2 * (self.start + start))
+        if len(raw) != 2 * count or os.fstat(self._fd).st_size != self.file_size:
+            now = os.fstat(self._fd).st_size
+            raise ShardError(f"{self.path} changed while training: it has {now} bytes, it had {self.file_size}; "
+                             f"stopped (restore the shard, then rerun: the run resumes from its last checkpoint)")
+        return np.frombuffer(raw, "<u2")[::step]
 
     def __getstate__(self):
-        return {**self.__dict__, "_tokens": None}
+        return {**self.__dict__, "_fd": None}

@@ -160,6 +160,13 @@ def run_tokenizer(workdir, cfg_data):
     return saved if saved is not None else tokenizer(cfg_data)
 
 
+def files(cfg_data) -> list:
+    """The files the configured data is read from (training, then validation shards), for the run's data fingerprint."""
+    if cfg_data.source == "shakespeare":
+        return corpus.shakespeare_files(cfg_data.cache_dir)
+    return _glob(cfg_data.path, "path") + (_glob(cfg_data.val_path, "val_path") if cfg_data.val_path else [])
+
+
 def load_splits(cfg_data) -> Splits:
     """Train and validation tokens for `config.data`."""
     return SOURCES[cfg_data.source](cfg_data)

@@ -5,6 +5,7 @@
 Each checkpoint is evaluated as trained and under every applicable `--switch` (LSSAR re-weighting
 `p=15` / `p=off` on lssa/lssar runs, `rope_theta=50x` or an absolute base, SSMax `s=0.3`).
 """
+import math
 import sys
 
 from absl import flags, logging
@@ -22,6 +23,28 @@ def _numbers(flag: str, values: list[str], kind, ok, allowed: str) -> tuple:
     if not numbers or not all(map(ok, numbers)):
         raise UserError(f"--{flag}={','.join(values)} is invalid; allowed: {allowed}")
     return numbers
+
+
+# Values each switch takes (besides switches.parse's syntax); a bad one is refused before any checkpoint is read.
+_SWITCH_VALUES = {
+    "p": (lambda v: v == "off" or math.isfinite(float(v)) and float(v) > 0, "a number > 0 or off"),
+    "rope_theta": (lambda v: math.isfinite(float(v.removesuffix("x"))) and float(v.removesuffix("x")) > 0,
+                   "a number > 0, absolute (500000) or relative (50x)"),
+    "s": (lambda v: math.isfinite(float(v)), "a finite number"),
+}
+
+
+def _check_switch(text: str) -> None:
+    from freeatten_jax.evaluation import switches
+
+    try:
+        switch = switches.parse(text)
+    except UserError as e:
+        raise UserError(f"--switch={text} is invalid: {e}") from None
+    for key, value in switch.settings:
+        ok, allowed = _SWITCH_VALUES[key]
+        if not ok(value):
+            raise UserError(f"--switch={text} is invalid: {key}={value}; allowed: {allowed}")
 
 
 def main() -> None:
@@ -43,7 +66,13 @@ def main() -> None:
                                    "lengths must be multiples of 2x it) for the loss vs length.")
 
     def evaluate(_):
+        from freeatten_jax.attention import IMPLEMENTATIONS
         from freeatten_jax.evaluation import suite
+
+        for text in switches.value:
+            _check_switch(text)
+        if implementation.value not in IMPLEMENTATIONS:
+            raise UserError(f"--implementation={implementation.value} is invalid; allowed: {', '.join(IMPLEMENTATIONS)}")
 
         settings = suite.Settings(
             multipliers=tuple(sorted(_numbers("multipliers", multipliers.value, int, lambda m: m >= 1,

@@ -1,23 +1,31 @@
 """Orbax checkpoints in WORKDIR/checkpoints (local or cloud): train state (params, optimizer, step, RNG
-streams), the data iterator's state and the config as JSON; `load_params` rebuilds a trained model.
+streams), the data iterator's state, the config as JSON, and their fingerprints (training.integrity);
+`load_params` rebuilds a trained model.
 
-A checkpoint that cannot be trusted (unreadable, or the state a non-finite step was computed from) is
-moved aside to WORKDIR/quarantine/step_N-<reason>, never deleted.
+A checkpoint whose content is provably bad (garbage, truncated, missing files, a fingerprint mismatch, or
+the state a non-finite or diverging step was computed from) is moved aside to WORKDIR/quarantine/step_N-<reason>,
+never deleted. A checkpoint that cannot be *read* (permission, I/O or network errors) is left as it is: the
+storage is at fault, not the checkpoint. Rotation keeps the newest `max_to_keep` and the last confirmed one.
 """
+import contextlib
+import dataclasses
+import errno
 import json
+import os
 import re
 import uuid
 
 import grain
 import jax
 import orbax.checkpoint as ocp
+from absl import logging
 from jax.experimental import multihost_utils
 
 from freeatten_jax.errors import UserError
 from freeatten_jax.nn import sharding
-from freeatten_jax.training import config, state, storage
+from freeatten_jax.training import config, integrity, state, storage
 
-ITEMS = ("state", "data", "config")
+ITEMS = ("state", "data", "config", "integrity")
 
 
 class CheckpointNotFoundError(UserError, FileNotFoundError):
@@ -26,6 +34,46 @@ class CheckpointNotFoundError(UserError, FileNotFoundError):
 
 class CheckpointWriteError(UserError, OSError):
     """The checkpoint folder cannot be written."""
+
+
+class CheckpointUnavailableError(UserError, OSError):
+    """A checkpoint cannot be read (permission, I/O or network error): nothing is moved or written."""
+
+
+class CheckpointMismatchError(ValueError):
+    """A restored checkpoint differs from the fingerprints saved with it: its content is bad."""
+
+
+# Causes that say the storage could not be read, not that the content is bad: OS errors other than a missing
+# file, and the tensorstore / cloud status codes of the same (orbax wraps them in many exception types).
+_CONTENT_ERRNOS = {errno.ENOENT, errno.EISDIR, errno.ENOTDIR}
+_UNAVAILABLE_CODES = ("PERMISSION_DENIED", "UNAVAILABLE", "DEADLINE_EXCEEDED", "UNAUTHENTICATED", "RESOURCE_EXHAUSTED",
+                      "Permission denied", "Input/output error")
+
+
+def is_unavailable(error: BaseException) -> bool:
+    """True when `error`, or anything it was raised from, says the storage failed to read (not that the bytes are bad)."""
+    seen = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        if isinstance(error, OSError) and error.errno is not None and error.errno not in _CONTENT_ERRNOS:
+            return True
+        if any(code in str(error) for code in _UNAVAILABLE_CODES):
+            return True
+        error = error.__cause__ or error.__context__
+    return False
+
+
+@dataclasses.dataclass
+class _KeepConfirmed:
+    """An orbax preservation policy: the newest `n` checkpoints and the last confirmed one, whatever `n` is."""
+
+    n: int | None
+    confirmed: list  # [step or None], shared with the Checkpointer
+
+    def should_preserve(self, checkpoints, *, context):
+        newest = {c.step for c in checkpoints[-self.n:]} if self.n else {c.step for c in checkpoints}
+        return [c.step in newest or c.step == self.confirmed[0] for c in checkpoints]
 
 
 def probe_writable(directory) -> None:
@@ -49,12 +97,15 @@ def describe(error: Exception) -> str:
 class Checkpointer:
     """An async CheckpointManager keeping the last `max_to_keep` steps."""
 
-    def __init__(self, workdir, cfg_checkpoint=None, *, read_only: bool = False):
+    def __init__(self, workdir, cfg_checkpoint=None, *, read_only: bool = False, data_files: list | None = None):
         keep = cfg_checkpoint.max_to_keep if cfg_checkpoint else None
         async_save = bool(cfg_checkpoint and cfg_checkpoint.async_save)
-        options = ocp.CheckpointManagerOptions(max_to_keep=keep, enable_async_checkpointing=async_save, read_only=read_only)
         self.workdir = storage.path(workdir)
         self.directory = self.workdir / "checkpoints"
+        self.data_files = data_files or []  # integrity.files of the run's data, saved with each checkpoint
+        self._confirmed = [None if read_only else self.confirmed_step()]
+        options = ocp.CheckpointManagerOptions(enable_async_checkpointing=async_save, read_only=read_only,
+                                               preservation_policy=_KeepConfirmed(keep, self._confirmed))
         if not read_only:
             probe_writable(self.directory)
         self.manager = ocp.CheckpointManager(self.directory, options=options, item_names=ITEMS)
@@ -68,6 +119,8 @@ class Checkpointer:
     def quarantine(self, step: int, reason: str):
         """Moves checkpoint `step` to WORKDIR/quarantine/step_N-<reason> (process 0); returns the new path."""
         self.wait()
+        if self._confirmed[0] == step:
+            self._confirmed[0] = None
         slug = re.sub(r"[^A-Za-z0-9]+", "-", reason).strip("-")[:60]
         target = self.workdir / "quarantine" / f"step_{step}-{slug}"
         if jax.process_index() == 0:
@@ -81,28 +134,93 @@ class Checkpointer:
         return target
 
     def confirm(self, step: int) -> None:
-        """Records that the step computed from checkpoint `step` had a finite loss and gradient (process 0)."""
+        """Records that the step computed from checkpoint `step` was finite and not diverging (process 0; atomic)."""
+        self._confirmed[0] = step
         if jax.process_index() == 0:
-            (self.workdir / "confirmed.json").write_text(json.dumps({"step": step}) + "\n")
+            storage.write_atomic(self.workdir / "confirmed.json", json.dumps({"step": step}) + "\n")
 
     def confirmed_step(self) -> int | None:
-        """The newest checkpoint confirmed good by `confirm`, if any."""
+        """The newest checkpoint confirmed good by `confirm`, if any (a damaged confirmed.json confirms none)."""
         path = self.workdir / "confirmed.json"
-        return json.loads(path.read_text())["step"] if path.exists() else None
+        if not path.exists():
+            return None
+        try:
+            step = json.loads(path.read_text())["step"]
+            if isinstance(step, int):
+                return step
+        except (ValueError, TypeError, KeyError, UnicodeDecodeError):
+            pass
+        logging.warning("%s is damaged: no checkpoint counts as confirmed until the next one is", path)
+        return None
 
     def save(self, step: int, train_state, data_iterator, source: dict) -> None:
+        """Starts saving (in the background with async_save); the fingerprints are computed first, on the devices."""
         probe_writable(self.directory)
+        fingerprints = {"state": integrity.arrays(train_state), "data_iterator": integrity.iterator(data_iterator),
+                        "data_files": self.data_files}
         args = ocp.args.Composite(
             state=ocp.args.StandardSave(train_state),
             data=grain.checkpoint.CheckpointSave(data_iterator),
             config=ocp.args.JsonSave(source),
+            integrity=ocp.args.JsonSave(fingerprints),
         )
-        self.manager.save(step, args=args, force=True)
+        self._reporting(lambda: self.manager.save(step, args=args, force=True))  # it raises a previous save's failure
 
-    def restore(self, step: int, abstract_state, data_iterator):
-        """The state at `step`; `data_iterator` is moved to where it was at that step."""
+    def check_for_errors(self) -> None:
+        """Raises CheckpointWriteError if a background save has failed (called every step: a failed save stops the run)."""
+        self._reporting(self.manager.check_for_errors)
+
+    def saving(self) -> bool:
+        """Whether a background save is still being written."""
+        return self.manager.is_saving_in_progress()
+
+    def _reporting(self, call) -> None:
+        """Runs `call`; a failed save it re-raises (of any type: orbax passes on its save thread's) is one line."""
+        try:
+            call()
+        except Exception as e:
+            code = re.search(r"os_error_code='(\d+)'", str(e))  # tensorstore's wording of an OS error, cut off by describe
+            cause = f"{os.strerror(int(code[1]))}: " if code else ""
+            raise CheckpointWriteError(f"saving a checkpoint to {self.directory} failed ({cause}{describe(e)}); stopped; "
+                                       f"the earlier checkpoints are kept: free space or fix the storage, then rerun") from e
+
+    def check_readable(self, step: int) -> None:
+        """Opens every file of checkpoint `step` and reads a byte: a permission or I/O error is
+        CheckpointUnavailableError, before anything is moved."""
+        path = self.directory / str(step)
+        folders, files = [path], []
+        try:
+            while folders:  # epath has no recursive glob on cloud paths
+                for path in folders.pop().iterdir():
+                    (folders if path.is_dir() else files).append(path)
+            for path in files:
+                with path.open("rb") as f:
+                    f.read(1)
+        except OSError as e:
+            if e.errno in _CONTENT_ERRNOS:
+                return  # a file that vanished: the restore finds the checkpoint incomplete
+            raise CheckpointUnavailableError(
+                f"cannot read checkpoint step {step} ({e.filename or path}: {e.strerror or e}); nothing was moved "
+                f"or written: fix the storage or its permissions and rerun") from None
+
+    def fingerprints(self, step: int) -> dict | None:
+        """The fingerprints saved with `step` (None for checkpoints saved before they existed)."""
+        if not (self.directory / str(step) / "integrity").exists():
+            return None
+        return self.manager.restore(step, args=ocp.args.Composite(integrity=ocp.args.JsonRestore()))["integrity"]
+
+    def restore(self, step: int, abstract_state, data_iterator, fingerprints: dict | None = None):
+        """The state at `step`; `data_iterator` is moved to where it was at that step. With `fingerprints`, the
+        restored arrays and iterator state are checked against them (CheckpointMismatchError names the first that differs)."""
         args = ocp.args.Composite(state=ocp.args.StandardRestore(abstract_state), data=grain.checkpoint.CheckpointRestore(data_iterator))
-        return self.manager.restore(step, args=args)["state"]
+        restored = self.manager.restore(step, args=args)["state"]
+        if fingerprints is not None:
+            arrays = integrity.arrays(restored)
+            if bad := [k for k in sorted(arrays) if arrays[k] != fingerprints["state"].get(k)]:
+                raise CheckpointMismatchError(f"array {bad[0]} differs from its fingerprint ({len(bad)} of {len(arrays)} arrays do)")
+            if integrity.iterator(data_iterator) != fingerprints["data_iterator"]:
+                raise CheckpointMismatchError("the data iterator's state differs from its fingerprint")
+        return restored
 
     def config_json(self, step: int) -> dict:
         """The command line's config saved with `step`, as JSON."""
@@ -120,10 +238,17 @@ class Checkpointer:
         return step
 
     def wait(self) -> None:
-        self.manager.wait_until_finished()
+        self._reporting(self.manager.wait_until_finished)
 
     def close(self) -> None:
-        self.manager.close()
+        """Waits for the background save and closes; a failed save is CheckpointWriteError, after closing all the same
+        (orbax reports a failure once: the second close finishes what the first left)."""
+        try:
+            self._reporting(self.manager.close)
+        except CheckpointWriteError:
+            with contextlib.suppress(Exception):
+                self.manager.close()
+            raise
 
 
 def load_params(workdir, step: int | None = None, mesh=None):
@@ -139,6 +264,9 @@ def load_params(workdir, step: int | None = None, mesh=None):
         target, _ = sharding.abstract(lambda: state.model_state(cfg.model, cfg.train.seed), mesh, cfg.mesh.rules)
         restore = ocp.args.PyTreeRestore(item=target, restore_args=ocp.checkpoint_utils.construct_restore_args(target), partial_restore=True)
         restored = ckpt.manager.restore(step, args=ocp.args.Composite(state=restore))["state"]
+        saved = (ckpt.fingerprints(step) or {}).get("state")
+        if saved is not None and (bad := [k for k, v in integrity.arrays(restored).items() if saved.get(k) != v]):
+            raise CheckpointMismatchError(f"array {bad[0]} differs from its fingerprint")
     except UserError:
         raise
     except Exception as e:  # missing, truncated or garbage files: orbax, tensorstore and json raise many types

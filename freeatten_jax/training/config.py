@@ -8,7 +8,7 @@ from typing import Any, Callable
 
 import ml_collections
 
-from freeatten_jax import data
+from freeatten_jax import attention, data
 from freeatten_jax.errors import ConfigError
 from freeatten_jax.nn.config import ModelConfig
 from freeatten_jax.training import optim
@@ -30,6 +30,7 @@ class DataConfig:
     errors: str = "strict"  # on bytes the encoding rejects: strict (an error naming the file and offset) | replace | ignore
     tokenizer_path: str = ""  # a Hugging Face tokenizer.json for .bin shards (passkey, generation)
     retrieval_fraction: float = 0.0  # fraction of training windows replaced by synthetic passkey sequences (data.retrieval)
+    allow_changed: bool = False  # resume although the data files differ from the checkpoint's fingerprint of them
 
 
 @dataclasses.dataclass(frozen=True)
@@ -58,6 +59,8 @@ class TrainConfig:
     checkpoint_every: int
     profile_steps: tuple[int, ...] = ()  # () or (first, last): a profiler trace of those steps to WORKDIR/profile
     peak_tflops: float = 0.0  # per device, for MFU; 0: known for the device, else MFU is omitted
+    spike_factor: float = 5.0  # divergence: loss above this x its running median ...; 0: only NaN/Inf stop a run
+    spike_steps: int = 3  # ... for this many steps in a row (training.divergence)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -68,8 +71,9 @@ class MeshConfig:
 
 @dataclasses.dataclass(frozen=True)
 class CheckpointConfig:
-    max_to_keep: int
+    max_to_keep: int  # the newest ones; the last confirmed checkpoint is kept as well
     async_save: bool
+    allow_fresh_start: bool = False  # start from step 0 when every checkpoint in the workdir was bad (else an error)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -118,12 +122,14 @@ def _known_encoding(name) -> bool:
 _POSITIVE = _number(lambda v: v > 0, "a number > 0")
 _FINITE_POSITIVE = _number(lambda v: math.isfinite(v) and v > 0, "a finite number > 0")
 _FRACTION = _number(lambda v: 0 <= v < 1, "a number in [0, 1)")
+_BOOL = ((lambda v: isinstance(v, bool)), "True or False")
 
 CHECKS = {  # non-model fields; ModelConfig checks its own
     "data.source": _one_of(tuple(data.SOURCES)),
     "data.tokenizer": _one_of(tuple(data.TOKENIZERS)),
     "data.bpe_vocab_size": _int(257, 65536),
-    "data.val_fraction": _FRACTION,
+    "data.val_fraction": _number(lambda v: 0 < v < 1, "a number in (0, 1): validation needs held-out data (or set data.val_path)"),
+    "data.allow_changed": _BOOL,
     "data.num_workers": _int(0),
     "data.document_masking": _one_of(tuple(data.DOCUMENT_MASKING)),
     "data.eos_id": _int(-1, 65535),
@@ -147,7 +153,10 @@ CHECKS = {  # non-model fields; ModelConfig checks its own
     "train.checkpoint_every": _int(1),
     "train.profile_steps": _profile_steps(),
     "train.peak_tflops": _number(lambda v: v >= 0, "a number >= 0 (0: known for the device)"),
+    "train.spike_factor": _number(lambda v: v == 0 or (math.isfinite(v) and v > 1), "0 (off) or a finite number > 1"),
+    "train.spike_steps": _int(1),
     "checkpoint.max_to_keep": _int(1),
+    "checkpoint.allow_fresh_start": _BOOL,
     "mesh.shape": _mesh_shape(),
 }
 
@@ -170,9 +179,13 @@ def _model(cfg_model, cfg_data) -> ModelConfig:
     if fields.get("ssmax_s_init") == -1:
         fields["ssmax_s_init"] = None
     try:
-        return ModelConfig(**fields)
+        model = ModelConfig(**fields)
+        attention.variant_options(model.attention, model.attention_options, model.num_heads)
+        return model
     except ConfigError as e:
         raise ConfigError(f"config.{e}") from None
+    except ValueError as e:  # an option's value (lssar p <= 0 or NaN, ...)
+        raise ConfigError(f"config.model.attention_options: {e}") from None
     except TypeError as e:  # a missing field
         raise ConfigError(f"config.model: {e}") from None
 
@@ -205,6 +218,8 @@ def parse(cfg: ml_collections.ConfigDict) -> Config:
     """The typed configs of a run; raises ConfigError for the first invalid field (before any data is read)."""
     cfg = cfg.copy_and_resolve_references()
     for field, (ok, allowed) in CHECKS.items():
+        if field == "data.val_fraction" and cfg.data.get("val_path"):
+            continue  # held out in its own files
         if _has(cfg, field) and not ok(value := _get(cfg, field)):
             raise ConfigError(f"config.{field}={value!r} is invalid; allowed: {allowed}")
     if cfg.train.batch_size % cfg.train.grad_accum_steps:

@@ -1,9 +1,20 @@
-"""Multi-process start-up and input assembly: one JAX process per host (TPU slice, SLURM, MPI)."""
+"""Multi-process start-up and input assembly: one JAX process per host (TPU slice, SLURM, MPI, or given by hand).
+
+`Cluster` holds the command line's --coordinator_address / --num_processes / --process_id; fields left None are
+auto-detected by jax.distributed.initialize on TPU/GPU clusters. On CPU the processes talk over gloo.
+`PeerWatch` stops a process whose peer died (a collective would wait for it forever) within `peer_timeout_s`, in
+one line; jax's own heartbeat (twice that) is the backstop, which aborts with a stack trace.
+"""
+import dataclasses
 import os
+import sys
+import threading
+import time
 
 import jax
 import numpy as np
 
+from freeatten_jax.errors import EXIT_PEER_LOST, ConfigError
 from freeatten_jax.nn.sharding import Rules, batch_sharding
 
 _MULTI_PROCESS_SIGNS = {
@@ -15,19 +26,105 @@ _MULTI_PROCESS_SIGNS = {
 }
 
 
+@dataclasses.dataclass(frozen=True)
+class Cluster:
+    """This process's place in a multi-process run; None: auto-detected (TPU pods, SLURM, MPI)."""
+
+    coordinator_address: str | None = None  # host:port of process 0's coordination service
+    num_processes: int | None = None
+    process_id: int | None = None
+    peer_timeout_s: int = 60  # a process that has not heard from a peer for this long stops (PeerWatch)
+
+    def __post_init__(self):
+        given = [self.coordinator_address, self.num_processes, self.process_id]
+        if any(v is not None for v in given) and any(v is None for v in given):
+            raise ConfigError("--coordinator_address, --num_processes and --process_id go together: give all three or none")
+        if self.num_processes is not None and not 0 <= self.process_id < self.num_processes:
+            raise ConfigError(f"--process_id={self.process_id} is invalid; allowed: 0 .. --num_processes - 1 = {self.num_processes - 1}")
+
+    @property
+    def given(self) -> bool:
+        return self.coordinator_address is not None
+
+
 def is_multi_process(environ=os.environ) -> bool:
     """True when the environment describes several JAX processes (TPU slice, SLURM, MPI)."""
     return any(sign(environ[name]) for name, sign in _MULTI_PROCESS_SIGNS.items() if environ.get(name))
 
 
-def initialize_distributed(environ=os.environ) -> bool:
-    """Calls jax.distributed.initialize() (auto-detected cluster) once, when multi-process."""
+def initialize_distributed(environ=os.environ, cluster: Cluster | None = None) -> bool:
+    """Calls jax.distributed.initialize() once, with `cluster`'s values or auto-detected, when multi-process."""
+    cluster = cluster or Cluster()
     if jax.distributed.is_initialized():
         return True
-    if not is_multi_process(environ):
+    if not cluster.given and not is_multi_process(environ):
         return False
-    jax.distributed.initialize()
+    jax.config.update("jax_cpu_collectives_implementation", "gloo")  # CPU processes (tests, one-machine runs)
+    jax.distributed.initialize(cluster.coordinator_address, cluster.num_processes, cluster.process_id,
+                               heartbeat_timeout_seconds=2 * cluster.peer_timeout_s)
     return True
+
+
+class PeerWatch:
+    """While training, each process bumps a counter in the coordination service's key-value store every second and
+    reads its peers'; one whose peer's counter stands still for `timeout_s`, or that loses the service (process 0
+    gone), writes one `error:` line and exits with EXIT_PEER_LOST. A process that finishes writes `done`."""
+
+    def __init__(self, timeout_s: float, interval_s: float = 1.0):
+        from jax._src import distributed as jax_distributed  # the client of jax.distributed.initialize (as orbax uses it)
+
+        self.client, self.timeout_s, self.interval_s = jax_distributed.global_state.client, timeout_s, interval_s
+        self.me, self.count = jax.process_index(), jax.process_count()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="PeerWatch", daemon=True)
+        self._thread.start()
+
+    def _key(self, process: int) -> str:
+        return f"freeatten_peer_watch/{process}"
+
+    def _run(self) -> None:
+        heard = {p: (None, time.monotonic()) for p in range(self.count) if p != self.me}  # last value, when it changed
+        beat = 0
+        while not self._stop.wait(self.interval_s):
+            beat += 1
+            try:
+                self.client.key_value_set(self._key(self.me), str(beat), allow_overwrite=True)
+                values = {p: self._try_get(p) for p in heard}
+            except Exception as e:  # the service runs in process 0
+                self._lost(f"lost the coordination service ({str(e).strip().splitlines()[0][:120]}): process 0 died or "
+                           f"cannot be reached")
+            now = time.monotonic()
+            for p, value in values.items():
+                if value == "done":
+                    continue
+                if value != heard[p][0]:
+                    heard[p] = (value, now)
+                elif now - heard[p][1] > self.timeout_s:
+                    self._lost(f"process {p} of {self.count} has not been heard from for {self.timeout_s:g} s: it died or hangs")
+
+    def _try_get(self, process: int) -> str | None:
+        try:
+            return self.client.key_value_try_get(self._key(process))
+        except Exception as e:
+            if "NOT_FOUND" in str(e):
+                return None  # not started yet: counted from when this one started
+            raise
+
+    def _lost(self, what: str) -> None:
+        sys.stdout.flush()
+        sys.stderr.write(f"error: {what}; stopping this process too (exit {EXIT_PEER_LOST}): restart every process to "
+                         f"resume from the last checkpoint\n")
+        sys.stderr.flush()
+        os._exit(EXIT_PEER_LOST)
+
+    def stop(self) -> None:
+        """Tells the peers this process finished (not died), and stops watching."""
+        self._stop.set()
+        self._thread.join()
+        try:
+            self.client.key_value_set(self._key(self.me), "done", allow_overwrite=True)
+        except Exception:  # the service is gone at the very end: nothing to tell
+            pass
 
 
 def host_local_batch_to_global(batch: np.ndarray, mesh, rules: Rules) -> jax.Array:

@@ -1,4 +1,5 @@
 """The training loop: resume, steps, validation, logging, checkpoints, profiling, preemption and NaN handling."""
+import contextlib
 import functools
 import signal
 import time
@@ -12,13 +13,23 @@ from jax.experimental import multihost_utils
 from freeatten_jax import data
 from freeatten_jax.errors import ConfigError, UserError
 from freeatten_jax.nn import sharding
-from freeatten_jax.training import config, distributed, flops, lock, optim, state as train_state, step as train_step, storage
-from freeatten_jax.training.checkpoint import Checkpointer, describe
+from freeatten_jax.training import (config, distributed, divergence, flops, integrity, lock, optim, state as train_state,
+                                    step as train_step, storage)
+from freeatten_jax.training.checkpoint import (Checkpointer, CheckpointMismatchError, CheckpointUnavailableError, describe,
+                                               is_unavailable)
 from freeatten_jax.training.metrics import MetricsWriter
 
 
 class NonFiniteLossError(UserError, FloatingPointError):
     """Training produced a NaN or Inf loss or gradient."""
+
+
+class DivergenceError(UserError, FloatingPointError):
+    """The loss stayed above the spike rule's threshold (training.divergence) for train.spike_steps steps."""
+
+
+class NoUsableCheckpointError(UserError, RuntimeError):
+    """Every checkpoint of a workdir was bad, and config.checkpoint.allow_fresh_start is off."""
 
 
 def _check_vocab(cfg: config.Config, splits: data.Splits) -> None:
@@ -57,6 +68,16 @@ class _StopSignal:
             signal.signal(s, handler)
 
 
+def _logged_losses(writer) -> list[float]:
+    """The losses metrics.jsonl holds up to the resumed step (process 0's, sent to all: the spike rule must agree)."""
+    losses = np.full(divergence.WINDOW, np.nan, np.float32)
+    logged = [m["loss"] for m in writer.rows if "loss" in m][-divergence.WINDOW:]
+    losses[: len(logged)] = logged
+    if jax.process_count() > 1:
+        losses = multihost_utils.broadcast_one_to_all(losses)
+    return [float(x) for x in losses if np.isfinite(x)]
+
+
 def _eta(seconds: float) -> str:
     minutes, seconds = divmod(int(seconds), 60)
     return f"{minutes // 60}h{minutes % 60:02d}m" if minutes >= 60 else f"{minutes}m{seconds:02d}s"
@@ -90,6 +111,8 @@ class Evaluator:
 
 # Fields a resumed run must share with its checkpoint: the parameters' shapes and the data stream.
 RESUME_FIXED = ("model.", "data.", "train.seq_len", "train.batch_size", "train.seed")
+RESUME_FREE = ("data.allow_changed",)  # and, with data.allow_changed, the data's paths:
+CHANGEABLE_DATA = ("data.path", "data.val_path")
 
 
 def _flat(d: dict, prefix: str = "") -> dict:
@@ -103,7 +126,9 @@ def _check_resumable(saved: dict, cfg: config.Config, step: int, workdir) -> Non
     """Refuses to resume when a field that shapes the state or the data stream changed since the checkpoint
     (a field the checkpoint lacks was added since: it had its default)."""
     old, new = _flat(saved), _flat(cfg.source)
-    changed = [k for k in sorted(set(old) | set(new)) if k.startswith(RESUME_FIXED) and k in old and old[k] != new.get(k)]
+    free = RESUME_FREE + (CHANGEABLE_DATA if cfg.data.allow_changed else ())
+    changed = [k for k in sorted(set(old) | set(new))
+               if k.startswith(RESUME_FIXED) and k not in free and k in old and old[k] != new.get(k)]
     if changed:
         k = changed[0]
         raise ConfigError(f"config.{k} is {new.get(k)!r} but the checkpoint at step {step} in {workdir} used "
@@ -116,50 +141,101 @@ def _log(*args, **kwargs) -> None:
 
 
 def _resume(ckpt, abstract, train_iter, cfg, workdir):
-    """(state, step) from the newest checkpoint that restores cleanly, else (None, 0); unreadable ones are moved aside."""
-    unreadable = []
+    """(state, step) from the newest checkpoint that restores and matches its fingerprints, else (None, 0).
+
+    Provably bad checkpoints are moved aside; one that cannot be read (storage at fault) stops the run with nothing
+    moved; when every checkpoint is bad, a start from scratch needs config.checkpoint.allow_fresh_start."""
+    bad = []
     for step in reversed(ckpt.all_steps()):
+        ckpt.check_readable(step)
         try:
             _check_resumable(ckpt.config_json(step), cfg, step, workdir)
-            state = ckpt.restore(step, abstract, train_iter)
+            fingerprints = ckpt.fingerprints(step)
+            if fingerprints is not None and not bad:
+                _check_data_unchanged(fingerprints["data_files"], ckpt.data_files, cfg, step)
+            state = ckpt.restore(step, abstract, train_iter, fingerprints)
         except UserError:
             raise
         except Exception as e:  # truncated, missing or garbage files: orbax, tensorstore and json raise many types
-            unreadable.append((step, describe(e), ckpt.quarantine(step, "unreadable")))
+            if is_unavailable(e):
+                raise CheckpointUnavailableError(f"cannot read checkpoint step {step} in {ckpt.directory} ({describe(e)}); "
+                                                 f"nothing was moved or written: fix the storage and rerun") from e
+            reason = "fingerprint-mismatch" if isinstance(e, CheckpointMismatchError) else "unreadable"
+            bad.append((step, reason, describe(e), ckpt.quarantine(step, reason)))
             continue
-        for bad, reason, moved in unreadable:
-            _log(f"checkpoint {bad} is unreadable ({reason}); moved it to {moved}; continuing from step {step}")
+        for number, reason, error, moved in bad:
+            _log(f"checkpoint {number} is {_BAD[reason]} ({error}); moved it to {moved}; continuing from step {step}")
         confirmed = ckpt.confirmed_step()
         verdict = "confirmed good" if confirmed is not None and step <= confirmed else "not yet confirmed: its next step has not run"
         _log(f"resumed from step {step} (checkpoint in {workdir}; {verdict})")
         return state, step
-    for bad, reason, moved in unreadable:
-        _log(f"checkpoint {bad} is unreadable ({reason}); moved it to {moved}; starting from scratch")
+    for number, reason, error, moved in bad:
+        _log(f"checkpoint {number} is {_BAD[reason]} ({error}); moved it to {moved}")
+    quarantined = ckpt.workdir / "quarantine"
+    if bad or (quarantined.exists() and any(quarantined.iterdir())):
+        if not cfg.checkpoint.allow_fresh_start:
+            raise NoUsableCheckpointError(f"no usable checkpoint in {ckpt.directory} (the bad ones are in {quarantined}); not "
+                                          f"starting from scratch: rerun with --config.checkpoint.allow_fresh_start=True to train from step 0")
+        _log(f"no usable checkpoint in {ckpt.directory}; starting from scratch (config.checkpoint.allow_fresh_start)")
     return None, 0
 
 
-def train_and_evaluate(cfg_dict, workdir) -> list[dict]:
-    """Trains (resuming from WORKDIR's newest readable checkpoint if any); returns the metrics written this run.
+_BAD = {"unreadable": "unreadable", "fingerprint-mismatch": "not what was saved: it does not match its fingerprints"}
 
-    `cfg_dict` is the command line's ConfigDict; every field is checked before any data is read. Process 0
-    holds WORKDIR/lock for the run: a second trainer on the same workdir stops at once.
+
+def _check_data_unchanged(saved: list, now: list, cfg, step: int) -> None:
+    if (change := integrity.files_changed(saved, now)) is None:
+        return
+    if not cfg.data.allow_changed:
+        raise data.DataError(f"the training data changed since checkpoint step {step}: {change}; resume on the same data, "
+                             f"or pass --config.data.allow_changed=True to go on with this data")
+    _log(f"the training data changed since checkpoint step {step} ({change}); going on with it (config.data.allow_changed)")
+
+
+class RunMetrics(list):
+    """The metrics rows written by a run; `preempted`: it stopped on SIGTERM/SIGINT after saving (a rerun resumes)."""
+
+    preempted = False
+
+
+def train_and_evaluate(cfg_dict, workdir, cluster: distributed.Cluster | None = None) -> RunMetrics:
+    """Trains (resuming from WORKDIR's newest good checkpoint if any); returns the metrics written this run.
+
+    `cfg_dict` is the command line's ConfigDict. Every field, the workdir and the data are checked before anything is
+    written. Process 0 holds WORKDIR/lock for the run: a second trainer on the same workdir stops at once.
     """
-    distributed.initialize_distributed()
+    distributed.initialize_distributed(cluster=cluster)
+    watch = distributed.PeerWatch((cluster or distributed.Cluster()).peer_timeout_s) if jax.process_count() > 1 else None
+    try:
+        return _checked_and_trained(cfg_dict, workdir)
+    finally:
+        if watch is not None:
+            watch.stop()
+
+
+def _checked_and_trained(cfg_dict, workdir) -> RunMetrics:
     cfg = config.parse(cfg_dict)
-    with lock.hold(workdir):
-        return _train(cfg, workdir)
-
-
-def _train(cfg: config.Config, workdir) -> list[dict]:
+    storage.check_workdir(workdir)
     try:
         mesh = sharding.make_mesh(cfg.mesh.shape, _mesh_devices(cfg.mesh.shape))
     except ValueError as e:
         raise ConfigError(f"config.{e}") from None
+    _check_batch(cfg, mesh)
     splits = data.load_splits(cfg.data)
-    _check_vocab(cfg, splits)
-    if jax.process_index() == 0:
-        data.save_to_run(splits.tokenizer, storage.path(workdir))  # the run carries its tokenizer
-    rules, steps = cfg.mesh.rules, cfg.train.steps
+    _check_data(cfg, splits)
+    abstract, _ = train_state.abstract_state(cfg, mesh, optim.make(cfg.optim, cfg.train.steps))
+    storage.check_free_space(workdir, sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(abstract)))
+    with lock.hold(workdir):
+        try:
+            return _train(cfg, splits, mesh, workdir)
+        except OSError as e:
+            if isinstance(e, UserError) or e.errno not in storage.FULL_OR_READ_ONLY:
+                raise
+            raise storage.StorageError(f"cannot write to {workdir}: {e.strerror} ({e.filename or 'a file in it'}); stopped; "
+                                       f"the checkpoints in it are kept: free space or fix the storage, then rerun") from e
+
+
+def _check_batch(cfg: config.Config, mesh) -> None:
     hosts, batch = jax.process_count(), cfg.train.batch_size
     replicas = mesh.shape["data"] * mesh.shape["fsdp"]
     micro = batch // cfg.train.grad_accum_steps
@@ -170,13 +246,37 @@ def _train(cfg: config.Config, workdir) -> list[dict]:
     if (context := mesh.shape["context"]) > 1 and cfg.train.seq_len % (2 * context):
         raise ConfigError(f"config.train.seq_len={cfg.train.seq_len} must be a multiple of 2 x the mesh's context "
                           f"axis ({2 * context}): context parallelism splits the sequence into 2 chunks per device")
-    train_iter = data.train_iterator(splits.train, cfg.train.seq_len, batch // hosts, seed=cfg.train.seed,
+
+
+def _check_data(cfg: config.Config, splits: data.Splits) -> None:
+    """The vocabulary fits the model, and the data fills one training window per process and one validation window."""
+    _check_vocab(cfg, splits)
+    length = cfg.train.seq_len + 1
+    if data.num_chunks(splits.train, length) < jax.process_count():
+        tokens = sum(len(s) for s in splits.train)
+        raise data.DataError(f"the training data has {tokens} tokens: too few for {jax.process_count()} window(s) of "
+                             f"config.train.seq_len + 1 = {length} tokens; lower train.seq_len or give more data")
+    if not sum(len(s) // length for s in splits.val):
+        tokens = sum(len(s) for s in splits.val)
+        raise data.DataError(f"the validation data has {tokens} tokens: too few for one window of config.train.seq_len + 1 = "
+                             f"{length} tokens; raise data.val_fraction, lower train.seq_len or give more data")
+
+
+def _train(cfg: config.Config, splits, mesh, workdir) -> RunMetrics:
+    rules, steps, hosts = cfg.mesh.rules, cfg.train.steps, jax.process_count()
+    train_iter = data.train_iterator(splits.train, cfg.train.seq_len, cfg.train.batch_size // hosts, seed=cfg.train.seed,
                                      process_index=jax.process_index(), process_count=hosts, num_workers=cfg.data.num_workers,
                                      mix=data.retrieval_mix(cfg.data, splits.tokenizer, cfg.train.seq_len, cfg.train.seed))
-    ckpt = Checkpointer(workdir, cfg.checkpoint)
+    ckpt = Checkpointer(workdir, cfg.checkpoint, data_files=integrity.files(data.files(cfg.data)))
     tx = optim.make(cfg.optim, steps)
     abstract, state_shardings = train_state.abstract_state(cfg, mesh, tx)
-    state, start = _resume(ckpt, abstract, train_iter, cfg, workdir)
+    try:
+        state, start = _resume(ckpt, abstract, train_iter, cfg, workdir)
+    except BaseException:
+        ckpt.close()
+        raise
+    if jax.process_index() == 0:
+        data.save_to_run(splits.tokenizer, storage.path(workdir))  # the run carries its tokenizer
     if state is None:
         state = train_state.create(cfg, mesh, tx, state_shardings)
     train_def, eval_def = train_state.graphdefs(cfg.model)
@@ -196,11 +296,10 @@ def _train(cfg: config.Config, workdir) -> list[dict]:
             return _loop(cfg, state, start, step_fn, evaluate, train_iter, ckpt, writer, stop, mesh, workdir)
     finally:
         stop.restore()
-        ckpt.wait()
-        ckpt.close()
-        writer.close()
-        if hasattr(train_iter, "close"):
-            train_iter.close()
+        with contextlib.ExitStack() as cleanup:  # each runs even if one raises (a failed save does, again)
+            cleanup.callback(getattr(train_iter, "close", lambda: None))
+            cleanup.callback(writer.close)
+            cleanup.callback(ckpt.close)
 
 
 class _Profiler:
@@ -229,11 +328,13 @@ def _loop(cfg, state, start, step_fn, evaluate, train_iter, ckpt, writer, stop, 
     device = jax.devices()[0]
     peak = flops.peak_tflops(device.device_kind, t.peak_tflops)
     profiler = _Profiler(t.profile_steps, workdir)
-    written = []
+    written = RunMetrics()
+    spikes = divergence.SpikeRule(t.spike_factor, t.spike_steps, _logged_losses(writer))
     timer = [start, time.perf_counter()]  # (step, time) rates are measured from
     began = timer[1]
     log = _log
-    unconfirmed = [start or None]  # the newest checkpoint whose next step has not yet been seen finite
+    unconfirmed = [start or None]  # the newest checkpoint whose next step has not yet been seen sound (finite, no spike)
+    sound = [None]  # a checkpoint whose next step was sound: confirmed once it is wholly written
     if start >= t.steps:
         log(f"already trained to step {start} of {t.steps}: nothing to do", flush=True)
         return written
@@ -245,10 +346,21 @@ def _loop(cfg, state, start, step_fn, evaluate, train_iter, ckpt, writer, stop, 
     def finish(step, metrics, state):
         """Checks a step's metrics, then logs / validates / checkpoints as scheduled (state: after the step)."""
         metrics = jax.device_get(metrics)
+        ckpt.check_for_errors()  # a failed background save stops the run now, not at the next checkpoint
         if not metrics["finite"]:
-            raise _non_finite(ckpt, step, f"loss {float(metrics['loss'])}, grad norm {float(metrics['grad_norm'])}", step - 1)
-        if unconfirmed[0] == step - 1:
-            ckpt.confirm(step - 1)
+            raise _rolled_back(NonFiniteLossError, ckpt, step - 1,
+                               f"step {step}: loss {float(metrics['loss'])}, grad norm {float(metrics['grad_norm'])}: not finite")
+        threshold = spikes.threshold()
+        if spikes.observe(step, float(metrics["loss"])) and spikes.diverged:
+            raise _rolled_back(DivergenceError, ckpt, spikes.first_spike - 1,
+                               f"step {step}: loss {float(metrics['loss']):.4g} has been above {t.spike_factor:g} x its running "
+                               f"median ({threshold / t.spike_factor:.4g}) for {spikes.run} steps (since step {spikes.first_spike}): "
+                               f"diverging", "lower optim.lr, or set train.spike_factor=0 to stop only on NaN/Inf")
+        if unconfirmed[0] is not None and unconfirmed[0] < step and spikes.run == 0:
+            sound[0], unconfirmed[0] = unconfirmed[0], None
+        if sound[0] is not None and not ckpt.saving():
+            ckpt.confirm(sound[0])
+            sound[0] = None
         row = {}
         if step % t.log_every == 0 or step == t.steps:
             row = {"loss": float(metrics["loss"]), "grad_norm": float(metrics["grad_norm"]), "lr": float(metrics["lr"])}
@@ -287,9 +399,15 @@ def _loop(cfg, state, start, step_fn, evaluate, train_iter, ckpt, writer, stop, 
         if stopping:
             if step % t.checkpoint_every and step != t.steps:
                 _save(ckpt, step, state, train_iter, cfg.source)
-            log(f"stopped at step {step}; rerun the same command to resume", flush=True)
+            ckpt.wait()
+            ckpt.check_for_errors()
+            log(f"stopped at step {step} by a signal, checkpoint saved; rerun the same command to resume", flush=True)
+            written.preempted = True
             break
     profiler.after(t.steps, state)  # a window reaching past the last step ends here
+    ckpt.wait()
+    if sound[0] is not None:
+        ckpt.confirm(sound[0])
     return written
 
 
@@ -301,21 +419,21 @@ def _all_finite(tree) -> jax.Array:
 def _save(ckpt, step: int, state, train_iter, source: dict) -> None:
     """Saves `state` unless a parameter is NaN or Inf (a finite step can still overflow the update)."""
     if not _all_finite(state["params"]):
-        raise _non_finite(ckpt, step, "parameters after the update", step)
+        raise _rolled_back(NonFiniteLossError, ckpt, step, f"step {step}: parameters after the update: not finite")
     ckpt.save(step, state, train_iter, source)
 
 
-def _non_finite(ckpt, step: int, what: str, first_bad: int) -> NonFiniteLossError:
-    """Moves checkpoints >= `first_bad` aside (the state the bad step came from, or later: unconfirmed) and
-    says where a rerun starts."""
+def _rolled_back(error_class, ckpt, first_bad: int, what: str, hint: str = ""):
+    """Moves checkpoints >= `first_bad` aside (the state the bad step came from, or later: unconfirmed), so that
+    a rerun resumes from the last good one; returns the error saying so."""
     ckpt.wait()
     moved = [s for s in ckpt.all_steps() if s >= first_bad]
     for s in moved:
-        ckpt.quarantine(s, "non-finite")
+        ckpt.quarantine(s, "non-finite" if error_class is NonFiniteLossError else "diverged")
     aside = f"moved unconfirmed checkpoint(s) {', '.join(map(str, moved))} to {ckpt.workdir / 'quarantine'}; " if moved else ""
     restart = ckpt.latest_step()
-    return NonFiniteLossError(f"step {step}: {what}: not finite; stopped without saving; {aside}a rerun starts from "
-                              + (f"checkpoint step {restart}" if restart is not None else "scratch (no good checkpoint)"))
+    where = f"checkpoint step {restart}" if restart is not None else "scratch (no good checkpoint; needs config.checkpoint.allow_fresh_start)"
+    return error_class(f"{what}; stopped without saving; {aside}a rerun starts from {where}" + (f" ({hint})" if hint else ""))
 
 
 def _evaluates(t, step: int) -> bool:

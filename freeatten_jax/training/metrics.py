@@ -1,8 +1,9 @@
 """Metrics to WORKDIR/metrics.jsonl (one JSON object per line) and TensorBoard; only process 0 writes.
 
-WORKDIR may be a cloud path: the JSONL file is rewritten whole (object stores cannot append), and
-TensorBoard events to `gs://` go through `etils.epath` as well (tensorboardX's own GCS writer needs
-google-cloud-storage).
+Local JSONL lines are appended (a crash can tear at most the last line); on resume the file is rewritten once,
+atomically, keeping the step records up to the restored step. WORKDIR may be a cloud path: there the file is
+rewritten whole (object stores cannot append), and TensorBoard events to `gs://` go through `etils.epath` as
+well (tensorboardX's own GCS writer needs google-cloud-storage).
 """
 import json
 
@@ -41,30 +42,37 @@ record_writer.register_writer_factory("gs", _EpathWriterFactory())
 
 
 def _parsed(path) -> list[tuple[str, dict]]:
-    """(line, row) for each whole line; a torn line (a crash mid-write) is dropped with a warning."""
+    """(line, row) for each step record; anything else (a line torn by a crash, other JSON, binary bytes) is dropped
+    with a warning."""
     rows = []
-    for number, line in enumerate(path.read_text().splitlines(), 1):
+    for number, line in enumerate(path.read_bytes().decode("utf-8", errors="replace").splitlines(), 1):
         try:
-            rows.append((line, json.loads(line)))
+            row = json.loads(line)
+            if isinstance(row, dict) and isinstance(row.get("step"), int):
+                rows.append((line, row))
+                continue
+            why = "not a step record"
         except json.JSONDecodeError:
-            if line.strip():
-                logging.warning("%s: dropped line %d, which is not whole JSON (a write cut short): %.80r", path, number, line)
+            why = "not whole JSON (a write cut short?)"
+        if line.strip():
+            logging.warning("%s: dropped line %d, which is %s: %.80r", path, number, why, line)
     return rows
 
 
 class MetricsWriter:
-    """Appends {step, ...} lines; on resume, drops lines past the restored step (and torn ones) so that the file
+    """Appends {step, ...} lines; on resume, drops lines past the restored step (and bad ones) so that the file
     holds each step once."""
 
     def __init__(self, workdir, resumed_step: int = 0, config: dict | None = None):
         self.enabled = jax.process_index() == 0
         self.path = storage.path(workdir) / "metrics.jsonl"
-        self._tb, self._lines = None, []
+        self._tb, self._lines, self.rows = None, [], []  # rows: the records kept (process 0)
         if self.enabled:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             if self.path.exists():
-                self._lines = [line for line, row in _parsed(self.path) if row["step"] <= resumed_step]
-            self.path.write_text("".join(line + "\n" for line in self._lines))
+                kept = [(line, row) for line, row in _parsed(self.path) if row["step"] <= resumed_step]
+                self._lines, self.rows = [line for line, _ in kept], [row for _, row in kept]
+            storage.write_atomic(self.path, "".join(line + "\n" for line in self._lines))
             self._tb = SummaryWriter(str(storage.path(workdir) / "tensorboard"))
             if config is not None:  # the run's config, readable in TensorBoard's text tab
                 self._tb.add_text("config", "```\n" + json.dumps(config, indent=1) + "\n```", resumed_step)
@@ -72,15 +80,23 @@ class MetricsWriter:
     def write(self, step: int, metrics: dict) -> None:
         if not self.enabled:
             return
-        self._lines.append(json.dumps({"step": step, **metrics}))
-        self.path.write_text("".join(line + "\n" for line in self._lines))
+        line = json.dumps({"step": step, **metrics})
+        if storage.is_local(self.path):
+            with open(self.path, "a") as f:
+                f.write(line + "\n")
+        else:
+            self._lines.append(line)
+            self.path.write_text("".join(line + "\n" for line in self._lines))
         for name, value in metrics.items():
             self._tb.add_scalar(name, value, step)
         self._tb.flush()
 
     def close(self) -> None:
         if self._tb is not None:
-            self._tb.close()
+            try:
+                self._tb.close()
+            except OSError as e:  # a full disk: the error that stopped the run says so; the events' tail is lost
+                logging.warning("TensorBoard events not flushed: %s", e)
 
 
 def read_metrics(workdir) -> list[dict]:
