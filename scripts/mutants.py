@@ -163,4 +163,9 @@ MUTANTS = [
            "passkey_depths=(0.1, 0.5, 0.9), passkey_keys=1,", ("tests/test_eval.py::test_quick_settings_and_the_estimate_line",)),
     Mutant("attend: unknown options not naming the variant's", "freeatten_jax/attention/__init__.py",
            "{', '.join(get_variant(variant).defaults) or 'none'}", "none", ("tests/test_attention.py::test_errors",)),
+    Mutant("train: warm-up longer than the run not said", "freeatten_jax/training/optim.py", "    if cfg_optim.warmup_steps < steps:\n        return []",
+           "    if True:\n        return []", ("tests/test_train.py::test_a_short_run_says_its_first_step_and_what_its_schedule_misses",)),
+    Mutant("train: the first step not logged", "freeatten_jax/training/loop.py", "            log(f\"step {step}/{t.steps} | loss {float(metrics['loss']):.4f} | first step in",
+           "            (f\"step {step}/{t.steps} | loss {float(metrics['loss']):.4f} | first step in",
+           ("tests/test_train.py::test_a_short_run_says_its_first_step_and_what_its_schedule_misses",)),
 ]

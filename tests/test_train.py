@@ -250,3 +250,16 @@ def test_tflops_mfu_profiler_window_and_config_in_tensorboard(text_glob, tmp_pat
     cfg = tiny_config("softmax", text_glob, **{"train.steps": 1})
     loop.train_and_evaluate(cfg, tmp_path / "cpu")
     assert "MFU not reported: no known peak for device 'cpu'" in capsys.readouterr().out
+
+
+def test_a_short_run_says_its_first_step_and_what_its_schedule_misses(text_glob, tmp_path, capsys):
+    cfg = tiny_config("softmax", text_glob, **{"train.steps": 3, "train.log_every": 25, "optim.warmup_steps": 50})
+    loop.train_and_evaluate(cfg, str(tmp_path / "run"))
+    lines = capsys.readouterr().out.splitlines()
+    assert "warning: optim.warmup_steps=50 >= train.steps=3: the learning rate peaks at 0.0004 at the last step and never " \
+           "reaches optim.lr=0.01" in lines
+    assert "warning: train.log_every=25 > train.steps=3: only the first and the last step are logged" in lines
+    first = [line for line in lines if line.startswith("step 1/3 | loss ")]
+    assert len(first) == 1 and re.fullmatch(r"step 1/3 \| loss \d+\.\d{4} \| first step in \d+\.\d s \(compilation included\)", first[0])
+    assert optim.warnings(config.parse(tiny_config("softmax", text_glob)).optim, 6) == []  # warm-up 2 of 6 steps: silent
+

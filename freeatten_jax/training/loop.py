@@ -342,6 +342,8 @@ def _loop(cfg, state, start, step_fn, evaluate, train_iter, ckpt, writer, stop, 
         f"mesh {dict(mesh.shape)}, batch {t.batch_size} x {t.seq_len} tokens", flush=True)
     if peak is None:
         log(f"MFU not reported: no known peak for device {device.device_kind!r}; set --config.train.peak_tflops", flush=True)
+    for warning in optim.warnings(cfg.optim, t.steps) + _logging_warnings(t):
+        log(f"warning: {warning}", flush=True)
 
     def finish(step, metrics, state):
         """Checks a step's metrics, then logs / validates / checkpoints as scheduled (state: after the step)."""
@@ -386,9 +388,11 @@ def _loop(cfg, state, start, step_fn, evaluate, train_iter, ckpt, writer, stop, 
         profiler.before(step)
         state, metrics = step_fn(state, tokens)
         profiler.after(step, metrics)
-        if step == start + 1:  # exclude compilation from the rates
+        if step == start + 1:  # exclude compilation from the rates; say how long it took
             jax.block_until_ready(metrics)
             timer[:] = step, time.perf_counter()
+            log(f"step {step}/{t.steps} | loss {float(metrics['loss']):.4f} | first step in {timer[1] - began:.1f} s "
+                f"(compilation included)", flush=True)
         if pending is not None:
             finish(*pending, None)
         stopping = stop.any_process()
@@ -434,6 +438,13 @@ def _rolled_back(error_class, ckpt, first_bad: int, what: str, hint: str = ""):
     restart = ckpt.latest_step()
     where = f"checkpoint step {restart}" if restart is not None else "scratch (no good checkpoint; needs config.checkpoint.allow_fresh_start)"
     return error_class(f"{what}; stopped without saving; {aside}a rerun starts from {where}" + (f" ({hint})" if hint else ""))
+
+
+def _logging_warnings(t) -> list[str]:
+    """A log interval longer than the run leaves it silent until its last step: said once, before training."""
+    if t.log_every <= t.steps:
+        return []
+    return [f"train.log_every={t.log_every} > train.steps={t.steps}: only the first and the last step are logged"]
 
 
 def _evaluates(t, step: int) -> bool:

@@ -20,6 +20,15 @@ def schedule(cfg_optim, steps: int) -> optax.Schedule:
     return SCHEDULES[cfg_optim.schedule](cfg_optim, steps)
 
 
+def warnings(cfg_optim, steps: int) -> list[str]:
+    """A schedule whose warm-up outlasts the run never reaches optim.lr: said once, before training."""
+    if cfg_optim.warmup_steps < steps:
+        return []
+    peak = float(schedule(cfg_optim, steps)(steps - 1))
+    return [f"optim.warmup_steps={cfg_optim.warmup_steps} >= train.steps={steps}: the learning rate peaks at {peak:.3g} "
+            f"at the last step and never reaches optim.lr={cfg_optim.lr:g}"]
+
+
 def _matrices(params):
     return jax.tree.map(lambda p: p.ndim > 1, params)
 
