@@ -71,7 +71,7 @@ def test_text_data_and_its_bpe_tokenizer_on_cloud_storage(gcs):
     assert splits.tokenizer.decode(splits.train[0]) + splits.tokenizer.decode(splits.val[0]) == text
     again = BpeTokenizer(epath.Path("gs://bucket/data/bpe-300.json"), 300)  # loaded back, not retrained
     np.testing.assert_array_equal(again.encode(text), splits.tokenizer.encode(text))
-    assert data.tokenizer(cfg).encode("king").tolist() == again.encode("king").tolist()
+    assert data.configured_tokenizer(cfg).encode("king").tolist() == again.encode("king").tolist()
 
 
 def test_checkpoint_folder_is_on_cloud_storage(gcs, monkeypatch):

@@ -58,3 +58,13 @@ def test_bin_shards_take_a_tokenizer_file_and_runs_save_it(tmp_path):
     assert data.load_splits(without).tokenizer is None and data.run_tokenizer(tmp_path / "empty", without) is None
     with pytest.raises(data.DataError, match="tokenizer_path='/nope.json' does not exist"):
         data.load_splits(_cfg_data(source="bin", path=str(tmp_path / "train.bin"), tokenizer_path="/nope.json"))
+
+
+def test_the_tokenizer_module_is_not_shadowed_by_a_function():
+    import types
+
+    import freeatten_jax.data as data_package
+    from freeatten_jax.data import tokenizer
+
+    assert isinstance(tokenizer, types.ModuleType) and data_package.tokenizer is tokenizer and tokenizer.ByteTokenizer
+

@@ -2,8 +2,8 @@
 from freeatten_jax.data.corpus import CorpusError, cache_root, shakespeare_files
 from freeatten_jax.data.pipeline import eval_windows, num_chunks, train_dataset, train_iterator
 from freeatten_jax.data.shards import Shard, ShardError, read_header, write_shard
-from freeatten_jax.data.sources import (DOCUMENT_MASKING, SOURCES, DataError, Splits, document_eos, files, load_splits, run_tokenizer,
-                                        tokenizer, vocab_size)
+from freeatten_jax.data.sources import (DOCUMENT_MASKING, SOURCES, DataError, Splits, configured_tokenizer, document_eos, files,
+                                        load_splits, run_tokenizer, vocab_size)
 from freeatten_jax.data.tokenizer import TOKENIZERS, save_to_run
 
 

@@ -147,7 +147,7 @@ def vocab_size(cfg_data) -> int:
     return _tokenizer_vocab(cfg_data) if eos is None else max(_tokenizer_vocab(cfg_data), eos + 1)
 
 
-def tokenizer(cfg_data):
+def configured_tokenizer(cfg_data):
     """The tokenizer a run trained with, without reading its data (None for .bin shards without data.tokenizer_path)."""
     if cfg_data.source not in TEXT_DIRS:
         return _file_tokenizer(cfg_data)
@@ -157,7 +157,7 @@ def tokenizer(cfg_data):
 def run_tokenizer(workdir, cfg_data):
     """The tokenizer saved in the run folder; for runs saved before runs kept one, the configured one."""
     saved = load_from_run(workdir)
-    return saved if saved is not None else tokenizer(cfg_data)
+    return saved if saved is not None else configured_tokenizer(cfg_data)
 
 
 def files(cfg_data) -> list:
