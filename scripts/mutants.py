@@ -64,6 +64,11 @@ MUTANTS = [
     # --- attention/pallas_plan.py and ring.py: the other block-skipping and sequence-sharded implementations
     Mutant("pallas: causal skip k_lo < q_hi", "freeatten_jax/attention/pallas_plan.py", "maybe &= k_lo <= q_hi", "maybe &= k_lo < q_hi",
            (*BLOCK_EDGES, "-k", "pallas")),
+    Mutant("pallas: kernels not in shard_map inside a mesh", "freeatten_jax/attention/pallas.py",
+           "    if mesh.empty or mesh.size == 1:", "    if True:", ("tests/test_pallas.py", "-k", "per_shard")),
+    Mutant("pallas: shard_map replicates the batch", "freeatten_jax/attention/pallas.py",
+           "tokens, rows = P(batch, None, heads, None), P(batch, None)", "tokens, rows = P(None, None, heads, None), P(None, None)",
+           ("tests/test_pallas.py", "-k", "per_shard")),
     Mutant("context parallel: K/V sent the wrong way round the ring", "freeatten_jax/attention/ring.py",
            "[(d, (d + 1) % size) for d in range(size)]", "[(d, (d - 1) % size) for d in range(size)]",
            ("tests/test_context_parallel.py::test_matches_reference",)),

@@ -221,3 +221,51 @@ def test_auto_decides_per_platform_and_never_picks_pallas():
         text = traced.lower(lowering_platforms=(platform,)).as_text()
         assert ("1024x1024" in text, "stablehlo.while" in text) == (picked == "reference", picked == "blockwise"), platform
         assert "freeatten_" not in text and "custom_call" not in text, platform
+
+
+def _pallas_calls(jaxpr, inside=False):
+    """(eqn, whether it sits inside a shard_map) for every pallas_call in a jaxpr, nested ones included."""
+    for eqn in jaxpr.eqns:
+        if eqn.primitive.name == "pallas_call":
+            yield eqn, inside
+        for sub in jax.core.jaxprs_in_params(eqn.params):
+            yield from _pallas_calls(sub, inside or eqn.primitive.name == "shard_map")
+
+
+def test_kernels_run_per_shard_inside_a_mesh():
+    """Under an ambient mesh of 8 host devices (data 2, fsdp 2, tensor 2), every kernel (forward, dq, dkv)
+    runs inside shard_map on its shard (batch / 4, heads / 2), and values and gradients equal the
+    unsharded reference's."""
+    q, k, v, g, causal, mask_options = scenario("causal_packed_padded_gqa", key("mesh"))
+    q, k, v, g = (jnp.concatenate([x, x[::-1] * 0.5]) for x in (q, k, v, g))  # batch 4
+    mask_options = {name: jnp.concatenate([x, x[::-1]]) for name, x in mask_options.items()}
+    mesh = jax.make_mesh((2, 2, 2), ("data", "fsdp", "tensor"), axis_types=(jax.sharding.AxisType.Auto,) * 3)
+    with jax.set_mesh(mesh):
+        run = functools.partial(attention.attend, variant="lssar", causal=causal, **mask_options, **PALLAS)
+        jaxpr = jax.make_jaxpr(lambda q, k, v, g: jax.vjp(run, q, k, v)[1](g))(q, k, v, g)
+        calls = list(_pallas_calls(jaxpr.jaxpr))
+        assert sorted(eqn.params["name"] for eqn, _ in calls) == ["freeatten_reweight_dkv", "freeatten_reweight_dq", "freeatten_reweight_fwd"]
+        for eqn, inside in calls:
+            assert inside, eqn.params["name"]
+            assert eqn.invars[3].aval.shape[:2] == (1, 2), eqn.params["name"]  # q: [B / 4, H / 2, Tp, D] (dkv: [B/4, K/2, G, ..])
+        compare(q, k, v, g, {}, PALLAS, 1e-4, variant="lssar", causal=causal, **mask_options)
+
+
+def test_layer_runs_kernels_per_shard_under_use_mesh():
+    """The NNX layer with implementation="pallas" under sharding.use_mesh (data 2, fsdp 2, tensor 2)
+    needs no shard_map of its own: its kernels run inside one, and its output equals the reference's."""
+    from flax import nnx
+
+    from freeatten_jax.nn import sharding
+    from freeatten_jax.nn.attention_layer import Attention
+
+    layer = Attention(32, 4, num_kv_heads=2, variant="lssa", rngs=nnx.Rngs(0), implementation="pallas",
+                      implementation_options=dict(interpret=INTERPRET, block_q=8, block_k=8))
+    x_BTE = jax.random.normal(key("layer-mesh"), (4, 20, 32))
+    with sharding.use_mesh(sharding.make_mesh((2, 2, 2)), sharding.DEFAULT_RULES):
+        jaxpr = jax.make_jaxpr(lambda x: layer(x))(x_BTE)
+        calls = list(_pallas_calls(jaxpr.jaxpr))
+        assert calls and all(inside and eqn.invars[3].aval.shape[:2] == (1, 2) for eqn, inside in calls)
+        out = jax.jit(lambda x: layer(x))(x_BTE)
+    layer.set_implementation("reference")
+    assert_close(out, layer(x_BTE), 1e-4, "output")

@@ -9,18 +9,27 @@ The forward and dQ kernels read a head's whole K and V and loop over its visible
 they sit in VMEM: about 8 MiB double-buffered at S = 4096, D = 128, bf16).
 Per platform (LOWERINGS): Triton on CUDA, Mosaic on TPU, Pallas interpret mode on CPU (or anywhere
 with interpret=True); chosen with jax.lax.platform_dependent, so cross-platform lowering is right.
+Inside a mesh (the ambient one, `jax.set_mesh`) the kernels run in `shard_map`, each device on its
+shard: the SPMD partitioner cannot split a Pallas call (Mosaic refuses; Triton calls get replicated).
 """
 import functools
+import math
 from typing import Any, Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
+from jax.sharding import PartitionSpec as P
 
 from freeatten_jax.attention import pallas_plan
 from freeatten_jax.attention.blockwise import count_visible, static_power
 from freeatten_jax.attention.pallas_kernels import FAMILIES, Static, dkv_kernel, dq_kernel, forward_kernel
 from freeatten_jax.attention.variants import Mask, Variant, check_positive_int, hide_unseen
+
+# Mesh axes that shard the batch and the heads when present (sized > 1) and dividing them: the names of
+# freeatten_jax.nn.sharding's mesh; `batch_axes=` / `head_axes=` name others. Other axes replicate.
+BATCH_AXES = ("data", "fsdp")
+HEAD_AXES = ("tensor",)
 
 
 class Lowering(NamedTuple):
@@ -189,15 +198,44 @@ def _run(lowering: Lowering, cfg: Static, block_q, block_k, qp_BTHD, kp_BSKD, v_
     return out_BHTD[:, :, :t].transpose(0, 2, 1, 3)
 
 
-def attend(q_BTHD, k_BSKD, v_BSKD, *, variant: Variant, mask: Mask, opts, block_q=None, block_k=None, interpret=False, **unknown):
+def _mesh_axes(mesh, names, *sizes):
+    """The axes among `names` (sized > 1 in the mesh) whose product divides every size; None if none."""
+    axes = [name for name in names if mesh.shape.get(name, 1) > 1]
+    while axes and any(size % math.prod(mesh.shape[a] for a in axes) for size in sizes):
+        axes.pop()
+    return tuple(axes) or None
+
+
+def _per_shard(run, batch_axes, head_axes):
+    """`run(q, k, v, p_1, mask, n_BT)` in shard_map over the ambient mesh (batch over batch_axes, heads over
+    head_axes, the rest replicated), or `run` itself outside a mesh of more than one device."""
+    mesh = jax.sharding.get_abstract_mesh()
+    if mesh.empty or mesh.size == 1:
+        return run
+
+    def sharded(q_BTHD, k_BSKD, v_BSKD, p_1, mask, n_BT):
+        (b, _, h, _), kv_heads = q_BTHD.shape, k_BSKD.shape[2]
+        batch = _mesh_axes(mesh, batch_axes, b)
+        heads = _mesh_axes(mesh, head_axes, h, kv_heads)
+        tokens, rows = P(batch, None, heads, None), P(batch, None)
+        specs = (tokens, tokens, tokens, P(), jax.tree.map(lambda _: rows, mask), rows)
+        return jax.shard_map(run, mesh=mesh, in_specs=specs, out_specs=tokens, check_vma=False)(q_BTHD, k_BSKD, v_BSKD, p_1, mask, n_BT)
+
+    return sharded
+
+
+def attend(q_BTHD, k_BSKD, v_BSKD, *, variant: Variant, mask: Mask, opts, block_q=None, block_k=None, interpret=False,
+           batch_axes=BATCH_AXES, head_axes=HEAD_AXES, **unknown):
     """o_i = Σ_j A_ij v_j in fused kernels; statistics in float32, matmuls in q's dtype, output in q's dtype.
 
     block_q, block_k: block lengths (default: the platform's LOWERINGS entry). interpret=True: run
-    the kernels in Pallas interpret mode on any platform (CPU always uses it). Keys no query sees are
-    zeroed first (hide_unseen, as in blockwise); a dense `mask` is refused (the kernels read only the
-    structured mask fields)."""
+    the kernels in Pallas interpret mode on any platform (CPU always uses it). batch_axes, head_axes:
+    the ambient mesh's axes that shard the batch and the heads (the kernels run per shard). Keys no
+    query sees are zeroed first (hide_unseen, as in blockwise); a dense `mask` is refused (the
+    kernels read only the structured mask fields)."""
     if unknown:
-        raise ValueError(f"unknown option(s) {sorted(unknown)}; implementation 'pallas' takes block_q, block_k, interpret")
+        raise ValueError(f"unknown option(s) {sorted(unknown)}; implementation 'pallas' takes block_q, block_k, interpret, "
+                         "batch_axes, head_axes")
     if mask.dense is not None:
         raise ValueError("implementation 'pallas' does not take a dense `mask`; use 'blockwise' or 'reference'")
     check_positive_int("block_q", block_q)
@@ -215,6 +253,8 @@ def attend(q_BTHD, k_BSKD, v_BSKD, *, variant: Variant, mask: Mask, opts, block_
     cfg = Static(kind, mask.causal, mask.window, 0, 0, q_BTHD.shape[2] // k_BSKD.shape[2], static_power(p), variant.weight, dtype)
     run = lambda name: functools.partial(_run, LOWERINGS[name], cfg, block_q, block_k)  # noqa: E731
     if interpret:
-        return run("interpret")(*args, p_1, mask, n_BT)
-    return jax.lax.platform_dependent(*args, p_1, mask, n_BT, cuda=run("cuda"), tpu=run("tpu"), cpu=run("interpret"))
+        per_platform = run("interpret")
+    else:
+        per_platform = functools.partial(jax.lax.platform_dependent, cuda=run("cuda"), tpu=run("tpu"), cpu=run("interpret"))
+    return _per_shard(per_platform, batch_axes, head_axes)(*args, p_1, mask, n_BT)
 
