@@ -30,6 +30,7 @@ def _context_parallel(q, k, v, **options):
 SKIPPING = {
     "blockwise": (attention.attend, dict(implementation="blockwise", block_q=8, block_k=BLOCK_K), 1),
     "pallas": (attention.attend, dict(implementation="pallas", interpret=INTERPRET, block_q=8, block_k=BLOCK_K), 1),
+    "pallas_tpu_kernels": (attention.attend, dict(implementation="pallas", interpret="tpu" if INTERPRET else False, block_q=8, block_k=BLOCK_K), 1),
 }
 if jax.device_count() >= CONTEXT:  # the 8 forced host devices (tests/conftest.py); not one GPU (device_check.py)
     SKIPPING["context_parallel"] = (_context_parallel, {}, 2 * CONTEXT * BLOCK_K)

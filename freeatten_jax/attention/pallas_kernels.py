@@ -20,11 +20,11 @@ from freeatten_jax.attention.variants import NEG_INF, reweight_offset
 
 TINY = float(jnp.finfo(jnp.float32).tiny)
 LOG2E = 1.4426950408889634
-_NT = (((1,), (1,)), ((), ()))  # a [M, D] x b [N, D] -> [M, N]
-_NN = (((1,), (0,)), ((), ()))  # a [M, N] x b [N, D] -> [M, D]
+NT = (((1,), (1,)), ((), ()))  # a [M, D] x b [N, D] -> [M, N]
+NN = (((1,), (0,)), ((), ()))  # a [M, N] x b [N, D] -> [M, D]
 
 
-def _dot(a, b, dims):
+def dot(a, b, dims):
     """A float32-accumulated matmul; float32 operands at full precision, others on the tensor cores."""
     precision = jax.lax.Precision.HIGHEST if a.dtype == jnp.float32 else None
     return jax.lax.dot_general(a, b, dims, precision=precision, preferred_element_type=jnp.float32)
@@ -59,13 +59,15 @@ class Family(NamedTuple):
     """forward(sweep, ctx) -> (out [Q, D], row statistics); grad(s, vis, ctx, rows, dp) -> (w, ds), elementwise.
 
     `sweep(init, step)` folds step(carry, s, vis, v) over the visible key blocks. `stats` names the
-    [Q, 1] statistics the forward saves, `extras` the [Q, D] ones; `rows` names what grad reads."""
+    [Q, 1] statistics the forward saves, `extras` the [Q, D] ones; `rows` names what grad reads.
+    power_grad (LSSAR only; grad's arguments): each score's share of dL/dp."""
 
     forward: Callable
     grad: Callable
     stats: tuple[str, ...]
     extras: tuple[str, ...]
     rows: tuple[str, ...]
+    power_grad: Callable | None = None
 
 
 def _row_sum(x):
@@ -73,7 +75,7 @@ def _row_sum(x):
 
 
 def _pv(w, v):
-    return _dot(w.astype(v.dtype), v, _NN)
+    return dot(w.astype(v.dtype), v, NN)
 
 
 # ----------------------------------------------------------------------------- softmax (softmax, ssmax)
@@ -182,12 +184,20 @@ def _reweight_grad(s, vis, ctx, rows, dp):
     return w, jnp.where(vis, ((dp - rows["d"]) * coef - e) * slope / rows["z"], 0.0)
 
 
+def _reweight_power_grad(s, vis, ctx, rows, dp):
+    """dL/dp = Σ_ij A_ij log ρ_ij (dp_ij - D_i) over re-weighted rows, ρ = x / x_max (as blockwise_rules)."""
+    _, x, active, sharp, r = _reweight_terms(s, vis, ctx, rows)
+    log_rho = jnp.log(jnp.where(active, x, 1.0) / jnp.maximum(rows["x_max"], TINY))
+    return jnp.where(sharp & active, r / rows["l"] * log_rho * (dp - rows["d"]), 0.0)
+
+
 FAMILIES = {
     "softmax": Family(_softmax_forward, _softmax_grad, ("lse",), (), ("lse", "d")),
     "sum": Family(_sum_forward, _sum_grad, ("z",), (), ("z", "d")),
     "none": Family(_none_forward, _none_grad, (), (), ()),
     "reweight": Family(
-        _reweight_forward, _reweight_grad, ("z", "u_max", "x_max", "l", "c"), ("y",), ("z", "u_max", "x_max", "l", "d", "e")
+        _reweight_forward, _reweight_grad, ("z", "u_max", "x_max", "l", "c"), ("y",), ("z", "u_max", "x_max", "l", "d", "e"),
+        _reweight_power_grad,
     ),
 }
 
@@ -207,6 +217,7 @@ class Static(NamedTuple):
     static_power: int | None
     weight: Callable | None
     dtype: Any  # the inputs' dtype: the matmul operands and the output
+    p_grad: bool  # the dq kernel also gives each row's share of dL/dp (LSSAR with an array p)
 
 
 def visible(cfg: Static, q_pos, q_seg, k_pos, k_seg, k_valid):
@@ -225,10 +236,11 @@ def _rows(ref, lead, start, size):
     return ref[(*lead, pl.ds(pl.multiple_of(start, size), size), slice(None))]
 
 
-def _key_block(cfg: Static, j, kvrow_ref, q_col):
-    """The [Q, C] mask of key block j, and the [C, 1] keys that no query of the block sees (the row of
-    per-key maxima turned into a column through an [8, C] transpose, which every backend lowers)."""
-    vis = visible(cfg, *q_col, *[kvrow_ref[x, j] for x in range(3)])  # key arrays [1, C]
+def key_block(cfg: Static, key_rows, q_col):
+    """The [Q, C] mask of a key block (its positions, segments, validity as [1, C] rows), and the [C, 1]
+    keys that no query of the block sees (the row of per-key maxima turned into a column through an
+    [8, C] transpose, which every backend lowers)."""
+    vis = visible(cfg, *q_col, *key_rows)
     seen_1C = jnp.max(vis.astype(jnp.float32), axis=0, keepdims=True)
     seen_C1 = jnp.max(jnp.broadcast_to(seen_1C, (8, seen_1C.shape[1])).T, axis=1, keepdims=True)
     return vis, seen_C1 > 0
@@ -247,10 +259,10 @@ def forward_kernel(cfg: Static, first_ref, end_ref, p_ref, q_ref, k_ref, v_ref, 
 
     def sweep(init, step, with_values=True):
         def body(j, carry):
-            vis, seen = _key_block(cfg, j, kvrow_ref, q_col)
+            vis, seen = key_block(cfg, [kvrow_ref[x, j] for x in range(3)], q_col)
             k = jnp.where(seen, _rows(k_ref, (), j * cfg.block_k, cfg.block_k), 0)
             v = jnp.where(seen, _rows(v_ref, (), j * cfg.block_k, cfg.block_k), 0) if with_values else None
-            return step(carry, _dot(q, k, _NT), vis, v)
+            return step(carry, dot(q, k, NT), vis, v)
 
         row0 = jnp.zeros((cfg.block_q, 1), jnp.float32)
         acc0 = jnp.zeros((cfg.block_q, q.shape[1]), jnp.float32)
@@ -264,22 +276,30 @@ def forward_kernel(cfg: Static, first_ref, end_ref, p_ref, q_ref, k_ref, v_ref, 
 
 
 def dq_kernel(cfg: Static, first_ref, end_ref, p_ref, q_ref, k_ref, v_ref, qcol_ref, kvrow_ref, n_ref, dout_ref, *refs):
-    """dq for one (batch, head, query block): Σ_j ds_ij k_j over the visible key blocks."""
+    """dq for one (batch, head, query block): Σ_j ds_ij k_j over the visible key blocks (and, if
+    cfg.p_grad, the block's rows' shares of dL/dp as [Q, 1])."""
     b, i = pl.program_id(0), pl.program_id(2)
     family = FAMILIES[cfg.family]
-    *row_refs, dq_ref = refs
+    row_refs, out_refs = refs[: len(family.rows)], refs[len(family.rows) :]
     rows = {name: ref[...] for name, ref in zip(family.rows, row_refs)}
     q, dout, ctx = q_ref[...], dout_ref[...], _ctx(cfg, n_ref[...], p_ref)
     q_col = (qcol_ref[0], qcol_ref[1])
 
-    def body(j, dq):
-        vis, seen = _key_block(cfg, j, kvrow_ref, q_col)
+    def body(j, carry):
+        dq, dpow = carry
+        vis, seen = key_block(cfg, [kvrow_ref[x, j] for x in range(3)], q_col)
         k = jnp.where(seen, _rows(k_ref, (), j * cfg.block_k, cfg.block_k), 0)
         v = _rows(v_ref, (), j * cfg.block_k, cfg.block_k)  # only through dp, whose hidden entries `where` drops
-        _, ds = family.grad(_dot(q, k, _NT), vis, ctx, rows, _dot(dout, v, _NT))
-        return dq + _dot(ds.astype(k.dtype), k, _NN)
+        args = (dot(q, k, NT), vis, ctx, rows, dot(dout, v, NT))
+        _, ds = family.grad(*args)
+        if cfg.p_grad:
+            dpow = dpow + _row_sum(family.power_grad(*args))
+        return dq + dot(ds.astype(k.dtype), k, NN), dpow
 
-    dq_ref[...] = jax.lax.fori_loop(first_ref[b, i], end_ref[b, i], body, jnp.zeros(q.shape, jnp.float32))
+    carry = (jnp.zeros(q.shape, jnp.float32), jnp.zeros((cfg.block_q, 1), jnp.float32))
+    carry = jax.lax.fori_loop(first_ref[b, i], end_ref[b, i], body, carry)
+    for ref, x in zip(out_refs, carry):
+        ref[...] = x
 
 
 def dkv_kernel(cfg: Static, first_ref, end_ref, p_ref, q_ref, k_ref, v_ref, qrow_ref, kvcol_ref, n_ref, dout_ref, *refs):
@@ -297,8 +317,8 @@ def dkv_kernel(cfg: Static, first_ref, end_ref, p_ref, q_ref, k_ref, v_ref, qrow
         q, dout = _rows(q_ref, (g,), i * cfg.block_q, cfg.block_q), _rows(dout_ref, (g,), i * cfg.block_q, cfg.block_q)
         rows = {name: ref[g, i] for name, ref in zip(family.rows, row_refs)}  # each [1, Q]
         vis_t = visible(cfg, qrow_ref[0, i], qrow_ref[1, i], *k_col)
-        w_t, ds_t = family.grad(_dot(k, q, _NT), vis_t, _ctx(cfg, n_ref[i], p_ref), rows, _dot(v, dout, _NT))
-        return dk + _dot(ds_t.astype(q.dtype), q, _NN), dv + _dot(w_t.astype(dout.dtype), dout, _NN)
+        w_t, ds_t = family.grad(dot(k, q, NT), vis_t, _ctx(cfg, n_ref[i], p_ref), rows, dot(v, dout, NT))
+        return dk + dot(ds_t.astype(q.dtype), q, NN), dv + dot(w_t.astype(dout.dtype), dout, NN)
 
     carry = (jnp.zeros(k.shape, jnp.float32), jnp.zeros(v.shape, jnp.float32))
     for g in range(cfg.kv_groups):
