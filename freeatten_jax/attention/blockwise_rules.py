@@ -222,12 +222,12 @@ def _reweight_grad_block(s, vis, n, rows, dp, cfg):
 
 
 def _reweight_power_grad_block(s, vis, n, rows, dp, cfg):
-    """dL/dp per score: A_ij = ρ_ij^p / Σ_k ρ_ik^p (ρ = x / x_max) gives dA_ij/dp = A_ij (log ρ_ij - Σ_k A_ik
-    log ρ_ik), so dL/dp = Σ_ij A_ij log ρ_ij (dp_ij - D_i) on re-weighted rows (the others do not use p)."""
+    """dL/dp per score: A_ij = x_ij^p / Σ_k x_ik^p gives dA_ij/dp = A_ij (log x_ij - Σ_k A_ik log x_ik), so
+    dL/dp = Σ_ij A_ij log x_ij (dp_ij - D_i) on re-weighted rows (the others do not use p). A row constant
+    added to log x cancels, as Σ_j A_ij (dp_ij - D_i) = 0: log x, not log(x / x_max), is enough."""
     u = jnp.where(vis, cfg.weight(s, n), 0.0)
     x, active, r = _reweight_terms(s, vis, n, rows, cfg, u)
-    log_rho = jnp.log(jnp.where(active, x, 1.0) / jnp.maximum(rows["x_max"], TINY))
-    return jnp.where(rows["sharp"] & active, r / rows["l"] * log_rho * (dp - rows["d"]), 0.0)
+    return jnp.where(rows["sharp"] & active, r / rows["l"] * jnp.log(jnp.where(active, x, 1.0)) * (dp - rows["d"]), 0.0)
 
 
 RULES = {

@@ -87,7 +87,7 @@ def _calls(cfg: Static, shapes, compiler_params, interpret: bool):
         pl.BlockSpec((3, None, k_blocks, 1, cfg.block_k), lambda b, h, i: (0, b, 0, 0, 0)),
         pl.BlockSpec((None, cfg.block_q, 1), lambda b, h, i: (b, i, 0)),
     ]
-    in_specs = [scalar, scalar, scalar, q_spec, kv_full, kv_full, *mask_specs]
+    in_specs = [scalar] * 4 + [q_spec, kv_full, kv_full, *mask_specs]
     stat_shapes = [jax.ShapeDtypeStruct((b, h, tp, 1), f32)] * len(family.stats)
     extra_shapes = [jax.ShapeDtypeStruct((b, h, tp, d), f32)] * len(family.extras)
     forward = pl.pallas_call(
@@ -121,7 +121,7 @@ def _calls(cfg: Static, shapes, compiler_params, interpret: bool):
     dkv = pl.pallas_call(
         functools.partial(dkv_kernel, cfg),
         grid=(b, kv_heads, k_blocks),
-        in_specs=[scalar, scalar, scalar, group_spec, k_spec, k_spec, *dkv_mask_specs, group_spec] + [group_rows] * len(family.rows),
+        in_specs=[scalar] * 4 + [group_spec, k_spec, k_spec, *dkv_mask_specs, group_spec] + [group_rows] * len(family.rows),
         out_specs=[k_spec, k_spec],
         out_shape=[jax.ShapeDtypeStruct((b, kv_heads, sp, d), f32)] * 2,
         name=f"freeatten_{cfg.family}_dkv",
@@ -152,7 +152,7 @@ def _core(cfg: Static, lowering: Lowering, shapes):
         return plan.q_col, plan.kv_row, plan.n_col
 
     def run_forward(q, k, v, p_1, plan):
-        out, *stats = forward(plan.k_first, plan.k_end, p_1, q, k, v, *mask_args(plan))
+        out, *stats = forward(plan.k_first, plan.k_end, plan.k_full, p_1, q, k, v, *mask_args(plan))
         return out, dict(zip(family.stats + family.extras, stats))
 
     @jax.custom_vjp
@@ -166,11 +166,11 @@ def _core(cfg: Static, lowering: Lowering, shapes):
     def core_bwd(residuals, dout):
         q, k, v, p_1, plan, out, stats = residuals
         rows = _backward_rows(cfg.family, stats, out, dout, p_1)
-        dq, *dpow = dq_call(plan.k_first, plan.k_end, p_1, q, k, v, *mask_args(plan), dout, *rows)
+        dq, *dpow = dq_call(plan.k_first, plan.k_end, plan.k_full, p_1, q, k, v, *mask_args(plan), dout, *rows)
         dp_1 = jnp.sum(dpow[0]).reshape(1) if cfg.p_grad else None
         rows_t = [x.reshape(*x.shape[:2], -1, 1, cfg.block_q) for x in rows]  # [B, H, I, 1, Q]
         dkv_masks = (plan.q_row, plan.kv_col, plan.n_row)
-        dk, dv = dkv_call(plan.q_first, plan.q_end, p_1, q, k, v, *dkv_masks, dout, *rows_t)
+        dk, dv = dkv_call(plan.q_first, plan.q_end, plan.q_full, p_1, q, k, v, *dkv_masks, dout, *rows_t)
         return dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype), dp_1, None
 
     core.defvjp(core_fwd, core_bwd)

@@ -76,11 +76,12 @@ def _store(refs, tree):
         ref[...] = x
 
 
-def forward_kernel(cfg: Static, sweeps: int, blocks: int, first_ref, end_ref, p_ref, q_ref, k_ref, v_ref, qcol_ref, kvrow_ref, n_ref, *refs):
+def forward_kernel(cfg: Static, sweeps: int, blocks: int, first_ref, end_ref, full_ref, p_ref, q_ref, k_ref, v_ref, qcol_ref, kvrow_ref, n_ref, *refs):
     """One grid step (b, h, i, t): key block t % J of sweep t // J (J = blocks); the output is written at the last step."""
     b, i, t = pl.program_id(0), pl.program_id(2), pl.program_id(3)
     j, now = jax.lax.rem(t, blocks), jax.lax.div(t, blocks)  # C division (no sign op, which Mosaic lowers per chip)
-    visit = (first_ref[b, i] <= j) & (j < end_ref[b, i])
+    interior = (full_ref[0, b, i] <= j) & (j < full_ref[1, b, i])  # every pair visible: no mask
+    masked = (first_ref[b, i] <= j) & (j < end_ref[b, i]) & ~interior
     family = FAMILIES[cfg.family]
     outputs = 1 + len(family.stats) + len(family.extras)
     out_refs, slots = refs[:outputs], iter(refs[outputs:])
@@ -96,12 +97,16 @@ def forward_kernel(cfg: Static, sweeps: int, blocks: int, first_ref, end_ref, p_
         def _():
             _store(carry_refs, leaves)
 
-        @pl.when((now == which) & visit)
+        @pl.when((now == which) & masked)
         def _():
             vis, seen = key_block(cfg, [kvrow_ref[x] for x in range(3)], q_col)
             k = jnp.where(seen, k_ref[...], 0)
             v = jnp.where(seen, v_ref[...], 0) if with_values else None
             _store(carry_refs, step(load(), dot(q, k, NT), vis, v))
+
+        @pl.when((now == which) & interior)
+        def _():
+            _store(carry_refs, step(load(), dot(q, k_ref[...], NT), None, v_ref[...] if with_values else None))
 
         return load()
 
@@ -114,7 +119,7 @@ def forward_kernel(cfg: Static, sweeps: int, blocks: int, first_ref, end_ref, p_
             ref[...] = stats[name]
 
 
-def dq_kernel(cfg: Static, first_ref, end_ref, p_ref, q_ref, k_ref, v_ref, qcol_ref, kvrow_ref, n_ref, dout_ref, *refs):
+def dq_kernel(cfg: Static, first_ref, end_ref, full_ref, p_ref, q_ref, k_ref, v_ref, qcol_ref, kvrow_ref, n_ref, dout_ref, *refs):
     """One grid step (b, h, i, j): adds key block j's share of dq (and of the rows' dL/dp if cfg.p_grad);
     written at the last step."""
     b, i, j = pl.program_id(0), pl.program_id(2), pl.program_id(3)
@@ -127,17 +132,22 @@ def dq_kernel(cfg: Static, first_ref, end_ref, p_ref, q_ref, k_ref, v_ref, qcol_
         for ref in acc_refs:
             ref[...] = jnp.zeros(ref.shape, jnp.float32)
 
-    @pl.when((first_ref[b, i] <= j) & (j < end_ref[b, i]))
-    def _():
+    def add(masked: bool):
         rows = {name: ref[...] for name, ref in zip(family.rows, row_refs)}
         ctx = Ctx(n=n_ref[...], p=p_ref[0], static_power=cfg.static_power, weight=cfg.weight)
-        vis, seen = key_block(cfg, [kvrow_ref[x] for x in range(3)], (qcol_ref[0], qcol_ref[1]))
-        k = jnp.where(seen, k_ref[...], 0)
+        k, vis = k_ref[...], None
+        if masked:
+            vis, seen = key_block(cfg, [kvrow_ref[x] for x in range(3)], (qcol_ref[0], qcol_ref[1]))
+            k = jnp.where(seen, k, 0)
         args = (dot(q_ref[...], k, NT), vis, ctx, rows, dot(dout_ref[...], v_ref[...], NT))
         _, ds = family.grad(*args)
         acc_refs[0][...] += dot(ds.astype(k.dtype), k, NN)
         if cfg.p_grad:
             acc_refs[1][...] += jnp.sum(family.power_grad(*args), axis=1, keepdims=True)
+
+    interior = (full_ref[0, b, i] <= j) & (j < full_ref[1, b, i])
+    pl.when((first_ref[b, i] <= j) & (j < end_ref[b, i]) & ~interior)(functools.partial(add, True))
+    pl.when(interior)(functools.partial(add, False))
 
     @pl.when(j == pl.num_programs(3) - 1)
     def _():
@@ -145,7 +155,7 @@ def dq_kernel(cfg: Static, first_ref, end_ref, p_ref, q_ref, k_ref, v_ref, qcol_
             ref[...] = acc[...]
 
 
-def dkv_kernel(cfg: Static, q_blocks: int, first_ref, end_ref, p_ref, q_ref, k_ref, v_ref, qrow_ref, kvcol_ref, n_ref, dout_ref, *refs):
+def dkv_kernel(cfg: Static, q_blocks: int, first_ref, end_ref, full_ref, p_ref, q_ref, k_ref, v_ref, qrow_ref, kvcol_ref, n_ref, dout_ref, *refs):
     """One grid step (b, kv head, j, t): adds query block t % I of head group t // I to dk, dv (key-major
     [C, Q] blocks, as pallas_kernels.dkv_kernel); written at the last step."""
     b, j, t = pl.program_id(0), pl.program_id(2), pl.program_id(3)
@@ -158,15 +168,18 @@ def dkv_kernel(cfg: Static, q_blocks: int, first_ref, end_ref, p_ref, q_ref, k_r
         dk_acc[...] = jnp.zeros(dk_acc.shape, jnp.float32)
         dv_acc[...] = jnp.zeros(dv_acc.shape, jnp.float32)
 
-    @pl.when((first_ref[b, j] <= i) & (i < end_ref[b, j]))
-    def _():
+    def add(masked: bool):
         q, dout = q_ref[...], dout_ref[...]
         rows = {name: ref[...] for name, ref in zip(family.rows, row_refs)}  # each [1, Q]
-        vis_t = visible(cfg, qrow_ref[0], qrow_ref[1], *[kvcol_ref[x] for x in range(3)])
+        vis_t = visible(cfg, qrow_ref[0], qrow_ref[1], *[kvcol_ref[x] for x in range(3)]) if masked else None
         ctx = Ctx(n=n_ref[...], p=p_ref[0], static_power=cfg.static_power, weight=cfg.weight)
         w_t, ds_t = family.grad(dot(k_ref[...], q, NT), vis_t, ctx, rows, dot(v_ref[...], dout, NT))
         dk_acc[...] += dot(ds_t.astype(q.dtype), q, NN)
         dv_acc[...] += dot(w_t.astype(dout.dtype), dout, NN)
+
+    interior = (full_ref[0, b, j] <= i) & (i < full_ref[1, b, j])
+    pl.when((first_ref[b, j] <= i) & (i < end_ref[b, j]) & ~interior)(functools.partial(add, True))
+    pl.when(interior)(functools.partial(add, False))
 
     @pl.when(t == pl.num_programs(3) - 1)
     def _():
@@ -176,7 +189,7 @@ def dkv_kernel(cfg: Static, q_blocks: int, first_ref, end_ref, p_ref, q_ref, k_r
 
 def calls(cfg: Static, shapes, interpret: bool):
     """The three pallas_calls (forward, dq, dkv) for arrays of the given padded shapes, with the same
-    arguments as pallas.py's GPU calls (the two span arrays first, as scalar prefetch)."""
+    arguments as pallas.py's GPU calls (the three span arrays first, as scalar prefetch)."""
     (b, h, tp, d), (kv_heads, sp) = shapes
     q_blocks, k_blocks, g = tp // cfg.block_q, sp // cfg.block_k, cfg.kv_groups
     family, f32 = FAMILIES[cfg.family], jnp.float32
@@ -186,7 +199,7 @@ def calls(cfg: Static, shapes, interpret: bool):
     smem = pl.BlockSpec(memory_space=pltpu.SMEM)
 
     # forward and dq: grid (b, h, i, t), key block j = t % J clamped into the visiting span
-    def key_index(b, i, t, first, end):
+    def key_index(b, i, t, first, end, full):
         return _clamp(jax.lax.rem(t, k_blocks), first[b, i], end[b, i])
 
     q_spec = pl.BlockSpec((None, None, cfg.block_q, d), lambda b, h, i, t, *_: (b, h, i, 0))
@@ -204,7 +217,7 @@ def calls(cfg: Static, shapes, interpret: bool):
     forward = pl.pallas_call(
         functools.partial(forward_kernel, cfg, len(carries), k_blocks),
         grid_spec=pltpu.PrefetchScalarGridSpec(
-            num_scalar_prefetch=2,
+            num_scalar_prefetch=3,
             grid=(b, h, q_blocks, len(carries) * k_blocks),
             in_specs=in_specs,
             out_specs=[q_spec] + [row_spec] * len(stat_shapes) + [q_spec] * len(extra_shapes),
@@ -217,7 +230,7 @@ def calls(cfg: Static, shapes, interpret: bool):
     dq = pl.pallas_call(
         functools.partial(dq_kernel, cfg),
         grid_spec=pltpu.PrefetchScalarGridSpec(
-            num_scalar_prefetch=2,
+            num_scalar_prefetch=3,
             grid=(b, h, q_blocks, k_blocks),
             in_specs=in_specs + [q_spec] + [row_spec] * len(family.rows),
             out_specs=[q_spec, row_spec][: 1 + cfg.p_grad],
@@ -229,7 +242,7 @@ def calls(cfg: Static, shapes, interpret: bool):
     )
 
     # dkv: grid (b, kv head, j, t), head g = t // I of the group and query block i = t % I clamped into the span
-    def query_index(b, j, t, first, end):
+    def query_index(b, j, t, first, end, full):
         return _clamp(jax.lax.rem(t, q_blocks), first[b, j], end[b, j])
 
     def head(k, t):
@@ -247,7 +260,7 @@ def calls(cfg: Static, shapes, interpret: bool):
     dkv = pl.pallas_call(
         functools.partial(dkv_kernel, cfg, q_blocks),
         grid_spec=pltpu.PrefetchScalarGridSpec(
-            num_scalar_prefetch=2,
+            num_scalar_prefetch=3,
             grid=(b, kv_heads, k_blocks, g * q_blocks),
             in_specs=[smem, group_spec, k_spec, k_spec, *dkv_mask_specs, group_spec] + [group_rows] * len(family.rows),
             out_specs=[k_spec, k_spec],
