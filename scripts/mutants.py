@@ -65,7 +65,7 @@ MUTANTS = [
     Mutant("pallas: causal skip k_lo < q_hi", "freeatten_jax/attention/pallas_plan.py", "maybe &= k_lo <= q_hi", "maybe &= k_lo < q_hi",
            (*BLOCK_EDGES, "-k", "pallas")),
     Mutant("pallas: kernels not in shard_map inside a mesh", "freeatten_jax/attention/pallas.py",
-           "    if mesh.empty or mesh.size == 1:", "    if True:", ("tests/test_pallas.py", "-k", "per_shard")),
+           "    if mesh.empty or mesh.size == 1:", "    if True:", ("tests/test_pallas.py", "tests/test_compile.py", "-k", "per_shard or v5p")),
     Mutant("pallas: shard_map replicates the batch", "freeatten_jax/attention/pallas.py",
            "tokens, rows = P(batch, None, heads, None), P(batch, None)", "tokens, rows = P(None, None, heads, None), P(None, None)",
            ("tests/test_pallas.py", "-k", "per_shard")),
@@ -90,6 +90,9 @@ MUTANTS = [
            "full &= (q_hi - k_lo < mask.window)", "full &= (q_hi - k_lo <= mask.window)", (*BLOCK_EDGES, "-k", "pallas")),
     Mutant("pallas: a block with a padding key taken as interior", "freeatten_jax/attention/pallas_plan.py",
            "full = jnp.all(kvalid_BJC, axis=2)", "full = jnp.any(kvalid_BJC, axis=2)", (*BLOCK_EDGES, "-k", "pallas")),
+    # --- compile/: without the chips (issue 20)
+    Mutant("freeatten-compile: a shared-memory overflow not recognised", "freeatten_jax/compile/run.py",
+           'r"[Ss]hared memory size limit"', 'r"shared-memory size limit"', ("tests/test_compile.py", "-k", "overflow")),
     Mutant("context parallel: K/V sent the wrong way round the ring", "freeatten_jax/attention/ring.py",
            "[(d, (d + 1) % size) for d in range(size)]", "[(d, (d - 1) % size) for d in range(size)]",
            ("tests/test_context_parallel.py::test_matches_reference",)),

@@ -7,7 +7,7 @@ the dK/dV kernel on (b, kv head, j, t) whose last axis walks the G heads' query 
 Each grid step holds one block of each operand in VMEM, so VMEM use does not grow with the sequence
 (the GPU kernels, pallas_kernels.py, read whole K/V and loop inside the kernel instead). Blocks outside
 the span that pallas_plan computed are not visited, and their index map repeats a visited block, so
-Pallas fetches nothing for them. The families' maths (pallas_kernels.FAMILIES) is shared: here a
+Pallas fetches nothing for them; wholly visible (interior) blocks skip the mask. The families' maths (pallas_kernels.FAMILIES) is shared: here a
 `sweep` keeps its carry in scratch between grid steps.
 """
 import functools
@@ -184,7 +184,6 @@ def dkv_kernel(cfg: Static, q_blocks: int, first_ref, end_ref, full_ref, p_ref, 
     @pl.when(t == pl.num_programs(3) - 1)
     def _():
         dk_ref[...], dv_ref[...] = dk_acc[...], dv_acc[...]
-
 
 
 def calls(cfg: Static, shapes, interpret: bool):
