@@ -29,9 +29,9 @@ def main() -> None:
     flags.mark_flag_as_required("target")
 
     def compile_(_):
-        import os
+        import jax
 
-        os.environ.setdefault("JAX_PLATFORMS", "cpu")  # the targets' compilers come from their topologies; nothing runs
+        jax.config.update("jax_platforms", "cpu")  # the targets' compilers come from their topologies; nothing runs here
 
         from freeatten_jax.compile import run
 
