@@ -75,7 +75,7 @@ MUTANTS = [
            "return k * g + jax.lax.div(t, q_blocks)", "return k * g", ("tests/test_pallas.py", "-k", "reference and tpu")),
     # --- LSSAR's p differentiable on every path (issue 20)
     Mutant("blockwise: dL/dp without the -D_i term", "freeatten_jax/attention/blockwise_rules.py",
-           'r / rows["l"] * log_rho * (dp - rows["d"])', 'r / rows["l"] * log_rho * dp',
+           'jnp.log(jnp.where(active, x, 1.0)) * (dp - rows["d"])', 'jnp.log(jnp.where(active, x, 1.0)) * dp',
            ("tests/test_pallas.py", "-k", "finite_differences and (blockwise or auto or context)")),
     Mutant("pallas: dL/dp dropped (the old silent zero)", "freeatten_jax/attention/pallas.py",
            "dp_1 = jnp.sum(dpow[0]).reshape(1) if cfg.p_grad else None", "dp_1 = None",
