@@ -9,7 +9,7 @@ DEMO_REPORT := reports/demo
 DEMO_TRAIN_FLAGS := --config.train.steps=200 --config.train.eval_every=100 --config.train.checkpoint_every=100
 DEMO_EVAL_FLAGS := --switch=p=15 --eval_tokens=8200 --passkey_keys=2
 
-.PHONY: install test demo
+.PHONY: install test demo compile-check
 
 $(VENV)/.installed: pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -31,3 +31,9 @@ $(DEMO_REPORT)/report.md: $(foreach v,$(DEMO_VARIANTS),$(DEMO_RUNS)/$(v)/finishe
 
 demo: $(DEMO_REPORT)/report.md
 	@echo "demo report: $(DEMO_REPORT)/report.md"
+
+# The full compile matrix: every variant's kernels at 8K-128K on TPU v5e/v5p/v6e and H100/H200, without the
+# chips (needs pip install -e '.[compile]'; tens of minutes on 2 cores). `make test` runs a small part of it.
+compile-check: $(VENV)/.installed
+	$(PY) -m pip install -q -c constraints.txt -e '.[compile]'
+	$(PY) benchmarks/compile_matrix.py

@@ -22,3 +22,7 @@ def evaluate() -> None:
 
 def generate() -> None:
     _run("freeatten_jax.training.generate_cli", "train")
+
+
+def compile_() -> None:
+    _run("freeatten_jax.compile.cli", "compile")

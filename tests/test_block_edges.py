@@ -1,4 +1,5 @@
-"""Block skipping at its exact boundaries, for every implementation that skips blocks (issue 15).
+"""Block skipping and mask-free interior blocks at their exact boundaries, for every implementation that
+skips blocks (issues 15, 20).
 
 Glossary: B batch, T queries, S keys, H heads, K kv heads, D head dim. Batch 1 and key blocks of 8,
 so the only visible (query, key) pair of a block pair sits on a block's first or last key: a rule
@@ -30,6 +31,7 @@ def _context_parallel(q, k, v, **options):
 SKIPPING = {
     "blockwise": (attention.attend, dict(implementation="blockwise", block_q=8, block_k=BLOCK_K), 1),
     "pallas": (attention.attend, dict(implementation="pallas", interpret=INTERPRET, block_q=8, block_k=BLOCK_K), 1),
+    "pallas_tpu_kernels": (attention.attend, dict(implementation="pallas", interpret="tpu" if INTERPRET else False, block_q=8, block_k=BLOCK_K), 1),
 }
 if jax.device_count() >= CONTEXT:  # the 8 forced host devices (tests/conftest.py); not one GPU (device_check.py)
     SKIPPING["context_parallel"] = (_context_parallel, {}, 2 * CONTEXT * BLOCK_K)
@@ -54,6 +56,12 @@ def _case(name: str):
         "window_edge_on_block_edge": ("lssar", 4 * BLOCK_K, 4 * BLOCK_K, False, dict(window=2)),
         # each document starts on a block edge: a block sees only its own
         "segments_start_on_block_edge": ("softmax", 4 * BLOCK_K, 4 * BLOCK_K, True, dict(q_segment_ids=segments)),
+        # interior (mask-free) blocks below the diagonal; the diagonal blocks hold pairs on both sides
+        "causal_interior_beside_diagonal": ("lssar", 4 * BLOCK_K, 4 * BLOCK_K, True, {}),
+        # window 2C - 1: a neighbouring block's pair farthest apart sits exactly at the window's edge (not interior)
+        "window_interior_edge": ("lssa", 4 * BLOCK_K, 4 * BLOCK_K, False, dict(window=2 * BLOCK_K - 1)),
+        # one padding key inside an otherwise wholly visible block (not interior)
+        "padding_key_inside_interior": ("softmax", 4 * BLOCK_K, 4 * BLOCK_K, False, dict(kv_mask=jnp.arange(4 * BLOCK_K) != BLOCK_K + 4)),
     }[name]
 
 
@@ -65,6 +73,9 @@ CASES = [
     "prefill_max_on_block_end",
     "window_edge_on_block_edge",
     "segments_start_on_block_edge",
+    "causal_interior_beside_diagonal",
+    "window_interior_edge",
+    "padding_key_inside_interior",
 ]
 
 

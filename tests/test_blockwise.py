@@ -114,7 +114,7 @@ def test_lssar_power_options(p):
     and in the q, k, v gradients (blockwise does not differentiate p)."""
     q, k, v, g, causal, mask_options = _scenario("causal_packed_padded", _key("lssar", str(p)))
     params, static = ({"p": jnp.float32(7.0)}, {}) if p == "traced" else ({}, {"p": p})
-    out = _compare(q, k, v, g, params, 1e-4, check_params=False, variant="lssar", causal=causal, **mask_options, **static)
+    out = _compare(q, k, v, g, params, 1e-4, variant="lssar", causal=causal, **mask_options, **static)  # traced: dp too
     if p is None:
         lssa = attention.attend(q, k, v, variant="lssa", implementation="reference", **mask_options)
         _assert_close(out, lssa, 1e-5, "p=None is LSSA")

@@ -55,15 +55,18 @@ def value_and_grads(q, k, v, g, params, implementation_options, attend=attention
     return compiled_value_and_grads(q, k, v, g, params, implementation_options, attend, **options)(q, k, v, g, params)
 
 
-def compare(q, k, v, g, params, implementation_options, tolerance, check_params=True, attend=attention.attend, **options):
-    """`attend` with implementation_options: output and gradients (of `params` too if check_params) equal the reference's."""
+def compare(q, k, v, g, params, implementation_options, tolerance, check_params=True, attend=attention.attend,
+            params_tolerance=None, **options):
+    """`attend` with implementation_options: output and gradients (of `params` too if check_params, to
+    params_tolerance if given) equal the reference's."""
     out, grads = value_and_grads(q, k, v, g, params, implementation_options, attend, **options)
     out_ref, grads_ref = value_and_grads(q, k, v, g, params, dict(implementation="reference"), **options)
     assert out.dtype == q.dtype
     assert_close(out, out_ref, tolerance, "output")
-    for name, got, want in zip(["dq", "dk", "dv", "params"][: 4 if check_params else 3], grads, grads_ref):
+    tolerances = [tolerance] * 3 + [params_tolerance or tolerance]
+    for name, got, want, tol in zip(["dq", "dk", "dv", "params"][: 4 if check_params else 3], grads, grads_ref, tolerances):
         for (path, leaf), leaf_ref in zip(jax.tree_util.tree_leaves_with_path(got), jax.tree.leaves(want)):
-            assert_close(leaf, leaf_ref, tolerance, f"{name}{jax.tree_util.keystr(path)}")
+            assert_close(leaf, leaf_ref, tol, f"{name}{jax.tree_util.keystr(path)}")
 
 
 def variant_params(variant: str, h: int):
@@ -89,24 +92,63 @@ def scenario(name: str, rng):
     raise ValueError(name)
 
 
-CASES = [("causal_packed_padded_gqa", variant) for variant in attention.VARIANTS]
-CASES += [("bidirectional_window_positions_mqa", variant) for variant in ("lssa", "lssar")]
-CASES += [("kv_cache_offset_bfloat16", variant) for variant in ("ssmax", "lssar")]
+# The GPU kernels (interpret=True) in every case; the TPU kernels (streamed grid, interpret="tpu") in
+# every variant and one case of each other scenario.
+KERNELS = {"gpu": PALLAS, "tpu": dict(PALLAS, interpret="tpu" if INTERPRET else False)}
+CASES = [("causal_packed_padded_gqa", variant, kernels) for variant in attention.VARIANTS for kernels in KERNELS]
+CASES += [("bidirectional_window_positions_mqa", variant, "gpu") for variant in ("lssa", "lssar")]
+CASES += [("kv_cache_offset_bfloat16", variant, "gpu") for variant in ("ssmax", "lssar")]
+CASES += [("bidirectional_window_positions_mqa", "lssar", "tpu"), ("kv_cache_offset_bfloat16", "lssar", "tpu")]
 
 
-@pytest.mark.parametrize("name, variant", CASES)
-def test_pallas_matches_reference(name, variant):
+@pytest.mark.parametrize("name, variant, kernels", CASES)
+def test_pallas_matches_reference(name, variant, kernels):
     q, k, v, g, causal, mask_options = scenario(name, key(name, variant))
     params = variant_params(variant, q.shape[2])
     tolerance = LSSAR_BFLOAT16_TOLERANCE if (variant, q.dtype) == ("lssar", jnp.bfloat16) else TOLERANCE[q.dtype.type]
-    compare(q, k, v, g, params, PALLAS, tolerance, variant=variant, causal=causal, **mask_options)
+    compare(q, k, v, g, params, KERNELS[kernels], tolerance, variant=variant, causal=causal, **mask_options)
 
 
-def test_lssar_traced_fractional_power():
-    """p as a traced (jit argument), fractional value takes the kernels' non-integer power path (values
-    and q, k, v gradients; p itself is not differentiated, as in blockwise)."""
+@pytest.mark.parametrize("kernels", KERNELS)
+def test_lssar_traced_fractional_power(kernels):
+    """p as a traced (jit argument), fractional value takes the kernels' non-integer power path: values
+    and the gradients of q, k, v and p equal the reference's, on the GPU and the TPU kernels."""
     q, k, v, g, causal, mask_options = scenario("causal_packed_padded_gqa", key("traced-p"))
-    compare(q, k, v, g, {"p": jnp.float32(2.5)}, PALLAS, 1e-4, check_params=False, variant="lssar", causal=causal, **mask_options)
+    compare(q, k, v, g, {"p": jnp.float32(2.5)}, KERNELS[kernels], 1e-4, variant="lssar", causal=causal, **mask_options)
+
+
+def _context_parallel(q, k, v, **options):
+    """context_parallel_attend over 2 host devices (the ring; blockwise on each device)."""
+    mesh = jax.make_mesh((2,), ("context",), devices=jax.devices()[:2], axis_types=(jax.sharding.AxisType.Auto,))
+    return attention.context_parallel_attend(q, k, v, mesh=mesh, axis_name="context", block_q=8, block_k=8, **options)
+
+
+P_PATHS = {  # name: (attend, implementation options)
+    "reference": (attention.attend, dict(implementation="reference")),
+    "blockwise": (attention.attend, dict(implementation="blockwise", block_q=16, block_k=8)),
+    "auto": (attention.attend, dict(implementation="auto")),
+    "pallas": (attention.attend, KERNELS["gpu"]),
+    "pallas_tpu_kernels": (attention.attend, KERNELS["tpu"]),
+    "context_parallel": (_context_parallel, {}),
+}
+
+
+@pytest.mark.parametrize("path", P_PATHS)
+def test_lssar_power_gradient_matches_finite_differences(path):
+    """dL/dp of a learnable LSSAR p (traced) equals the central difference of L (segments, padding, GQA,
+    a fully masked row), on every path; never a silent zero. `auto` at T = 32 is the reference on the
+    CPU, so a T above its limit is taken for it (blockwise)."""
+    t = 160 if path == "auto" else 32
+    q, k, v, g = inputs(key("dp", path), 2, t, t, 4, 2, 16)
+    segments = jnp.array([[0] * (t - 12) + [1] * 12, [0] * 9 + [1] * (t - 9)])
+    options = dict(variant="lssar", q_segment_ids=segments, kv_mask=jnp.array([[True] * t, [True] * (t - 4) + [False] * 4]))
+    attend, implementation = P_PATHS[path]
+    loss = jax.jit(lambda p: jnp.sum(g * attend(q, k, v, p=p, **options, **implementation)))
+    grad = float(jax.jit(jax.grad(loss))(jnp.float32(3.5)))
+    step = 1e-2
+    difference = (float(loss(jnp.float32(3.5 + step))) - float(loss(jnp.float32(3.5 - step)))) / (2 * step)
+    assert abs(difference) > 0.05  # a real slope, which a zero gradient would miss
+    assert abs(grad - difference) <= 1e-2 * abs(difference), (grad, difference)
 
 
 @pytest.mark.parametrize("variant", ["softmax", "lssar"])
@@ -157,11 +199,14 @@ def test_block_skipping_is_conservative():
 def test_scale_reaches_the_kernels():
     """scale= (instead of 1/sqrt(d)): values and gradients, the scale's own included, equal the
     reference's (which test_masks checks against q * scale * sqrt(d)). One variant per kernel family:
-    ssmax's prepare scales through softmax's, and sigmoid shares relu's prepare and kernel."""
+    ssmax's prepare scales through softmax's, and sigmoid shares relu's prepare and kernel. The scale's
+    gradient sums ~4,700 products dq'·q of size up to ~80 that cancel to ~1.4 (ssmax): summation order
+    alone moves it by 2e-4 relative (blockwise and the kernels agree to 2e-5, the reference differs by
+    2e-4), so it is checked to 1e-3."""
     q, k, v, g, causal, mask_options = scenario("causal_packed_padded_gqa", key("scale"))
     for variant in ("ssmax", "sigmoid"):
         params = {**variant_params(variant, q.shape[2]), "scale": jnp.float32(0.7)}
-        compare(q, k, v, g, params, PALLAS, 1e-4, variant=variant, causal=causal, **mask_options)
+        compare(q, k, v, g, params, PALLAS, 1e-4, params_tolerance=1e-3, variant=variant, causal=causal, **mask_options)
 
 
 @pytest.mark.parametrize(
@@ -221,3 +266,57 @@ def test_auto_decides_per_platform_and_never_picks_pallas():
         text = traced.lower(lowering_platforms=(platform,)).as_text()
         assert ("1024x1024" in text, "stablehlo.while" in text) == (picked == "reference", picked == "blockwise"), platform
         assert "freeatten_" not in text and "custom_call" not in text, platform
+
+
+def _pallas_calls(jaxpr, inside=False):
+    """(eqn, whether it sits inside a shard_map) for every pallas_call in a jaxpr, nested ones included."""
+    for eqn in jaxpr.eqns:
+        if eqn.primitive.name == "pallas_call":
+            yield eqn, inside
+        for sub in jax.core.jaxprs_in_params(eqn.params):
+            yield from _pallas_calls(sub, inside or eqn.primitive.name == "shard_map")
+
+
+def _q_shape(eqn):
+    """The shape of a kernel's q operand: its first 4-D argument (after the span and p arrays)."""
+    return next(x.aval.shape for x in eqn.invars if x.aval.ndim == 4)
+
+
+def test_kernels_run_per_shard_inside_a_mesh():
+    """Under an ambient mesh of 8 host devices (data 2, fsdp 2, tensor 2), every kernel (forward, dq, dkv)
+    runs inside shard_map on its shard (batch / 4, heads / 2), and values and gradients equal the
+    unsharded reference's."""
+    q, k, v, g, causal, mask_options = scenario("causal_packed_padded_gqa", key("mesh"))
+    q, k, v, g = (jnp.concatenate([x, x[::-1] * 0.5]) for x in (q, k, v, g))  # batch 4
+    mask_options = {name: jnp.concatenate([x, x[::-1]]) for name, x in mask_options.items()}
+    mesh = jax.make_mesh((2, 2, 2), ("data", "fsdp", "tensor"), axis_types=(jax.sharding.AxisType.Auto,) * 3)
+    with jax.set_mesh(mesh):
+        run = functools.partial(attention.attend, variant="lssar", causal=causal, **mask_options, **PALLAS)
+        jaxpr = jax.make_jaxpr(lambda q, k, v, g: jax.vjp(run, q, k, v)[1](g))(q, k, v, g)
+        calls = list(_pallas_calls(jaxpr.jaxpr))
+        assert sorted(eqn.params["name"] for eqn, _ in calls) == ["freeatten_reweight_dkv", "freeatten_reweight_dq", "freeatten_reweight_fwd"]
+        for eqn, inside in calls:
+            assert inside, eqn.params["name"]
+            assert _q_shape(eqn)[:2] == (1, 2), eqn.params["name"]  # q: [B / 4, H / 2, Tp, D]
+        # a traced p: its gradient sums every device's share
+        compare(q, k, v, g, {"p": jnp.float32(3.5)}, PALLAS, 1e-4, variant="lssar", causal=causal, **mask_options)
+
+
+def test_layer_runs_kernels_per_shard_under_use_mesh():
+    """The NNX layer with implementation="pallas" under sharding.use_mesh (data 2, fsdp 2, tensor 2)
+    needs no shard_map of its own: its kernels run inside one, and its output equals the reference's."""
+    from flax import nnx
+
+    from freeatten_jax.nn import sharding
+    from freeatten_jax.nn.attention_layer import Attention
+
+    layer = Attention(32, 4, num_kv_heads=2, variant="lssa", rngs=nnx.Rngs(0), implementation="pallas",
+                      implementation_options=dict(interpret=INTERPRET, block_q=8, block_k=8))
+    x_BTE = jax.random.normal(key("layer-mesh"), (4, 20, 32))
+    with sharding.use_mesh(sharding.make_mesh((2, 2, 2)), sharding.DEFAULT_RULES):
+        jaxpr = jax.make_jaxpr(lambda x: layer(x))(x_BTE)
+        calls = list(_pallas_calls(jaxpr.jaxpr))
+        assert calls and all(inside and _q_shape(eqn)[:2] == (1, 2) for eqn, inside in calls)
+        out = jax.jit(lambda x: layer(x))(x_BTE)
+    layer.set_implementation("reference")
+    assert_close(out, layer(x_BTE), 1e-4, "output")

@@ -204,34 +204,40 @@ def swap_last(x):
 
 
 def backward(rule, cfg: Config, q_IBKGQD, kt_JBKDC, v_JBKCD, plan: Plan, rows_I, dout_IBKGQD):
-    """dq, dk^T, dv by streaming query blocks per key block, recomputing each block's scores."""
+    """dq, dk^T, dv, dp (LSSAR's power, a scalar; 0 unless cfg.p_grad) by streaming query blocks per key
+    block, recomputing each block's scores."""
     qt_IBKDGQ, dout_t_IBKDGQ = (jnp.moveaxis(x, -1, -3) for x in (q_IBKGQD, dout_IBKGQD))
+    power_grad = rule.power_grad_block if cfg.p_grad else None
 
-    def per_key_block(dq_IBKGQD, xs):
+    def per_key_block(carry, xs):
+        dq_IBKGQD, dpow = carry
         j, kt_BKDC, k_BKCD, vt_BKDC = xs
 
         def visit(i, carry):
-            dkt_BKDC, dvt_BKDC, dq_IBKGQD = carry
+            dkt_BKDC, dvt_BKDC, dq_IBKGQD, dpow = carry
             dp_BKGQC = jnp.einsum("BKGQD,BKDC->BKGQC", dout_IBKGQD[i], vt_BKDC, precision=_HIGHEST)
             scores_BKGQC = block_scores(q_IBKGQD[i], kt_BKDC)
             visible = block_visible(plan, i, j, k_BKCD.shape[1])
-            w_BKGQC, ds_BKGQC = rule.grad_block(scores_BKGQC, visible, plan.n_IBKGQ1[i], take(rows_I, i), dp_BKGQC, cfg)
+            args = (scores_BKGQC, visible, plan.n_IBKGQ1[i], take(rows_I, i), dp_BKGQC, cfg)
+            w_BKGQC, ds_BKGQC = rule.grad_block(*args)
             dvt_BKDC += jnp.einsum("BKDGQ,BKGQC->BKDC", dout_t_IBKDGQ[i], w_BKGQC, precision=_HIGHEST)
             dkt_BKDC += jnp.einsum("BKDGQ,BKGQC->BKDC", qt_IBKDGQ[i], ds_BKGQC, precision=_HIGHEST)
             dq_BKGQD = jnp.einsum("BKGQC,BKCD->BKGQD", ds_BKGQC, k_BKCD, precision=_HIGHEST)
-            return dkt_BKDC, dvt_BKDC, dq_IBKGQD.at[i].add(dq_BKGQD)
+            if power_grad is not None:
+                dpow += jnp.sum(power_grad(*args))
+            return dkt_BKDC, dvt_BKDC, dq_IBKGQD.at[i].add(dq_BKGQD), dpow
 
         def body(i, carry):
             return jax.lax.cond(plan.maybe_IJ[i, j], functools.partial(visit, i), lambda c: c, carry)
 
-        carry = (jnp.zeros_like(kt_BKDC), jnp.zeros_like(vt_BKDC), dq_IBKGQD)
-        dkt_BKDC, dvt_BKDC, dq_IBKGQD = jax.lax.fori_loop(plan.q_first_J[j], plan.q_end_J[j], body, carry)
-        return dq_IBKGQD, (dkt_BKDC, dvt_BKDC)
+        carry = (jnp.zeros_like(kt_BKDC), jnp.zeros_like(vt_BKDC), dq_IBKGQD, dpow)
+        dkt_BKDC, dvt_BKDC, dq_IBKGQD, dpow = jax.lax.fori_loop(plan.q_first_J[j], plan.q_end_J[j], body, carry)
+        return (dq_IBKGQD, dpow), (dkt_BKDC, dvt_BKDC)
 
     index_J = jnp.arange(kt_JBKDC.shape[0])
     xs = (index_J, kt_JBKDC, swap_last(kt_JBKDC), swap_last(v_JBKCD))
-    dq_IBKGQD, (dkt_JBKDC, dvt_JBKDC) = jax.lax.scan(per_key_block, jnp.zeros_like(q_IBKGQD), xs)
-    return dq_IBKGQD, dkt_JBKDC, swap_last(dvt_JBKDC)
+    (dq_IBKGQD, dpow), (dkt_JBKDC, dvt_JBKDC) = jax.lax.scan(per_key_block, (jnp.zeros_like(q_IBKGQD), jnp.float32(0.0)), xs)
+    return dq_IBKGQD, dkt_JBKDC, swap_last(dvt_JBKDC), dpow
 
 
 def make_core(variant: Variant, opts, forward=forward, backward=backward):
@@ -241,8 +247,9 @@ def make_core(variant: Variant, opts, forward=forward, backward=backward):
     kind, p = variant.normalise, opts.get("p")
     if kind == "reweight" and p is None:
         kind = "sum"  # re-weighting switched off: plain LSSA
-    rule, cfg_static = RULES[kind], Config(weight=variant.weight, p=None, static_power=static_power(p))
-    p_arg = jax.lax.stop_gradient(jnp.asarray(0.0 if p is None else p, jnp.float32))  # p is not differentiated
+    p_grad = kind == "reweight" and isinstance(p, jax.Array)  # a Python number is a constant
+    rule, cfg_static = RULES[kind], Config(weight=variant.weight, p=None, static_power=static_power(p), p_grad=p_grad)
+    p_arg = jnp.asarray(0.0 if p is None else p, jnp.float32)
 
     @jax.custom_vjp
     def core(q, kt, v, p, where):
@@ -256,8 +263,8 @@ def make_core(variant: Variant, opts, forward=forward, backward=backward):
         q, kt, v, p, where, out, rows = residuals
         cfg = cfg_static._replace(p=p)
         rows_I = rule.backward_rows(rows, out, dout, cfg)
-        dq, dkt, dv = backward(rule, cfg, q, kt, v, where, rows_I, dout)
-        return dq, dkt, dv, None, None
+        dq, dkt, dv, dp = backward(rule, cfg, q, kt, v, where, rows_I, dout)
+        return dq, dkt, dv, dp, None
 
     core.defvjp(core_fwd, core_bwd)
     return lambda q_IBKGQD, kt_JBKDC, v_JBKCD, where: core(q_IBKGQD, kt_JBKDC, v_JBKCD, p_arg, where)

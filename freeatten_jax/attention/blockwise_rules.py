@@ -8,7 +8,8 @@ row statistics [B, K, G, Q, 1] (z, l, m, d, e), accumulators [B, K, G, Q, D] (ac
 A rule's `forward(sweep, cfg)` streams key blocks with `sweep` and returns the output and its per-row
 statistics; `backward_rows` turns those into the row terms of the gradient; `grad_block(s, vis, n,
 rows, dp, cfg)` gives, for one block, the weights w (for dV) and the score gradient ds (for dQ, dK)
-from the block's scores s and dp = dO·Vᵀ.
+from the block's scores s and dp = dO·Vᵀ; LSSAR's `power_grad_block` (same arguments) gives each
+score's share of dL/dp (a learnable p; None for the other rules, which have no p).
 """
 from typing import Any, Callable, NamedTuple
 
@@ -27,12 +28,14 @@ class Config(NamedTuple):
     weight: Callable | None  # weight(scores, n), elementwise
     p: Any  # float32 scalar array (LSSAR's power)
     static_power: int | None  # p as an int when known at trace time, for an exact integer power
+    p_grad: bool = False  # p is an array that may be differentiated (a Python number is not)
 
 
 class Rule(NamedTuple):
     forward: Callable
     backward_rows: Callable
     grad_block: Callable
+    power_grad_block: Callable | None = None
 
 
 def pv(w_BKGQC, v_BKCD):
@@ -218,9 +221,18 @@ def _reweight_grad_block(s, vis, n, rows, dp, cfg):
     return w, ds
 
 
+def _reweight_power_grad_block(s, vis, n, rows, dp, cfg):
+    """dL/dp per score: A_ij = x_ij^p / Σ_k x_ik^p gives dA_ij/dp = A_ij (log x_ij - Σ_k A_ik log x_ik), so
+    dL/dp = Σ_ij A_ij log x_ij (dp_ij - D_i) on re-weighted rows (the others do not use p). A row constant
+    added to log x cancels, as Σ_j A_ij (dp_ij - D_i) = 0: log x, not log(x / x_max), is enough."""
+    u = jnp.where(vis, cfg.weight(s, n), 0.0)
+    x, active, r = _reweight_terms(s, vis, n, rows, cfg, u)
+    return jnp.where(rows["sharp"] & active, r / rows["l"] * jnp.log(jnp.where(active, x, 1.0)) * (dp - rows["d"]), 0.0)
+
+
 RULES = {
     "softmax": Rule(_softmax_forward, _softmax_backward_rows, _softmax_grad_block),
     "sum": Rule(_sum_forward, _sum_backward_rows, _sum_grad_block),
     "none": Rule(_none_forward, _none_backward_rows, _none_grad_block),
-    "reweight": Rule(_reweight_forward, _reweight_backward_rows, _reweight_grad_block),
+    "reweight": Rule(_reweight_forward, _reweight_backward_rows, _reweight_grad_block, _reweight_power_grad_block),
 }

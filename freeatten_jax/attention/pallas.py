@@ -5,58 +5,59 @@ padded to whole blocks. `prepare` runs outside the kernels (autodiff carries its
 SSMax's s and b); the kernels see q' and k' in the input dtype, with float32 statistics. A custom VJP
 saves only the output and per-row statistics; the backward recomputes scores in a dQ kernel (per
 query block) and a key-major dK/dV kernel (per key block, summing the G query heads: no repeated K/V).
-The forward and dQ kernels read a head's whole K and V and loop over its visible key blocks (on TPU
-they sit in VMEM: about 8 MiB double-buffered at S = 4096, D = 128, bf16).
+On GPU the forward and dQ kernels read a head's whole K and V and loop over its visible key blocks;
+on TPU (pallas_tpu.py) the grid streams them one block at a time through VMEM.
 Per platform (LOWERINGS): Triton on CUDA, Mosaic on TPU, Pallas interpret mode on CPU (or anywhere
-with interpret=True); chosen with jax.lax.platform_dependent, so cross-platform lowering is right.
+with interpret=True, or "tpu" for the TPU kernels); chosen with jax.lax.platform_dependent, so
+cross-platform lowering is right.
+Inside a mesh (the ambient one, `jax.set_mesh`) the kernels run in `shard_map`, each device on its
+shard: the SPMD partitioner cannot split a Pallas call (Mosaic refuses; Triton calls get replicated).
 """
 import functools
-from typing import Any, Callable, NamedTuple
+import math
+from typing import Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
+from jax.sharding import PartitionSpec as P
 
-from freeatten_jax.attention import pallas_plan
+from freeatten_jax.attention import pallas_plan, pallas_tpu
 from freeatten_jax.attention.blockwise import count_visible, static_power
 from freeatten_jax.attention.pallas_kernels import FAMILIES, Static, dkv_kernel, dq_kernel, forward_kernel
 from freeatten_jax.attention.variants import Mask, Variant, check_positive_int, hide_unseen
 
+# Mesh axes that shard the batch and the heads when present (sized > 1) and dividing them: the names of
+# freeatten_jax.nn.sharding's mesh; `batch_axes=` / `head_axes=` name others. Other axes replicate.
+BATCH_AXES = ("data", "fsdp")
+HEAD_AXES = ("tensor",)
+
 
 class Lowering(NamedTuple):
-    """How one platform compiles the kernels. Block sizes are not tuned: no device measurement yet."""
+    """How one platform compiles the kernels."""
 
-    blocks: tuple[int, int]  # default (block_q, block_k)
+    blocks: Callable[[], tuple[int, int]]  # default (block_q, block_k)
     min_block: int
-    power_of_two: bool  # block lengths must be powers of two (Triton)
-    compiler_params: Callable[[], Any]
-    scalar_spec: Callable[[], pl.BlockSpec]  # the spec of the small int bound arrays and p
-    interpret: bool
+    power_of_two: bool  # block lengths must be powers of two (Triton, Mosaic)
+    calls: Callable  # calls(cfg, shapes) -> the (forward, dq, dkv) pallas_calls
+
+
+TRITON_WARPS = 4
 
 
 def _triton_params():
     from jax.experimental.pallas import triton as pltriton
 
-    return pltriton.CompilerParams(num_warps=4, num_stages=2)
+    return pltriton.CompilerParams(num_warps=TRITON_WARPS, num_stages=2)
 
 
-def _mosaic_params():
-    from jax.experimental.pallas import tpu as pltpu
-
-    return pltpu.CompilerParams(dimension_semantics=("parallel", "parallel", "parallel"))
-
-
-def _smem_spec():
-    from jax.experimental.pallas import tpu as pltpu
-
-    return pl.BlockSpec(memory_space=pltpu.SMEM)
-
-
-LOWERINGS = {
-    "cuda": Lowering((64, 64), 16, True, _triton_params, pl.BlockSpec, False),
-    "tpu": Lowering((256, 256), 16, True, _mosaic_params, _smem_spec, False),
-    "interpret": Lowering((64, 64), 8, False, lambda: None, pl.BlockSpec, True),
+LOWERINGS = {  # GPU blocks are not tuned (no device measurement yet); TPU ones: pallas_tpu.TUNING
+    "cuda": Lowering(lambda: (64, 64), 16, True, lambda cfg, shapes: _calls(cfg, shapes, _triton_params(), False)),
+    "tpu": Lowering(lambda: pallas_tpu.tuning().blocks, 16, True, functools.partial(pallas_tpu.calls, interpret=False)),
+    "interpret": Lowering(lambda: (64, 64), 8, False, lambda cfg, shapes: _calls(cfg, shapes, None, True)),
+    "interpret_tpu": Lowering(lambda: (64, 64), 8, False, functools.partial(pallas_tpu.calls, interpret=True)),
 }
+INTERPRETED = {True: "interpret", "tpu": "interpret_tpu"}  # the `interpret` option: which kernels interpret mode runs
 
 
 def _fit(block: int, length: int, lowering: Lowering) -> int:
@@ -68,13 +69,13 @@ def _fit(block: int, length: int, lowering: Lowering) -> int:
     return max(lowering.min_block, size)
 
 
-def _calls(cfg: Static, lowering: Lowering, shapes):
-    """The three pallas_calls (forward, dq, dkv) for arrays of the given padded shapes."""
+def _calls(cfg: Static, shapes, compiler_params, interpret: bool):
+    """The GPU kernels' three pallas_calls (forward, dq, dkv) for arrays of the given padded shapes."""
     (b, h, tp, d), (kv_heads, sp) = shapes
     q_blocks, k_blocks, g = tp // cfg.block_q, sp // cfg.block_k, cfg.kv_groups
     family = FAMILIES[cfg.family]
-    scalar = lowering.scalar_spec()
-    common = dict(interpret=lowering.interpret, compiler_params=lowering.compiler_params())
+    scalar = pl.BlockSpec()
+    common = dict(interpret=interpret, compiler_params=compiler_params)
     f32 = jnp.float32
 
     # forward and dq: grid (b, h, i)
@@ -86,7 +87,7 @@ def _calls(cfg: Static, lowering: Lowering, shapes):
         pl.BlockSpec((3, None, k_blocks, 1, cfg.block_k), lambda b, h, i: (0, b, 0, 0, 0)),
         pl.BlockSpec((None, cfg.block_q, 1), lambda b, h, i: (b, i, 0)),
     ]
-    in_specs = [scalar, scalar, scalar, q_spec, kv_full, kv_full, *mask_specs]
+    in_specs = [scalar] * 4 + [q_spec, kv_full, kv_full, *mask_specs]
     stat_shapes = [jax.ShapeDtypeStruct((b, h, tp, 1), f32)] * len(family.stats)
     extra_shapes = [jax.ShapeDtypeStruct((b, h, tp, d), f32)] * len(family.extras)
     forward = pl.pallas_call(
@@ -102,8 +103,8 @@ def _calls(cfg: Static, lowering: Lowering, shapes):
         functools.partial(dq_kernel, cfg),
         grid=(b, h, q_blocks),
         in_specs=in_specs + [q_spec] + [row_spec] * len(family.rows),
-        out_specs=q_spec,
-        out_shape=jax.ShapeDtypeStruct((b, h, tp, d), f32),
+        out_specs=[q_spec, row_spec][: 1 + cfg.p_grad],
+        out_shape=[jax.ShapeDtypeStruct((b, h, tp, d), f32), jax.ShapeDtypeStruct((b, h, tp, 1), f32)][: 1 + cfg.p_grad],
         name=f"freeatten_{cfg.family}_dq",
         **common,
     )
@@ -120,7 +121,7 @@ def _calls(cfg: Static, lowering: Lowering, shapes):
     dkv = pl.pallas_call(
         functools.partial(dkv_kernel, cfg),
         grid=(b, kv_heads, k_blocks),
-        in_specs=[scalar, scalar, scalar, group_spec, k_spec, k_spec, *dkv_mask_specs, group_spec] + [group_rows] * len(family.rows),
+        in_specs=[scalar] * 4 + [group_spec, k_spec, k_spec, *dkv_mask_specs, group_spec] + [group_rows] * len(family.rows),
         out_specs=[k_spec, k_spec],
         out_shape=[jax.ShapeDtypeStruct((b, kv_heads, sp, d), f32)] * 2,
         name=f"freeatten_{cfg.family}_dkv",
@@ -144,14 +145,14 @@ def _backward_rows(family: str, stats, out, dout, p_1):
 
 def _core(cfg: Static, lowering: Lowering, shapes):
     """out = kernels(q, k, v) with a custom VJP whose residuals are the output and row statistics."""
-    forward, dq_call, dkv_call = _calls(cfg, lowering, shapes)
+    forward, dq_call, dkv_call = lowering.calls(cfg, shapes)
     family = FAMILIES[cfg.family]
 
     def mask_args(plan: pallas_plan.Plan):
         return plan.q_col, plan.kv_row, plan.n_col
 
     def run_forward(q, k, v, p_1, plan):
-        out, *stats = forward(plan.k_first, plan.k_end, p_1, q, k, v, *mask_args(plan))
+        out, *stats = forward(plan.k_first, plan.k_end, plan.k_full, p_1, q, k, v, *mask_args(plan))
         return out, dict(zip(family.stats + family.extras, stats))
 
     @jax.custom_vjp
@@ -165,11 +166,12 @@ def _core(cfg: Static, lowering: Lowering, shapes):
     def core_bwd(residuals, dout):
         q, k, v, p_1, plan, out, stats = residuals
         rows = _backward_rows(cfg.family, stats, out, dout, p_1)
-        dq = dq_call(plan.k_first, plan.k_end, p_1, q, k, v, *mask_args(plan), dout, *rows)
+        dq, *dpow = dq_call(plan.k_first, plan.k_end, plan.k_full, p_1, q, k, v, *mask_args(plan), dout, *rows)
+        dp_1 = jnp.sum(dpow[0]).reshape(1) if cfg.p_grad else None
         rows_t = [x.reshape(*x.shape[:2], -1, 1, cfg.block_q) for x in rows]  # [B, H, I, 1, Q]
         dkv_masks = (plan.q_row, plan.kv_col, plan.n_row)
-        dk, dv = dkv_call(plan.q_first, plan.q_end, p_1, q, k, v, *dkv_masks, dout, *rows_t)
-        return dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype), None, None
+        dk, dv = dkv_call(plan.q_first, plan.q_end, plan.q_full, p_1, q, k, v, *dkv_masks, dout, *rows_t)
+        return dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype), dp_1, None
 
     core.defvjp(core_fwd, core_bwd)
     return core
@@ -178,8 +180,8 @@ def _core(cfg: Static, lowering: Lowering, shapes):
 def _run(lowering: Lowering, cfg: Static, block_q, block_k, qp_BTHD, kp_BSKD, v_BSKD, p_1, mask: Mask, n_BT):
     """Pad to whole blocks, lay out as [B, heads, length, D], run the kernels, undo the layout."""
     (b, t, h, d), (s, kv_heads) = qp_BTHD.shape, kp_BSKD.shape[1:3]
-    q_size = _fit(block_q or lowering.blocks[0], t, lowering)
-    k_size = _fit(block_k or lowering.blocks[1], s, lowering)
+    default_q, default_k = lowering.blocks()
+    q_size, k_size = _fit(block_q or default_q, t, lowering), _fit(block_k or default_k, s, lowering)
     cfg = cfg._replace(block_q=q_size, block_k=k_size)
     plan = pallas_plan.plan(mask, n_BT, q_size, k_size)
     heads_first = lambda x, size: jnp.pad(x.transpose(0, 2, 1, 3), ((0, 0), (0, 0), (0, -x.shape[1] % size), (0, 0)))  # noqa: E731
@@ -189,19 +191,50 @@ def _run(lowering: Lowering, cfg: Static, block_q, block_k, qp_BTHD, kp_BSKD, v_
     return out_BHTD[:, :, :t].transpose(0, 2, 1, 3)
 
 
-def attend(q_BTHD, k_BSKD, v_BSKD, *, variant: Variant, mask: Mask, opts, block_q=None, block_k=None, interpret=False, **unknown):
+def _mesh_axes(mesh, names, *sizes):
+    """The axes among `names` (sized > 1 in the mesh) whose product divides every size; None if none."""
+    axes = [name for name in names if mesh.shape.get(name, 1) > 1]
+    while axes and any(size % math.prod(mesh.shape[a] for a in axes) for size in sizes):
+        axes.pop()
+    return tuple(axes) or None
+
+
+def _per_shard(run, batch_axes, head_axes):
+    """`run(q, k, v, p_1, mask, n_BT)` in shard_map over the ambient mesh (batch over batch_axes, heads over
+    head_axes, the rest replicated), or `run` itself outside a mesh of more than one device."""
+    mesh = jax.sharding.get_abstract_mesh()
+    if mesh.empty or mesh.size == 1:
+        return run
+
+    def sharded(q_BTHD, k_BSKD, v_BSKD, p_1, mask, n_BT):
+        (b, _, h, _), kv_heads = q_BTHD.shape, k_BSKD.shape[2]
+        batch = _mesh_axes(mesh, batch_axes, b)
+        heads = _mesh_axes(mesh, head_axes, h, kv_heads)
+        tokens, rows = P(batch, None, heads, None), P(batch, None)
+        specs = (tokens, tokens, tokens, P(), jax.tree.map(lambda _: rows, mask), rows)
+        return jax.shard_map(run, mesh=mesh, in_specs=specs, out_specs=tokens, check_vma=False)(q_BTHD, k_BSKD, v_BSKD, p_1, mask, n_BT)
+
+    return sharded
+
+
+def attend(q_BTHD, k_BSKD, v_BSKD, *, variant: Variant, mask: Mask, opts, block_q=None, block_k=None, interpret=False,
+           batch_axes=BATCH_AXES, head_axes=HEAD_AXES, **unknown):
     """o_i = Σ_j A_ij v_j in fused kernels; statistics in float32, matmuls in q's dtype, output in q's dtype.
 
     block_q, block_k: block lengths (default: the platform's LOWERINGS entry). interpret=True: run
-    the kernels in Pallas interpret mode on any platform (CPU always uses it). Keys no query sees are
-    zeroed first (hide_unseen, as in blockwise); a dense `mask` is refused (the kernels read only the
-    structured mask fields)."""
+    the GPU kernels in Pallas interpret mode on any platform (CPU always uses it); "tpu": the TPU ones. batch_axes, head_axes:
+    the ambient mesh's axes that shard the batch and the heads (the kernels run per shard). Keys no
+    query sees are zeroed first (hide_unseen, as in blockwise); a dense `mask` is refused (the
+    kernels read only the structured mask fields)."""
     if unknown:
-        raise ValueError(f"unknown option(s) {sorted(unknown)}; implementation 'pallas' takes block_q, block_k, interpret")
+        raise ValueError(f"unknown option(s) {sorted(unknown)}; implementation 'pallas' takes block_q, block_k, interpret, "
+                         "batch_axes, head_axes")
     if mask.dense is not None:
         raise ValueError("implementation 'pallas' does not take a dense `mask`; use 'blockwise' or 'reference'")
     check_positive_int("block_q", block_q)
     check_positive_int("block_k", block_k)
+    if interpret and interpret not in INTERPRETED:
+        raise ValueError(f"interpret must be False, True (the GPU kernels) or 'tpu' (the TPU kernels), got {interpret!r}")
     kind, p = variant.normalise, opts.get("p")
     if kind == "reweight" and p is None:
         kind = "sum"  # re-weighting switched off: plain LSSA
@@ -211,10 +244,14 @@ def attend(q_BTHD, k_BSKD, v_BSKD, *, variant: Variant, mask: Mask, opts, block_
     qp_BTHD, kp_BSKD = variant.prepare(q_BTHD, k_BSKD, n_B1T, opts)
     n_BT = n_B1T[:, 0]
     args = (qp_BTHD.astype(dtype), kp_BSKD.astype(dtype), v_BSKD.astype(dtype))
-    p_1 = jax.lax.stop_gradient(jnp.asarray([0.0 if p is None else p], jnp.float32))  # p is not differentiated
-    cfg = Static(kind, mask.causal, mask.window, 0, 0, q_BTHD.shape[2] // k_BSKD.shape[2], static_power(p), variant.weight, dtype)
+    p_1 = jnp.asarray(0.0 if p is None else p, jnp.float32).reshape(1)
+    p_grad = kind == "reweight" and isinstance(p, jax.Array)  # a Python number is a constant
+    groups = q_BTHD.shape[2] // k_BSKD.shape[2]
+    cfg = Static(kind, mask.causal, mask.window, 0, 0, groups, static_power(p), variant.weight, dtype, p_grad)
     run = lambda name: functools.partial(_run, LOWERINGS[name], cfg, block_q, block_k)  # noqa: E731
     if interpret:
-        return run("interpret")(*args, p_1, mask, n_BT)
-    return jax.lax.platform_dependent(*args, p_1, mask, n_BT, cuda=run("cuda"), tpu=run("tpu"), cpu=run("interpret"))
+        per_platform = run(INTERPRETED[interpret])
+    else:
+        per_platform = functools.partial(jax.lax.platform_dependent, cuda=run("cuda"), tpu=run("tpu"), cpu=run("interpret"))
+    return _per_shard(per_platform, batch_axes, head_axes)(*args, p_1, mask, n_BT)
 

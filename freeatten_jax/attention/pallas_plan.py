@@ -4,7 +4,9 @@ Glossary: B batch, T / S query / key length (padded to Tp / Sp), Q / C query / k
 I / J number of query / key blocks. Block skipping is decided per batch row: a pair (i, j) is
 visited only between the first and last key block that may hold a visible pair for query block i
 (and, backward, between the first and last such query block for key block j); a pair is skipped
-only when positions, segments, padding or the window rule out every (query, key) pair in it.
+only when positions, segments, padding or the window rule out every (query, key) pair in it. Inside
+that span, a run of pairs where every (query, key) pair is visible (interior blocks: one segment, no
+padding, wholly below the causal diagonal, inside the window) takes the kernels' mask-free path.
 """
 from typing import NamedTuple
 
@@ -28,6 +30,8 @@ class Plan(NamedTuple):
     k_end: jax.Array
     q_first: jax.Array  # [B, J] first and one-past-last query block that may see key block j
     q_end: jax.Array
+    k_full: jax.Array  # [2, B, I] a run of key blocks inside [k_first, k_end) wholly visible to query block i
+    q_full: jax.Array  # [2, B, J] a run of query blocks inside [q_first, q_end) that wholly see key block j
 
 
 def _pad(x_BL, size: int, fill):
@@ -57,6 +61,32 @@ def maybe_visible(mask: Mask, qpos_BIQ, qseg_BIQ, kpos_BJC, kseg_BJC, kvalid_BJC
     return maybe
 
 
+def fully_visible(mask: Mask, qpos_BIQ, qseg_BIQ, kpos_BJC, kseg_BJC, kvalid_BJC) -> jax.Array:
+    """[B, I, J] bool: True only when every (query, key) pair of the two blocks is visible."""
+    every_q, every_k = jnp.ones(qpos_BIQ.shape, bool), jnp.ones(kpos_BJC.shape, bool)
+    (q_lo, q_hi), (qs_lo, qs_hi) = _range(qpos_BIQ, every_q), _range(qseg_BIQ, every_q)
+    (k_lo, k_hi), (ks_lo, ks_hi) = _range(kpos_BJC, every_k), _range(kseg_BJC, every_k)
+    q_lo, q_hi, qs_lo, qs_hi = (x[:, :, None] for x in (q_lo, q_hi, qs_lo, qs_hi))
+    k_lo, k_hi, ks_lo, ks_hi = (x[:, None, :] for x in (k_lo, k_hi, ks_lo, ks_hi))
+    full = jnp.all(kvalid_BJC, axis=2)[:, None, :] & (qs_lo == qs_hi) & (ks_lo == ks_hi) & (qs_lo == ks_lo)
+    if mask.causal:
+        full &= k_hi <= q_lo
+    if mask.window is not None:
+        full &= (q_hi - k_lo < mask.window) & (k_hi - q_lo < mask.window)
+    return full
+
+
+def _run(full_BXY, end_BX):
+    """The first run of True along Y for each (B, X) as [2, B, X]; (end, end) where there is none, so that
+    the masked sweep before it covers the whole visiting span."""
+    size = full_BXY.shape[2]
+    anything = jnp.any(full_BXY, axis=2)
+    start = jnp.argmax(full_BXY, axis=2)
+    after = (jnp.arange(size) >= start[..., None]) & ~full_BXY
+    stop = jnp.where(jnp.any(after, axis=2), jnp.argmax(after, axis=2), size)
+    return jnp.stack([jnp.where(anything, start, end_BX), jnp.where(anything, stop, end_BX)]).astype(jnp.int32)
+
+
 def _span(maybe_BXY):
     """First and one-past-last True along Y for each (B, X); (0, 0) where none."""
     size = maybe_BXY.shape[2]
@@ -74,7 +104,9 @@ def plan(mask: Mask, n_BT, block_q: int, block_k: int) -> Plan:
     kvalid_BS = _pad(mask.kv_valid, block_k, False)
     blocks_q = lambda x: x.reshape(b, -1, block_q)  # noqa: E731
     blocks_k = lambda x: x.reshape(b, -1, block_k)  # noqa: E731
-    maybe_BIJ = maybe_visible(mask, blocks_q(qpos_BT), blocks_q(qseg_BT), blocks_k(kpos_BS), blocks_k(kseg_BS), blocks_k(kvalid_BS))
+    blocked = (blocks_q(qpos_BT), blocks_q(qseg_BT), blocks_k(kpos_BS), blocks_k(kseg_BS), blocks_k(kvalid_BS))
+    maybe_BIJ, full_BIJ = maybe_visible(mask, *blocked), fully_visible(mask, *blocked)
+    k_span, q_span = _span(maybe_BIJ), _span(maybe_BIJ.transpose(0, 2, 1))
     q_2BT = jnp.stack([qpos_BT, qseg_BT])
     kv_3BS = jnp.stack([kpos_BS, kseg_BS, kvalid_BS.astype(jnp.int32)])
     return Plan(
@@ -84,6 +116,8 @@ def plan(mask: Mask, n_BT, block_q: int, block_k: int) -> Plan:
         kv_3BS[..., None],
         _pad(n_BT.astype(jnp.float32), block_q, 0.0)[..., None],
         _pad(n_BT.astype(jnp.float32), block_q, 0.0).reshape(b, -1, 1, block_q),
-        *_span(maybe_BIJ),
-        *_span(maybe_BIJ.transpose(0, 2, 1)),
+        *k_span,
+        *q_span,
+        _run(full_BIJ, k_span[1]),
+        _run(full_BIJ.transpose(0, 2, 1), q_span[1]),
     )

@@ -93,16 +93,17 @@ def forward(rule, cfg, q_IBKGQD, kt_JBKDC, v_JBKCD, ring: Ring):
 
 
 def backward(rule, cfg, q_IBKGQD, kt_JBKDC, v_JBKCD, ring: Ring, rows_I, dout_IBKGQD):
-    """dq, dk^T, dv: each ring step is blockwise's backward against the chunk held, dK/dV riding along."""
+    """dq, dk^T, dv, dp: each ring step is blockwise's backward against the chunk held, dK/dV riding along
+    (dp, LSSAR's power, sums this device's queries; shard_map's transpose sums it over the devices)."""
     sizes = q_IBKGQD.shape[-2], kt_JBKDC.shape[-1], kt_JBKDC.shape[2]
 
     def ring_step(r, state):
-        dq_IBKGQD, kt_JBKDC, v_JBKCD, dkt_JBKDC, dv_JBKCD = state
+        dq_IBKGQD, kt_JBKDC, v_JBKCD, dkt_JBKDC, dv_JBKCD, dpow = state
         passed_on = rotate((kt_JBKDC, v_JBKCD), ring.axis_name, ring.size)
-        dq, dkt, dv = blockwise.backward(rule, cfg, q_IBKGQD, kt_JBKDC, v_JBKCD, ring.plan(r, *sizes), rows_I, dout_IBKGQD)
+        dq, dkt, dv, dp = blockwise.backward(rule, cfg, q_IBKGQD, kt_JBKDC, v_JBKCD, ring.plan(r, *sizes), rows_I, dout_IBKGQD)
         dkt_JBKDC, dv_JBKCD = rotate((dkt_JBKDC + dkt, dv_JBKCD + dv), ring.axis_name, ring.size)
-        return dq_IBKGQD + dq, *passed_on, dkt_JBKDC, dv_JBKCD
+        return dq_IBKGQD + dq, *passed_on, dkt_JBKDC, dv_JBKCD, dpow + dp
 
     zeros = [jnp.zeros_like(x) for x in (q_IBKGQD, kt_JBKDC, v_JBKCD)]
-    state = jax.lax.fori_loop(0, ring.size, ring_step, (zeros[0], kt_JBKDC, v_JBKCD, zeros[1], zeros[2]))
-    return state[0], state[3], state[4]
+    state = jax.lax.fori_loop(0, ring.size, ring_step, (zeros[0], kt_JBKDC, v_JBKCD, zeros[1], zeros[2], jnp.float32(0.0)))
+    return state[0], state[3], state[4], state[5]

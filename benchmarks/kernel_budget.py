@@ -1,0 +1,199 @@
+"""Per-score instruction budget of the Pallas GPU kernels, compiled for H100 (sm_90a) without a GPU.
+
+    python benchmarks/kernel_budget.py [--variants softmax,lssa,lssar,sigmoid] [--seq_len 8192]
+
+Compiles attend's forward+backward (implementation="pallas", bf16, B=1, H=2, D=128, causal) for an
+H100 target through the CUDA PJRT plugin (`pip install '.[compile]'`), with XLA's dump on, so each
+Triton kernel's PTX lands in a temporary folder. Then per kernel: `ptxas -arch=sm_90a -v` (registers,
+spills), `cuobjdump -sass`, and the inner loops (the SASS's backward branches) counted by instruction
+class per score: one loop iteration covers block_q x block_k scores, and each of the CTA's warps runs
+the loop body once. The bound divides the tensor-core time of the scores' model FLOP (4·D a forward
+score, 10·D a backward one, FlashAttention-2's count) by the time of the busiest resource at H100's
+per-SM rates per clock: 4,096 tensor FLOP, 16 MUFU, 128 FP32, 64 other ALU, 128 issued instructions.
+It is a static upper bound (1.0 = could be tensor-bound), not a measured speed.
+"""
+import argparse
+import collections
+import glob
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+
+RATES = {"tensor": 4096, "mufu": 16, "fp32": 128, "alu": 64, "issue": 128}  # per SM per clock (H100 SXM)
+MODEL_FLOP = {"fwd": 4, "bwd": 10}  # tensor FLOP per score, in units of D
+FP32 = ("FFMA", "FMUL", "FADD")
+ALU = ("IADD", "IMAD", "IMUL", "ISETP", "FSETP", "FSEL", "SEL", "LOP", "SHF", "SHL", "SHR", "LEA", "PRMT", "F2F", "F2I", "I2F",
+       "FMNMX", "IMNMX", "VIMNMX", "MOV", "P2R", "R2P", "PLOP3", "IABS", "FCHK", "FRND", "FSWZADD", "POPC", "FLO", "BREV", "BMSK", "CS2R")
+H100 = """gpu_device_info {
+  threads_per_block_limit: 1024 threads_per_warp: 32 shared_memory_per_block: 49152 shared_memory_per_core: 233472
+  threads_per_core_limit: 2048 core_count: 132 fpus_per_core: 128 block_dim_limit_x: 2147483647
+  block_dim_limit_y: 65535 block_dim_limit_z: 65535 memory_bandwidth: 3352320000000 l2_cache_size: 52428800
+  clock_rate_ghz: 1.98 device_memory_size: 84942979072 shared_memory_per_block_optin: 232448
+  cuda_compute_capability { major: 9 feature_extension: ACCELERATED_FEATURES }
+  registers_per_core_limit: 65536 registers_per_block_limit: 65536
+}
+platform_name: "CUDA"
+dnn_version_info { major: 9 minor: 10 }
+device_description_str: "NVIDIA H100 80GB HBM3"
+"""
+
+
+def cuda_tool(name: str) -> str:
+    """A CUDA binary: on PATH, else from the nvidia-* wheels (nvidia-cuda-nvcc, -cuobjdump, -nvdisasm)."""
+    found = shutil.which(name)
+    if found:
+        return found
+    import nvidia
+
+    for root in nvidia.__path__:
+        for path in glob.glob(os.path.join(root, "*", "bin", name)):
+            return path
+    sys.exit(f"{name} not found: install '.[compile]' (the nvidia-cuda-* wheels) or a CUDA toolkit")
+
+
+def compile_kernels(variant: str, seq_len: int, dump: str) -> None:
+    """Compile attend's forward+backward for one H100 with XLA's dump (PTX) going to `dump`."""
+    import jax
+    import jax.numpy as jnp
+    from jax.experimental import topologies
+
+    from freeatten_jax import attention
+
+    topology = topologies.get_topology_desc(platform="cuda", topology_name="", topology="1x1x1", target_config=H100)
+    mesh = jax.sharding.Mesh(topology.devices[:1], ("device",))
+    shape = jax.ShapeDtypeStruct((1, seq_len, 2, 128), jnp.bfloat16, sharding=jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec()))
+
+    def loss(q, k, v):
+        return jnp.sum(attention.attend(q, k, v, variant=variant, implementation="pallas").astype(jnp.float32))
+
+    with jax.set_mesh(mesh):
+        jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2))).lower(shape, shape, shape).compile()
+
+
+def ptxas(ptx: str, cubin: str):
+    """(registers, spill bytes stored + loaded) from `ptxas -v`, writing the cubin."""
+    out = subprocess.run([cuda_tool("ptxas"), "-arch=sm_90a", "-v", ptx, "-o", cubin], capture_output=True, text=True, check=True).stderr
+    registers = int(re.search(r"Used (\d+) registers", out).group(1))
+    spills = sum(int(x) for x in re.findall(r"(\d+) bytes spill (?:stores|loads)", out))
+    return registers, spills
+
+
+def loops(cubin: str):
+    """The instruction names of each inner loop: the SASS from a backward branch's target to the branch."""
+    env = dict(os.environ, PATH=os.path.dirname(cuda_tool("nvdisasm")) + os.pathsep + os.environ["PATH"])
+    sass = subprocess.run([cuda_tool("cuobjdump"), "-sass", cubin], capture_output=True, text=True, check=True, env=env).stdout
+    code = [(int(a, 16), text.strip()) for a, text in re.findall(r"/\*([0-9a-f]{4,})\*/\s+(.*?);", sass)]
+    found = []
+    for address, text in code:
+        branch = re.search(r"\bBRA\s+(?:\S+\s+)?0x([0-9a-f]+)", text)
+        if branch and int(branch.group(1), 16) < address:
+            start = int(branch.group(1), 16)
+            found.append([t for a, t in code if start <= a <= address])
+    return found
+
+
+def mnemonic(text: str) -> str:
+    return re.sub(r"^@!?U?P\w+\s+", "", text).split()[0]
+
+
+def mma_flop(name: str) -> int:
+    """Tensor FLOP of one warp's share of an MMA instruction (HGMMA is per warpgroup of 4 warps)."""
+    shape = re.search(r"(\d+)x(\d+)x(\d+)", name)
+    if name.startswith("HGMMA") and shape:
+        m, n, k = (int(x) for x in shape.groups())
+        return 2 * m * n * k // 4
+    if name.startswith("HMMA"):
+        digits = re.search(r"HMMA\.(\d\d)(\d)(\d\d)", name)
+        m, n, k = (int(x) for x in digits.groups()) if digits else (16, 8, 16)
+        return 2 * m * n * k
+    return 0
+
+
+def classify(body):
+    """Per-iteration counts by class, and the tensor FLOP, of one warp's loop body."""
+    counts, flop = collections.Counter(), 0
+    for text in body:
+        name = mnemonic(text)
+        counts["all"] += 1
+        if "MMA" in name:
+            counts["tensor"] += 1
+            flop += mma_flop(name)
+        elif name.startswith("MUFU"):
+            counts["mufu"] += 1
+        elif name.startswith(FP32):
+            counts["fp32"] += 1
+        elif name.startswith(ALU):
+            counts["alu"] += 1
+    return counts, flop
+
+
+def budget(cubin: str, block_q: int, block_k: int, warps: int):
+    """{"interior", "edge"}: per-score counts by class and tensor FLOP per score, summed over the kernel's
+    sweeps. Each sweep compiles to three loops in code order (pallas_kernels.sweep_spans): masked edge
+    blocks, the mask-free interior run, masked edge blocks; a kernel whose loops do not come in threes
+    is reported whole, as "all". "spill" counts local-memory loads and stores (LDL, STL) per iteration."""
+    found = loops(cubin)
+    parts = {"interior": found[1::3], "edge": found[0::3]} if len(found) % 3 == 0 else {"all": found}
+    result = {}
+    for part, bodies in parts.items():
+        per_score, flop = collections.Counter(), 0.0
+        for body in bodies:
+            counts, body_flop = classify(body)
+            for name, count in counts.items():
+                per_score[name] += count * warps * 32 / (block_q * block_k)
+            per_score["spill"] += sum(mnemonic(t).startswith(("LDL", "STL")) for t in body)
+            flop += body_flop * warps / (block_q * block_k)
+        result[part] = (per_score, flop)
+    return result
+
+
+def clocks(per_score, flop) -> float:
+    """Clocks per score on one SM: the busiest resource."""
+    return max(flop / RATES["tensor"], per_score["mufu"] / RATES["mufu"], per_score["fp32"] / RATES["fp32"],
+               per_score["alu"] / RATES["alu"], per_score["all"] / RATES["issue"])
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--variants", default="softmax,lssa,lssar,sigmoid")
+    parser.add_argument("--seq_len", type=int, default=8192)
+    args = parser.parse_args(argv)
+    dump = tempfile.mkdtemp(prefix="kernel_budget_")
+    os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} --xla_dump_to={dump} --xla_dump_hlo_as_text"
+    os.environ.setdefault("JAX_PLATFORMS", "cpu")  # the CUDA plugin compiles through its topology; no GPU is opened
+    from freeatten_jax.attention import pallas
+
+    block_q, block_k = pallas.LOWERINGS["cuda"].blocks()
+    warps, d = pallas.TRITON_WARPS, 128
+    print(f"H100 sm_90a, T={args.seq_len}, D={d}, bf16, causal, blocks {block_q}x{block_k}, {warps} warps; per score, "
+          "the kernel's sweeps summed; interior = mask-free blocks, edge = masked ones")
+    print("| kernel | tensor FLOP | MUFU | FP32 | other ALU | all | spill ld/st per iteration | registers, spill bytes | bound |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for variant in args.variants.split(","):
+        before = set(glob.glob(os.path.join(dump, "*.ptx")))
+        compile_kernels(variant, args.seq_len, dump)
+        times, seen = collections.defaultdict(dict), set()
+        for ptx in sorted(set(glob.glob(os.path.join(dump, "*.ptx"))) - before):
+            entry = re.search(r"\.entry\s+(freeatten_\w+)\(", open(ptx).read())
+            if not entry or entry.group(1) in seen:
+                continue
+            seen.add(entry.group(1))
+            kind = entry.group(1).rsplit("_", 1)[1]
+            registers, spills = ptxas(ptx, ptx + ".cubin")
+            for part, (per_score, flop) in budget(ptx + ".cubin", block_q, block_k, warps).items():
+                times[part][kind] = clocks(per_score, flop)
+                model = MODEL_FLOP["fwd"] * d if kind == "fwd" else flop
+                row = [f"{flop:.0f}"] + [f"{per_score[c]:.1f}" for c in ("mufu", "fp32", "alu", "all")] + [f"{per_score['spill']:.0f}"]
+                bound = model / RATES["tensor"] / times[part][kind]
+                print(f"| {variant} {kind} {part} | {' | '.join(row)} | {registers}, {spills} | {bound:.2f} |", flush=True)
+        for part, kinds in times.items():
+            backward = MODEL_FLOP["bwd"] * d / RATES["tensor"] / (kinds["dq"] + kinds["dkv"])
+            print(f"| {variant} backward {part} (dq + dkv at 10·D per score) | | | | | | | | {backward:.2f} |", flush=True)
+    shutil.rmtree(dump)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,272 @@
+"""The TPU (Mosaic) kernels: K/V streamed along an "arbitrary" grid axis, VMEM scratch accumulators.
+
+Glossary: B batch, H heads, K kv heads, G = H // K, Tp / Sp padded lengths, Q / C query / key block
+length, I / J number of query / key blocks, D head dim. The forward and dQ kernels run on a grid
+(b, h, i, t) whose last axis walks the key blocks (t = pass · J + j: LSSAR's forward sweeps twice), and
+the dK/dV kernel on (b, kv head, j, t) whose last axis walks the G heads' query blocks (t = g · I + i).
+Each grid step holds one block of each operand in VMEM, so VMEM use does not grow with the sequence
+(the GPU kernels, pallas_kernels.py, read whole K/V and loop inside the kernel instead). Blocks outside
+the span that pallas_plan computed are not visited, and their index map repeats a visited block, so
+Pallas fetches nothing for them; wholly visible (interior) blocks skip the mask. The families' maths (pallas_kernels.FAMILIES) is shared: here a
+`sweep` keeps its carry in scratch between grid steps.
+"""
+import functools
+import itertools
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import tpu as pltpu
+
+from freeatten_jax.attention.pallas_kernels import FAMILIES, NN, NT, Ctx, Static, dot, key_block, visible
+
+
+class Tuning(NamedTuple):
+    """Per TPU generation: default (block_q, block_k) and the scoped VMEM limit the kernels ask for."""
+
+    blocks: tuple[int, int]
+    vmem_limit_bytes: int
+
+
+MIB = 2**20
+# device_kind fragment -> tuning; the first that matches wins, "" matches any TPU. Chosen by compiling
+# without the chips (benchmarks/RESULTS.md): at 512 x 512 every variant's kernels fit the default 16M
+# scope (1024 x 1024 needs 25M for LSSAR's forward); the limit leaves headroom below the physical VMEM
+# (128M on v5e and v6e, 64M on v5p). Not timed on a device: benchmarks/device_check.py sweeps them.
+TUNING = {
+    "v6 lite": Tuning((512, 512), 64 * MIB),
+    "v5 lite": Tuning((512, 512), 64 * MIB),
+    "v5": Tuning((512, 512), 48 * MIB),
+    "": Tuning((512, 512), 16 * MIB),
+}
+
+
+def tuning() -> Tuning:
+    """The TUNING entry of the TPU being compiled for: the ambient mesh's device kind, else this host's."""
+    kind = jax.sharding.get_abstract_mesh().abstract_device
+    kind = kind.device_kind if kind is not None and kind.platform == "tpu" else None
+    if kind is None and jax.default_backend() == "tpu":
+        kind = jax.devices()[0].device_kind
+    kind = (kind or "").lower()
+    return next(entry for fragment, entry in TUNING.items() if fragment in kind)
+
+
+def _clamp(x, first, end):
+    """x moved into [first, end - 1] (first when the span is empty): a skipped step refetches nothing."""
+    return jnp.minimum(jnp.maximum(x, first), jnp.maximum(end - 1, first))
+
+
+def _carry_shapes(cfg: Static, q: int, d: int):
+    """The carry shapes of each of the family's forward sweeps (traced once, abstractly)."""
+    shapes = []
+
+    def sweep(init, step, with_values=True):
+        carry = init(jnp.zeros((q, 1), jnp.float32), jnp.zeros((q, d), jnp.float32))
+        shapes.append([x.shape for x in jax.tree.leaves(carry)])
+        return carry
+
+    ctx = Ctx(n=jnp.ones((q, 1), jnp.float32), p=jnp.float32(1.0), static_power=cfg.static_power, weight=cfg.weight)
+    jax.eval_shape(lambda: FAMILIES[cfg.family].forward(sweep, ctx))
+    return shapes
+
+
+def _store(refs, tree):
+    for ref, x in zip(refs, jax.tree.leaves(tree)):
+        ref[...] = x
+
+
+def forward_kernel(cfg: Static, sweeps: int, blocks: int, first_ref, end_ref, full_ref, p_ref, q_ref, k_ref, v_ref, qcol_ref, kvrow_ref, n_ref, *refs):
+    """One grid step (b, h, i, t): key block t % J of sweep t // J (J = blocks); the output is written at the last step."""
+    b, i, t = pl.program_id(0), pl.program_id(2), pl.program_id(3)
+    j, now = jax.lax.rem(t, blocks), jax.lax.div(t, blocks)  # C division (no sign op, which Mosaic lowers per chip)
+    interior = (full_ref[0, b, i] <= j) & (j < full_ref[1, b, i])  # every pair visible: no mask
+    masked = (first_ref[b, i] <= j) & (j < end_ref[b, i]) & ~interior
+    family = FAMILIES[cfg.family]
+    outputs = 1 + len(family.stats) + len(family.extras)
+    out_refs, slots = refs[:outputs], iter(refs[outputs:])
+    q, q_col, passes = q_ref[...], (qcol_ref[0], qcol_ref[1]), itertools.count()
+
+    def sweep(init, step, with_values=True):
+        which = next(passes)
+        leaves, tree = jax.tree.flatten(init(jnp.zeros((cfg.block_q, 1), jnp.float32), jnp.zeros(q.shape, jnp.float32)))
+        carry_refs = [next(slots) for _ in leaves]
+        load = lambda: jax.tree.unflatten(tree, [ref[...] for ref in carry_refs])  # noqa: E731
+
+        @pl.when((now == which) & (j == 0))
+        def _():
+            _store(carry_refs, leaves)
+
+        @pl.when((now == which) & masked)
+        def _():
+            vis, seen = key_block(cfg, [kvrow_ref[x] for x in range(3)], q_col)
+            k = jnp.where(seen, k_ref[...], 0)
+            v = jnp.where(seen, v_ref[...], 0) if with_values else None
+            _store(carry_refs, step(load(), dot(q, k, NT), vis, v))
+
+        @pl.when((now == which) & interior)
+        def _():
+            _store(carry_refs, step(load(), dot(q, k_ref[...], NT), None, v_ref[...] if with_values else None))
+
+        return load()
+
+    out, stats = family.forward(sweep, Ctx(n=n_ref[...], p=p_ref[0], static_power=cfg.static_power, weight=cfg.weight))
+
+    @pl.when(t == sweeps * blocks - 1)
+    def _():
+        out_refs[0][...] = out.astype(out_refs[0].dtype)
+        for ref, name in zip(out_refs[1:], family.stats + family.extras):
+            ref[...] = stats[name]
+
+
+def dq_kernel(cfg: Static, first_ref, end_ref, full_ref, p_ref, q_ref, k_ref, v_ref, qcol_ref, kvrow_ref, n_ref, dout_ref, *refs):
+    """One grid step (b, h, i, j): adds key block j's share of dq (and of the rows' dL/dp if cfg.p_grad);
+    written at the last step."""
+    b, i, j = pl.program_id(0), pl.program_id(2), pl.program_id(3)
+    family = FAMILIES[cfg.family]
+    row_refs, rest = refs[: len(family.rows)], refs[len(family.rows) :]
+    out_refs, acc_refs = rest[: len(rest) // 2], rest[len(rest) // 2 :]
+
+    @pl.when(j == 0)
+    def _():
+        for ref in acc_refs:
+            ref[...] = jnp.zeros(ref.shape, jnp.float32)
+
+    def add(masked: bool):
+        rows = {name: ref[...] for name, ref in zip(family.rows, row_refs)}
+        ctx = Ctx(n=n_ref[...], p=p_ref[0], static_power=cfg.static_power, weight=cfg.weight)
+        k, vis = k_ref[...], None
+        if masked:
+            vis, seen = key_block(cfg, [kvrow_ref[x] for x in range(3)], (qcol_ref[0], qcol_ref[1]))
+            k = jnp.where(seen, k, 0)
+        args = (dot(q_ref[...], k, NT), vis, ctx, rows, dot(dout_ref[...], v_ref[...], NT))
+        _, ds = family.grad(*args)
+        acc_refs[0][...] += dot(ds.astype(k.dtype), k, NN)
+        if cfg.p_grad:
+            acc_refs[1][...] += jnp.sum(family.power_grad(*args), axis=1, keepdims=True)
+
+    interior = (full_ref[0, b, i] <= j) & (j < full_ref[1, b, i])
+    pl.when((first_ref[b, i] <= j) & (j < end_ref[b, i]) & ~interior)(functools.partial(add, True))
+    pl.when(interior)(functools.partial(add, False))
+
+    @pl.when(j == pl.num_programs(3) - 1)
+    def _():
+        for ref, acc in zip(out_refs, acc_refs):
+            ref[...] = acc[...]
+
+
+def dkv_kernel(cfg: Static, q_blocks: int, first_ref, end_ref, full_ref, p_ref, q_ref, k_ref, v_ref, qrow_ref, kvcol_ref, n_ref, dout_ref, *refs):
+    """One grid step (b, kv head, j, t): adds query block t % I of head group t // I to dk, dv (key-major
+    [C, Q] blocks, as pallas_kernels.dkv_kernel); written at the last step."""
+    b, j, t = pl.program_id(0), pl.program_id(2), pl.program_id(3)
+    i = jax.lax.rem(t, q_blocks)
+    family = FAMILIES[cfg.family]
+    *row_refs, dk_ref, dv_ref, dk_acc, dv_acc = refs
+
+    @pl.when(t == 0)
+    def _():
+        dk_acc[...] = jnp.zeros(dk_acc.shape, jnp.float32)
+        dv_acc[...] = jnp.zeros(dv_acc.shape, jnp.float32)
+
+    def add(masked: bool):
+        q, dout = q_ref[...], dout_ref[...]
+        rows = {name: ref[...] for name, ref in zip(family.rows, row_refs)}  # each [1, Q]
+        vis_t = visible(cfg, qrow_ref[0], qrow_ref[1], *[kvcol_ref[x] for x in range(3)]) if masked else None
+        ctx = Ctx(n=n_ref[...], p=p_ref[0], static_power=cfg.static_power, weight=cfg.weight)
+        w_t, ds_t = family.grad(dot(k_ref[...], q, NT), vis_t, ctx, rows, dot(v_ref[...], dout, NT))
+        dk_acc[...] += dot(ds_t.astype(q.dtype), q, NN)
+        dv_acc[...] += dot(w_t.astype(dout.dtype), dout, NN)
+
+    interior = (full_ref[0, b, j] <= i) & (i < full_ref[1, b, j])
+    pl.when((first_ref[b, j] <= i) & (i < end_ref[b, j]) & ~interior)(functools.partial(add, True))
+    pl.when(interior)(functools.partial(add, False))
+
+    @pl.when(t == pl.num_programs(3) - 1)
+    def _():
+        dk_ref[...], dv_ref[...] = dk_acc[...], dv_acc[...]
+
+
+def calls(cfg: Static, shapes, interpret: bool):
+    """The three pallas_calls (forward, dq, dkv) for arrays of the given padded shapes, with the same
+    arguments as pallas.py's GPU calls (the three span arrays first, as scalar prefetch)."""
+    (b, h, tp, d), (kv_heads, sp) = shapes
+    q_blocks, k_blocks, g = tp // cfg.block_q, sp // cfg.block_k, cfg.kv_groups
+    family, f32 = FAMILIES[cfg.family], jnp.float32
+    limit = tuning().vmem_limit_bytes
+    common = dict(interpret=interpret, compiler_params=pltpu.CompilerParams(
+        dimension_semantics=("parallel", "parallel", "parallel", "arbitrary"), vmem_limit_bytes=limit))
+    smem = pl.BlockSpec(memory_space=pltpu.SMEM)
+
+    # forward and dq: grid (b, h, i, t), key block j = t % J clamped into the visiting span
+    def key_index(b, i, t, first, end, full):
+        return _clamp(jax.lax.rem(t, k_blocks), first[b, i], end[b, i])
+
+    q_spec = pl.BlockSpec((None, None, cfg.block_q, d), lambda b, h, i, t, *_: (b, h, i, 0))
+    row_spec = pl.BlockSpec((None, None, cfg.block_q, 1), lambda b, h, i, t, *_: (b, h, i, 0))
+    kv_spec = pl.BlockSpec((None, None, cfg.block_k, d), lambda b, h, i, t, *s: (b, jax.lax.div(h, g), key_index(b, i, t, *s), 0))
+    mask_specs = [
+        pl.BlockSpec((2, None, cfg.block_q, 1), lambda b, h, i, t, *_: (0, b, i, 0)),
+        pl.BlockSpec((3, None, None, 1, cfg.block_k), lambda b, h, i, t, *s: (0, b, key_index(b, i, t, *s), 0, 0)),
+        pl.BlockSpec((None, cfg.block_q, 1), lambda b, h, i, t, *_: (b, i, 0)),
+    ]
+    in_specs = [smem, q_spec, kv_spec, kv_spec, *mask_specs]
+    carries = _carry_shapes(cfg, cfg.block_q, d)
+    stat_shapes = [jax.ShapeDtypeStruct((b, h, tp, 1), f32)] * len(family.stats)
+    extra_shapes = [jax.ShapeDtypeStruct((b, h, tp, d), f32)] * len(family.extras)
+    forward = pl.pallas_call(
+        functools.partial(forward_kernel, cfg, len(carries), k_blocks),
+        grid_spec=pltpu.PrefetchScalarGridSpec(
+            num_scalar_prefetch=3,
+            grid=(b, h, q_blocks, len(carries) * k_blocks),
+            in_specs=in_specs,
+            out_specs=[q_spec] + [row_spec] * len(stat_shapes) + [q_spec] * len(extra_shapes),
+            scratch_shapes=[pltpu.VMEM(shape, f32) for sweep in carries for shape in sweep],
+        ),
+        out_shape=[jax.ShapeDtypeStruct((b, h, tp, d), cfg.dtype)] + stat_shapes + extra_shapes,
+        name=f"freeatten_{cfg.family}_fwd",
+        **common,
+    )
+    dq = pl.pallas_call(
+        functools.partial(dq_kernel, cfg),
+        grid_spec=pltpu.PrefetchScalarGridSpec(
+            num_scalar_prefetch=3,
+            grid=(b, h, q_blocks, k_blocks),
+            in_specs=in_specs + [q_spec] + [row_spec] * len(family.rows),
+            out_specs=[q_spec, row_spec][: 1 + cfg.p_grad],
+            scratch_shapes=[pltpu.VMEM((cfg.block_q, d), f32), pltpu.VMEM((cfg.block_q, 1), f32)][: 1 + cfg.p_grad],
+        ),
+        out_shape=[jax.ShapeDtypeStruct((b, h, tp, d), f32), jax.ShapeDtypeStruct((b, h, tp, 1), f32)][: 1 + cfg.p_grad],
+        name=f"freeatten_{cfg.family}_dq",
+        **common,
+    )
+
+    # dkv: grid (b, kv head, j, t), head g = t // I of the group and query block i = t % I clamped into the span
+    def query_index(b, j, t, first, end, full):
+        return _clamp(jax.lax.rem(t, q_blocks), first[b, j], end[b, j])
+
+    def head(k, t):
+        return k * g + jax.lax.div(t, q_blocks)
+
+    group_spec = pl.BlockSpec((None, None, cfg.block_q, d), lambda b, k, j, t, *s: (b, head(k, t), query_index(b, j, t, *s), 0))
+    group_rows = pl.BlockSpec((None, None, None, 1, cfg.block_q),
+                              lambda b, k, j, t, *s: (b, head(k, t), query_index(b, j, t, *s), 0, 0))
+    k_spec = pl.BlockSpec((None, None, cfg.block_k, d), lambda b, k, j, t, *_: (b, k, j, 0))
+    dkv_mask_specs = [
+        pl.BlockSpec((2, None, None, 1, cfg.block_q), lambda b, k, j, t, *s: (0, b, query_index(b, j, t, *s), 0, 0)),
+        pl.BlockSpec((3, None, cfg.block_k, 1), lambda b, k, j, t, *_: (0, b, j, 0)),
+        pl.BlockSpec((None, None, 1, cfg.block_q), lambda b, k, j, t, *s: (b, query_index(b, j, t, *s), 0, 0)),
+    ]
+    dkv = pl.pallas_call(
+        functools.partial(dkv_kernel, cfg, q_blocks),
+        grid_spec=pltpu.PrefetchScalarGridSpec(
+            num_scalar_prefetch=3,
+            grid=(b, kv_heads, k_blocks, g * q_blocks),
+            in_specs=[smem, group_spec, k_spec, k_spec, *dkv_mask_specs, group_spec] + [group_rows] * len(family.rows),
+            out_specs=[k_spec, k_spec],
+            scratch_shapes=[pltpu.VMEM((cfg.block_k, d), f32)] * 2,
+        ),
+        out_shape=[jax.ShapeDtypeStruct((b, kv_heads, sp, d), f32)] * 2,
+        name=f"freeatten_{cfg.family}_dkv",
+        **common,
+    )
+    return forward, dq, dkv

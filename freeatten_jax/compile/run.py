@@ -1,0 +1,112 @@
+"""Compile without the chips and report what would not fit: `compile_attention` and `compile_train_step`.
+
+Glossary: B batch, T length, H heads, D head dim. Each returns a Report of one device's memory (XLA's
+memory_analysis: arguments, outputs, temporaries; peak against the chip's HBM) and the number of
+kernels (Pallas custom calls) in the compiled program. A compile that fails for lack of VMEM, shared
+memory or HBM raises DoesNotFit with one line naming the overflow and the knob to turn.
+"""
+import re
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+from jax.sharding import NamedSharding, PartitionSpec
+
+from freeatten_jax.compile import targets
+from freeatten_jax.errors import UserError
+
+GIB = 2**30
+_KERNEL_CALLS = re.compile(r'custom_call_target="(tpu_custom_call|__gpu\$xla\.gpu\.triton)"')
+
+
+class DoesNotFit(UserError):
+    """The program does not fit the target: the message names the overflow and the knob."""
+
+
+class Report(NamedTuple):
+    target: str
+    arguments: int  # bytes per device
+    outputs: int
+    temporaries: int
+    peak: int  # arguments + outputs - aliased + temporaries
+    hbm: int
+    kernels: int
+
+    def lines(self) -> list[str]:
+        gib = lambda x: f"{x / GIB:.2f} GiB"  # noqa: E731
+        return [f"target {self.target}: per device, arguments {gib(self.arguments)}, outputs {gib(self.outputs)}, "
+                f"temporaries {gib(self.temporaries)}",
+                f"peak {gib(self.peak)} of {gib(self.hbm)} HBM ({100 * self.peak / self.hbm:.0f}%); {self.kernels} Pallas kernel calls"]
+
+
+_OVERFLOWS = [  # (pattern in the compiler's message, what overflowed, the knob)
+    (r"vmem|Scoped allocation", "TPU VMEM", "lower implementation_options block_q / block_k"),
+    (r"[Ss]hared memory size limit", "GPU shared memory per block", "lower implementation_options block_q / block_k"),
+    (r"HBM|RESOURCE_EXHAUSTED.*memory|[Oo]ut of memory", "device HBM",
+     "lower train.batch_size (or raise train.grad_accum_steps), turn on model.remat, or shard over more devices"),
+]
+
+
+def explain(error: Exception, target: str) -> Exception:
+    """A DoesNotFit with one line for a memory overflow; the error itself otherwise."""
+    text = str(error)
+    for pattern, what, knob in _OVERFLOWS:
+        if re.search(pattern, text):
+            detail = next((line.strip() for line in text.splitlines() if re.search(r"Used|exceed|limit", line)), text.splitlines()[0])
+            return DoesNotFit(f"{target}: {what} overflow ({detail[:200]}): {knob}")
+    return error
+
+
+def _compile(fn, args, target: str, mesh) -> Report:
+    try:
+        with jax.set_mesh(mesh):
+            compiled = jax.jit(fn).lower(*args).compile()
+    except Exception as e:  # the compiler's own error types differ per backend
+        raise explain(e, target) from e
+    memory = compiled.memory_analysis()
+    peak = memory.argument_size_in_bytes + memory.output_size_in_bytes - memory.alias_size_in_bytes + memory.temp_size_in_bytes
+    report = Report(target, memory.argument_size_in_bytes, memory.output_size_in_bytes, memory.temp_size_in_bytes, peak,
+                    targets.parse(target).hbm_bytes, len(_KERNEL_CALLS.findall(compiled.as_text())))
+    if report.peak > report.hbm:
+        raise DoesNotFit(f"{target}: device HBM overflow (peak {peak / GIB:.2f} GiB of {report.hbm / GIB:.2f} GiB): "
+                         + _OVERFLOWS[-1][2])
+    return report
+
+
+def compile_attention(target: str, *, variant: str, seq_len: int, batch: int = 1, heads: int = 16, head_dim: int = 128,
+                      implementation: str = "pallas", dtype=jnp.bfloat16, **options) -> Report:
+    """attend's forward+backward (the vjp of q, k, v) on one device of the target."""
+    from freeatten_jax import attention
+
+    mesh = jax.sharding.Mesh(targets.devices(target)[:1], ("device",))
+    shape = jax.ShapeDtypeStruct((batch, seq_len, heads, head_dim), dtype, sharding=NamedSharding(mesh, PartitionSpec()))
+
+    def loss(q, k, v):
+        out = attention.attend(q, k, v, variant=variant, implementation=implementation, **options)
+        return jnp.sum(out.astype(jnp.float32))
+
+    return _compile(jax.value_and_grad(loss, argnums=(0, 1, 2)), (shape, shape, shape), target, mesh)
+
+
+def compile_train_step(cfg_dict, target: str) -> Report:
+    """One optimiser step of a training config (`freeatten-train`'s step: its mesh, shardings and batch)."""
+    import functools
+
+    from freeatten_jax import data
+    from freeatten_jax.nn import sharding
+    from freeatten_jax.training import config, optim
+    from freeatten_jax.training import state as train_state
+    from freeatten_jax.training import step as train_step
+
+    cfg = config.parse(cfg_dict)
+    devices = targets.devices(target)
+    mesh = sharding.make_mesh(cfg.mesh.shape, list(devices))
+    tx = optim.make(cfg.optim, cfg.train.steps)
+    abstract, _ = train_state.abstract_state(cfg, mesh, tx)
+    train_def, _ = train_state.graphdefs(cfg.model)
+    tokens = (cfg.train.batch_size, cfg.train.seq_len + 1)
+    batch = jax.ShapeDtypeStruct(tokens, jnp.int32, sharding=sharding.batch_sharding(mesh, cfg.mesh.rules, tokens))
+    step = functools.partial(train_step.train_step, graphdef=train_def, tx=tx, schedule=optim.schedule(cfg.optim, cfg.train.steps),
+                             accum_steps=cfg.train.grad_accum_steps, eos_id=data.document_eos(cfg.data))
+    with sharding.use_mesh(mesh, cfg.mesh.rules):
+        return _compile(step, (abstract, batch), target, mesh)
