@@ -237,6 +237,7 @@ def test_errors():
         attention.attend(q, q, q, variant="lssar", pp=3)
     with pytest.raises(ValueError, match="variant 'softmax' takes scale; implementation 'blockwise' takes block_q, block_k;"):
         attention.attend(q, q, q, variant="softmax", implementation="blockwise", block=3)
+    assert attention.attend(q, q, q, variant="softmax", implementation="blockwise", block_q=2).shape == q.shape
     with pytest.raises(ValueError, match="variant 'lssa' takes none; implementation 'reference' takes none;"):
         attention.attention_weights(q, q, q, variant="lssa", p=3)
     with pytest.raises(ValueError, match="multiple"):

@@ -55,9 +55,10 @@ def implementation_options(name: str) -> tuple[str, ...]:
     return tuple(p.name for p in params if p.kind is p.KEYWORD_ONLY and p.name not in ("variant", "mask", "opts"))
 
 
-def _check_unknown(variant: str, implementation: str, unknown: dict) -> None:
-    """A ValueError naming every option this call could take: the variant's, the implementation's and the mask's."""
-    if unknown:
+def _check_unknown(variant: str, implementation: str, rest: dict) -> None:
+    """A ValueError naming every option this call could take (the variant's, the implementation's and the mask's)
+    when `rest`, the options neither the variant nor the mask took, holds one the implementation does not take."""
+    if unknown := set(rest) - set(implementation_options(implementation)):
         raise ValueError(f"unknown option(s) {sorted(unknown)}: variant {variant!r} takes "
                          f"{', '.join(get_variant(variant).defaults) or 'none'}; implementation {implementation!r} takes "
                          f"{', '.join(implementation_options(implementation)) or 'none'}; every variant takes the mask options "
