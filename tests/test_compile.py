@@ -39,3 +39,14 @@ def test_an_overflow_is_one_line_naming_the_knob():
         compile_attention("h100", variant="softmax", seq_len=1024, heads=1, block_q=512, block_k=512)
     message = str(error.value)
     assert "\n" not in message and "shared memory" in message and "block_q" in message
+
+
+def test_an_hbm_overflow_names_the_knob_of_what_was_compiled():
+    from freeatten_jax.compile import run
+
+    error = RuntimeError("RESOURCE_EXHAUSTED: Ran out of memory on HBM: Used 90G of 80G hbm")
+    step, alone = run.explain(error, "h100"), run.explain(error, "h100", run.ATTENTION_HBM_KNOB)
+    assert str(step) == "h100: device HBM overflow (RESOURCE_EXHAUSTED: Ran out of memory on HBM: Used 90G of 80G hbm): " + run.STEP_HBM_KNOB
+    assert str(alone).endswith(": shorten --seq_len or lower --heads (a training step shards heads over the mesh's tensor axis)")
+    assert run.explain(ValueError("unrelated"), "h100").args == ("unrelated",)
+

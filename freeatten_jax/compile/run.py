@@ -39,37 +39,38 @@ class Report(NamedTuple):
                 f"peak {gib(self.peak)} of {gib(self.hbm)} HBM ({100 * self.peak / self.hbm:.0f}%); {self.kernels} Pallas kernel calls"]
 
 
-_OVERFLOWS = [  # (pattern in the compiler's message, what overflowed, the knob)
+STEP_HBM_KNOB = "lower train.batch_size (or raise train.grad_accum_steps), turn on model.remat, or shard over more devices"
+ATTENTION_HBM_KNOB = "shorten --seq_len or lower --heads (a training step shards heads over the mesh's tensor axis)"
+_OVERFLOWS = [  # (pattern in the compiler's message, what overflowed, the knob; None: the caller's HBM knob)
     (r"vmem|Scoped allocation", "TPU VMEM", "lower implementation_options block_q / block_k"),
     (r"[Ss]hared memory size limit", "GPU shared memory per block", "lower implementation_options block_q / block_k"),
-    (r"HBM|RESOURCE_EXHAUSTED.*memory|[Oo]ut of memory", "device HBM",
-     "lower train.batch_size (or raise train.grad_accum_steps), turn on model.remat, or shard over more devices"),
+    (r"HBM|RESOURCE_EXHAUSTED.*memory|[Oo]ut of memory", "device HBM", None),
 ]
 
 
-def explain(error: Exception, target: str) -> Exception:
+def explain(error: Exception, target: str, hbm_knob: str = STEP_HBM_KNOB) -> Exception:
     """A DoesNotFit with one line for a memory overflow; the error itself otherwise."""
     text = str(error)
     for pattern, what, knob in _OVERFLOWS:
+        knob = knob or hbm_knob
         if re.search(pattern, text):
             detail = next((line.strip() for line in text.splitlines() if re.search(r"Used|exceed|limit", line)), text.splitlines()[0])
             return DoesNotFit(f"{target}: {what} overflow ({detail[:200]}): {knob}")
     return error
 
 
-def _compile(fn, args, target: str, mesh) -> Report:
+def _compile(fn, args, target: str, mesh, hbm_knob: str = STEP_HBM_KNOB) -> Report:
     try:
         with jax.set_mesh(mesh):
             compiled = jax.jit(fn).lower(*args).compile()
     except Exception as e:  # the compiler's own error types differ per backend
-        raise explain(e, target) from e
+        raise explain(e, target, hbm_knob) from e
     memory = compiled.memory_analysis()
     peak = memory.argument_size_in_bytes + memory.output_size_in_bytes - memory.alias_size_in_bytes + memory.temp_size_in_bytes
     report = Report(target, memory.argument_size_in_bytes, memory.output_size_in_bytes, memory.temp_size_in_bytes, peak,
                     targets.parse(target).hbm_bytes, len(_KERNEL_CALLS.findall(compiled.as_text())))
     if report.peak > report.hbm:
-        raise DoesNotFit(f"{target}: device HBM overflow (peak {peak / GIB:.2f} GiB of {report.hbm / GIB:.2f} GiB): "
-                         + _OVERFLOWS[-1][2])
+        raise DoesNotFit(f"{target}: device HBM overflow (peak {peak / GIB:.2f} GiB of {report.hbm / GIB:.2f} GiB): {hbm_knob}")
     return report
 
 
@@ -85,7 +86,7 @@ def compile_attention(target: str, *, variant: str, seq_len: int, batch: int = 1
         out = attention.attend(q, k, v, variant=variant, implementation=implementation, **options)
         return jnp.sum(out.astype(jnp.float32))
 
-    return _compile(jax.value_and_grad(loss, argnums=(0, 1, 2)), (shape, shape, shape), target, mesh)
+    return _compile(jax.value_and_grad(loss, argnums=(0, 1, 2)), (shape, shape, shape), target, mesh, ATTENTION_HBM_KNOB)
 
 
 def compile_train_step(cfg_dict, target: str) -> Report:
