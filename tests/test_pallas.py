@@ -1,5 +1,5 @@
 """The Pallas kernels (interpret mode on the CPU) equal the reference in values and gradients, hide
-masked NaN/Inf (SPEC §8), and lower to real kernels for TPU (Mosaic) and CUDA (Triton).
+masked NaN/Inf (docs/method.md §8), and lower to real kernels for TPU (Mosaic) and CUDA (Triton).
 
 Glossary: B batch, T queries, S keys, H heads, K kv heads, D head dim. Tolerances: float32 inputs
 agree to 1e-4 relative (both float32; summation order differs), bfloat16 to 5e-2 relative (the
@@ -155,7 +155,7 @@ def test_lssar_power_gradient_matches_finite_differences(path):
 def test_masked_nan_and_inf_never_leak(variant):
     """NaN/Inf in keys and values hidden by padding, causality or segments (an unfilled KV cache, other
     documents) change no visible output and no gradient of a visible input; a row that sees nothing
-    outputs zeros (SPEC §8)."""
+    outputs zeros (docs/method.md §8)."""
     q, k, v, g = inputs(key("nan", variant), 2, 12, 40, 2, 1, 16)
     options = dict(
         variant=variant,

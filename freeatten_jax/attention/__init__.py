@@ -1,4 +1,4 @@
-"""Length-extrapolating attention as pure functions: `attend` and `attention_weights` (SPEC §4).
+"""Length-extrapolating attention as pure functions: `attend` and `attention_weights` (docs/method.md §4).
 
 Glossary: B batch, T queries, S keys, H query heads, K key/value heads, D head dim.
 `variant` names what is computed (VARIANTS); `implementation` names how (IMPLEMENTATIONS).
@@ -31,7 +31,7 @@ def attend(q, k, v, *, variant: str, causal: bool = True, implementation: str = 
     1/sqrt(d) for softmax, ssmax, sigmoid and relu), the mask's (`q_positions`, `kv_positions`,
     `q_offset`, `q_segment_ids`, `kv_segment_ids`, `kv_mask`, `window`, `mask`: an explicit boolean
     [B or 1, H or 1, T, S] mask ANDed with the others), and any the implementation takes.
-    Keys and values that no query of their batch row sees may hold NaN/Inf (SPEC §8); a row that
+    Keys and values that no query of their batch row sees may hold NaN/Inf (docs/method.md §8); a row that
     sees no key outputs zeros.
     """
     if implementation not in IMPLEMENTATIONS:

@@ -37,7 +37,7 @@ def fused_softmax(q_BTHD, k_BSKD, v_BSKD, *, variant: Variant, mask: Mask, opts,
     """Softmax/ssmax through jax.nn.dot_product_attention, for a plain mask only (`Mask.plain`).
 
     N_i is i + 1 (causal) or T (bidirectional). Under a plain mask every key is seen by some query,
-    so no key is hidden from its whole batch row (SPEC §8 holds as for the other paths)."""
+    so no key is hidden from its whole batch row (docs/method.md §8 holds as for the other paths)."""
     if not mask.plain:
         raise ValueError("fused_softmax needs a plain mask: q_len == kv_len, default positions, no segments, padding, window or dense mask")
     (b, t), dtype = q_BTHD.shape[:2], q_BTHD.dtype

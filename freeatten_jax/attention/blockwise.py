@@ -1,4 +1,4 @@
-"""Memory-efficient attention for every variant (SPEC §3): O(T) memory, custom VJP, block skipping.
+"""Memory-efficient attention for every variant (docs/method.md §3): O(T) memory, custom VJP, block skipping.
 
 Glossary: B batch, T queries, S keys, H heads, K kv heads, G = H // K, D head dim, Q / C query /
 key block length, I / J number of query / key blocks. Forward: for each query block, stream the

@@ -1,4 +1,4 @@
-"""The four row normalisations (SPEC §3) as block rules for the blockwise implementation.
+"""The four row normalisations (docs/method.md §3) as block rules for the blockwise implementation.
 
 Glossary: B batch, K kv heads, G = H // K, Q query-block rows, C key-block columns, D head dim,
 I query blocks. Short names are block arrays [B, K, G, Q, C] (s scores, vis mask, u weights, dp, ds),

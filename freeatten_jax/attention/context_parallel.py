@@ -3,7 +3,7 @@
 Glossary: B batch, T queries, S keys, H heads, K kv heads, D head dim, n the context axis size, c = T / 2n
 (a zig-zag chunk). Three steps: (1) N_i of each device's queries over every key, from the key-side mask
 arrays all-gathered (int32/bool, B·S each: tiny next to K/V), and which keys some query sees (the others'
-keys and values are zeroed before any arithmetic, SPEC §8, as in blockwise); (2) `variant.prepare` on the
+keys and values are zeroed before any arithmetic, docs/method.md §8, as in blockwise); (2) `variant.prepare` on the
 sharded arrays outside shard_map, so autodiff carries SSMax's s, b gradients as in blockwise; (3) in shard_map:
 reorder the sequence to zig-zag (device d holds chunks d and 2n-1-d, so every device does the same
 causal work), ring attention (ring.py), and back to the natural order.
@@ -113,7 +113,7 @@ def context_parallel_attend(q, k, v, *, mesh, axis_name: str, variant: str, caus
 
     count = functools.partial(_count_visible, axis_name=axis_name, block_k=blocks[1])
     n_BHT, seen_BHS = shard(count, in_specs=(rows,), out_specs=(counts, counts))(mask)
-    k, v = hide_unseen(k, v, seen_BHS)  # SPEC §8: NaN/Inf in keys no query sees reach nothing
+    k, v = hide_unseen(k, v, seen_BHS)  # docs/method.md §8: NaN/Inf in keys no query sees reach nothing
     qp_BTHD, kp_BSKD = spec.prepare(q, k, n_BHT, opts)
 
     core = blockwise.make_core(spec, opts, ring.forward, ring.backward)

@@ -1,4 +1,4 @@
-"""implementation="pallas": fused kernels for every variant (SPEC §3), forward and backward.
+"""implementation="pallas": fused kernels for every variant (docs/method.md §3), forward and backward.
 
 Glossary: B batch, T queries, S keys, H heads, K kv heads, G = H // K, D head dim, Tp / Sp lengths
 padded to whole blocks. `prepare` runs outside the kernels (autodiff carries its gradients, e.g. to

@@ -1,4 +1,4 @@
-"""Pallas kernel bodies for the four row normalisations (SPEC §3): forward, dQ and dK/dV kernels.
+"""Pallas kernel bodies for the four row normalisations (docs/method.md §3): forward, dQ and dK/dV kernels.
 
 Glossary: Q / C query / key block length, D head dim, G = H // K query heads per kv head. In a kernel
 every array is 2-D: scores s, mask vis, weights w, ds are [Q, C] (key-major [C, Q] in the dkv kernel,
@@ -8,7 +8,7 @@ statistics [Q, 1]; blocks of q, k, v, out [Q|C, D]. A `Family` holds one normali
 provably invisible block pairs cost nothing, and the run of wholly visible (interior) blocks is swept
 without any mask (`vis` None; issue 20: masking every block cost 3x the instructions of the softmax
 forward on an H100). Masked scores use `where`, and key rows hidden from the
-whole query block are zeroed before any matmul that contracts over keys (SPEC §8: NaN/Inf there
+whole query block are zeroed before any matmul that contracts over keys (docs/method.md §8: NaN/Inf there
 never reach a visible output or gradient).
 """
 import functools

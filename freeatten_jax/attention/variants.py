@@ -1,4 +1,4 @@
-"""What each attention variant computes (SPEC §2), independent of how it is computed.
+"""What each attention variant computes (docs/method.md §2), independent of how it is computed.
 
 Glossary: B batch, T queries, S keys, H query heads, K key/value heads, G = H // K, D head dim.
 A variant is `prepare` (cast to float32 and fold every per-row factor into q, so that the scores

@@ -13,7 +13,7 @@ from freeatten_jax.nn import presets, sharding
 from freeatten_jax.nn.config import LEARNED_OPTIONS
 
 
-# Per-size training settings (the papers' for the GPT-2-sized models, SPEC §5).
+# Per-size training settings (the papers' for the GPT-2-sized models, docs/method.md §5).
 TRAINING = {
     "tiny": {},
     "gpt2_small": {"train.seq_len": 1024, "train.batch_size": 512, "train.steps": 18865, "optim.lr": 6e-4, "optim.warmup_steps": 1000,
