@@ -280,17 +280,19 @@ def test_freeatten_generate_continues_a_prompt_with_the_runs_tokenizer(trained, 
     from freeatten_jax.data.tokenizer import ByteTokenizer, load_from_run
     from freeatten_jax.nn import generate
     from freeatten_jax.training import checkpoint
-    from freeatten_jax.training.generate_cli import generate_text
+    from freeatten_jax.training.run import load_run
 
     workdir = trained["lssa"][0]
     assert type(load_from_run(workdir)) is ByteTokenizer  # training saved the run's tokenizer in its folder
     model, _, _ = checkpoint.load_params(workdir)
     prompt = ByteTokenizer().encode("the king ").astype(np.int32)
     greedy = ByteTokenizer().decode(np.asarray(generate(model, prompt[None], 6, temperature=0.0))[0, len(prompt):])
-    assert generate_text(workdir, "the king ", 6, temperature=0.0) == greedy
+    loaded = load_run(workdir)
+    generate_text = lambda *args, **sampling: loaded.generate(*args, **sampling)[0]  # noqa: E731
+    assert generate_text("the king ", 6, temperature=0.0) == greedy
     eos = greedy[1]  # stops right after the first time it is generated
-    assert generate_text(workdir, "the king ", 6, temperature=0.0, eos=eos) == greedy[: greedy.index(eos) + 1]
-    sampled = {generate_text(workdir, "the king ", 6, top_k=5, top_p=0.9, seed=s) for s in range(3)}
+    assert generate_text("the king ", 6, temperature=0.0, eos=eos) == greedy[: greedy.index(eos) + 1]
+    sampled = {generate_text("the king ", 6, top_k=5, top_p=0.9, seed=s) for s in range(3)}
     assert all(len(text.encode()) == 6 for text in sampled) and len(sampled) > 1
     code = "import sys; from freeatten_jax.training.generate_cli import main; sys.argv[0] = 'freeatten-generate'; main()"
     cmd = [sys.executable, "-c", code, f"--workdir={workdir}", "--prompt=the king ", "--max_new_tokens=6", "--temperature=0"]

@@ -58,8 +58,9 @@ def implementation_options(name: str) -> tuple[str, ...]:
 def _check_unknown(variant: str, implementation: str, rest: dict) -> None:
     """A ValueError naming every option this call could take (the variant's, the implementation's and the mask's)
     when `rest`, the options neither the variant nor the mask took, holds one the implementation does not take."""
-    if unknown := set(rest) - set(implementation_options(implementation)):
+    accepted = implementation_options(implementation)
+    if unknown := set(rest) - set(accepted):
         raise ValueError(f"unknown option(s) {sorted(unknown)}: variant {variant!r} takes "
                          f"{', '.join(get_variant(variant).defaults) or 'none'}; implementation {implementation!r} takes "
-                         f"{', '.join(implementation_options(implementation)) or 'none'}; every variant takes the mask options "
+                         f"{', '.join(accepted) or 'none'}; every variant takes the mask options "
                          f"{', '.join(arguments.MASK_OPTIONS)}")

@@ -14,13 +14,6 @@ from freeatten_jax import cli
 SEPARATOR = "-" * 40
 
 
-def generate_text(workdir, prompt: str, max_new_tokens: int, **sampling) -> str:
-    """The continuation of `prompt` (prompt excluded) sampled from the run's latest checkpoint (see Run.generate)."""
-    from freeatten_jax.training.run import load_run
-
-    return load_run(workdir).generate(prompt, max_new_tokens, **sampling)[0]
-
-
 def main() -> None:
     workdir = flags.DEFINE_string("workdir", None, "Training run directory.", required=True)
     prompt = flags.DEFINE_string("prompt", None, "Text to continue.", required=True)

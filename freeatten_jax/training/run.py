@@ -67,9 +67,10 @@ class Run:
             eos_id = int(eos_ids[0])
         clock = {"start": time.perf_counter(), "steps": 0}
 
-        def on_token(token_B):
-            token_B.block_until_ready()
-            clock.setdefault("first", time.perf_counter())
+        def on_token(token_B):  # waits for the first token only: the decoding loop is not synchronised per step
+            if "first" not in clock:
+                token_B.block_until_ready()
+                clock["first"] = time.perf_counter()
             clock["steps"] += 1
 
         prompt_BT = np.repeat(prompt_T[None], num_samples, axis=0)
