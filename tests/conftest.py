@@ -1,9 +1,45 @@
-"""Test setup: 8 forced host devices for sharding tests, absl flags parsed for Grain workers."""
+"""Test setup: 8 forced host devices for sharding tests, cheap CPU compiles, one compilation cache for the session,
+absl flags parsed for Grain workers, and the session's shared text corpus.
+
+The tests are compile-bound (tiny shapes): XLA's CPU backend compiles without LLVM's expensive passes, which changes
+no semantics (no fast-math either way), and every process of a session (pytest-xdist workers, the subprocesses of
+CLI and kill -9 tests) shares one on-disk cache, so a program compiled by one test is loaded by the next.
+"""
 import os
 
-os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
+os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8 --xla_backend_optimization_level=0 "
+                                   "--xla_llvm_disable_expensive_passes=true")
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
+import jax  # noqa: E402
+import pytest  # noqa: E402
 from absl import flags  # noqa: E402
 
+import helpers  # noqa: E402
+
 flags.FLAGS.mark_as_parsed()
+
+
+def _session_root(tmp_path_factory):
+    """A folder every xdist worker of this session sees (the workers' base temps share a parent)."""
+    base = tmp_path_factory.getbasetemp()
+    return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+
+
+@pytest.fixture(scope="session", autouse=True)
+def compilation_cache(tmp_path_factory):
+    """One persistent compilation cache for the session's processes (a size cap turns on jax's file lock)."""
+    cache = _session_root(tmp_path_factory) / "jax_cache"
+    cache.mkdir(exist_ok=True)
+    settings = {"jax_compilation_cache_dir": str(cache), "jax_persistent_cache_min_compile_time_secs": 0,
+                "jax_persistent_cache_min_entry_size_bytes": 0, "jax_compilation_cache_max_size": 8 << 30}
+    for name, value in settings.items():
+        jax.config.update(name, value)
+        os.environ[name.upper()] = str(value)  # subprocesses (CLI, multi-host, kill -9 tests) use it too
+    yield str(cache)
+
+
+@pytest.fixture(scope="session")
+def text_glob(tmp_path_factory):
+    """A small pseudo-English corpus with learnable structure, written once per session."""
+    return helpers.write_corpus(_session_root(tmp_path_factory) / "text")

@@ -15,7 +15,7 @@ import jax.numpy as jnp
 import pytest
 
 from freeatten_jax import attention
-from test_pallas import INTERPRET, compare, inputs, key
+from helpers import INTERPRET, compare, inputs, key
 
 BLOCK_K = 8
 CONTEXT = 2

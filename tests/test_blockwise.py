@@ -6,143 +6,85 @@ inputs to 2e-2 relative (one bfloat16 rounding of outputs and gradients).
 """
 import functools
 import inspect
-import zlib
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from helpers import TOLERANCE, assert_close, compare, inputs, jit_call, key, variant_params
+
 from freeatten_jax import attention
 from freeatten_jax.attention import auto, blockwise, reference
 
-TOLERANCE = {jnp.float32: 1e-4, jnp.bfloat16: 2e-2}
 BLOCKS = dict(block_q=16, block_k=8)  # several blocks, and lengths below are not multiples of them
-
-
-def _key(*names):
-    return jax.random.key(zlib.crc32("/".join(names).encode()))
-
-
-def _inputs(key, b, t, s, h, kv_heads, d, dtype=jnp.float32):
-    kq, kk, kv, kg = jax.random.split(key, 4)
-    q_BTHD = jax.random.normal(kq, (b, t, h, d), dtype)
-    k_BSKD = jax.random.normal(kk, (b, s, kv_heads, d), dtype)
-    v_BSKD = jax.random.normal(kv, (b, s, kv_heads, d), dtype)
-    return q_BTHD, k_BSKD, v_BSKD, jax.random.normal(kg, (b, t, h, d), dtype)
+BLOCKWISE = dict(implementation="blockwise", **BLOCKS)
 
 
 def _scenario(name: str, key):
     """(q, k, v, cotangent, causal, mask options) for one mask scenario."""
     if name == "causal_packed_padded":  # segments, padding, a fully masked row, GQA, odd length
-        q, k, v, g = _inputs(key, 2, 37, 37, 4, 2, 16)
+        q, k, v, g = inputs(key, 2, 37, 37, 4, 2, 16)
         segments = jnp.array([[0] * 20 + [1] * 17, [0] * 9 + [1] * 21 + [2] * 7])
         kv_mask = jnp.array([[True] * 37, [True] * 30 + [False] * 7])  # segment 2 of row 1 sees nothing
         return q, k, v, g, True, dict(q_segment_ids=segments, kv_mask=kv_mask)
     if name == "bidirectional_window_positions":  # unsorted explicit positions, kv_len > q_len, padding, MQA
-        q, k, v, g = _inputs(key, 2, 23, 41, 4, 1, 8)
+        q, k, v, g = inputs(key, 2, 23, 41, 4, 1, 8)
         q_positions = jax.random.permutation(jax.random.fold_in(key, 1), 41)[:23]
         options = dict(q_positions=q_positions, kv_positions=jnp.arange(41), window=15, kv_mask=jnp.arange(41) < 36)
         return q, k, v, g, False, options
     if name == "kv_cache_offset_bfloat16":  # kv_len > q_len, per-sequence offsets, bfloat16 inputs
-        q, k, v, g = _inputs(key, 2, 11, 45, 4, 2, 16, jnp.bfloat16)
+        q, k, v, g = inputs(key, 2, 11, 45, 4, 2, 16, jnp.bfloat16)
         return q, k, v, g, True, dict(q_offset=jnp.array([30, 34]))
     raise ValueError(name)
 
 
 SCENARIOS = ["causal_packed_padded", "bidirectional_window_positions", "kv_cache_offset_bfloat16"]
-FAST_COMPILE = {"xla_backend_optimization_level": 0, "xla_llvm_disable_expensive_passes": True}
-
-
-def _variant_params(variant: str, h: int):
-    """The differentiable variant options used in the tests (ssmax's s per head, and b)."""
-    if variant == "ssmax":
-        return {"s": jnp.linspace(0.6, 1.4, h), "b": jnp.float32(0.1)}
-    return {}
-
-
-def _fast_jit(f, *args):
-    """f(*args), jitted with a cheap backend compile (tests are compile-bound)."""
-    return jax.jit(f).lower(*args).compile(FAST_COMPILE)(*args)
-
-
-def _value_and_grads(q, k, v, g, params, *, implementation, **options):
-    """The output and the vjp of the cotangent g w.r.t. q, k, v and `params` (jitted; options static)."""
-    blocks = BLOCKS if implementation == "blockwise" else {}
-
-    def run(q, k, v, params):
-        return attention.attend(q, k, v, implementation=implementation, **params, **options, **blocks)
-
-    def value_and_grads(q, k, v, g, params):
-        out, vjp = jax.vjp(run, q, k, v, params)
-        return out, vjp(g)
-
-    return _fast_jit(value_and_grads, q, k, v, g, params)
-
-
-def _assert_close(got, want, tolerance, what):
-    got, want = np.asarray(got, np.float32), np.asarray(want, np.float32)
-    assert np.all(np.isfinite(got)), what
-    scale = max(float(np.max(np.abs(want))), 1e-3)
-    error = float(np.max(np.abs(got - want)))
-    assert error <= tolerance * scale, f"{what}: max error {error:.3g} vs scale {scale:.3g}"
-
-
-def _compare(q, k, v, g, params, tolerance, check_params=True, **options):
-    (out, grads), (out_ref, grads_ref) = (
-        _value_and_grads(q, k, v, g, params, implementation=implementation, **options) for implementation in ("blockwise", "reference")
-    )
-    assert out.dtype == q.dtype
-    _assert_close(out, out_ref, tolerance, "output")
-    for name, got, want in zip(["dq", "dk", "dv", "params"][: 4 if check_params else 3], grads, grads_ref):
-        for (path, leaf), leaf_ref in zip(jax.tree_util.tree_leaves_with_path(got), jax.tree.leaves(want)):
-            _assert_close(leaf, leaf_ref, tolerance, f"{name}{jax.tree_util.keystr(path)}")
-    return out
 
 
 @pytest.mark.parametrize("scenario", SCENARIOS)
 @pytest.mark.parametrize("variant", list(attention.VARIANTS))
 def test_blockwise_matches_reference(variant, scenario):
-    q, k, v, g, causal, mask_options = _scenario(scenario, _key(variant, scenario))
-    params = _variant_params(variant, q.shape[2])
-    _compare(q, k, v, g, params, TOLERANCE[q.dtype.type], variant=variant, causal=causal, **mask_options)
+    q, k, v, g, causal, mask_options = _scenario(scenario, key(variant, scenario))
+    params = variant_params(variant, q.shape[2])
+    compare(q, k, v, g, params, BLOCKWISE, TOLERANCE[q.dtype.type], variant=variant, causal=causal, **mask_options)
 
 
 @pytest.mark.parametrize("p", [None, 2.5, "traced"])
 def test_lssar_power_options(p):
     """p=None (off) is LSSA; fractional and traced (a jit argument) powers match the reference in value
     and in the q, k, v gradients (blockwise does not differentiate p)."""
-    q, k, v, g, causal, mask_options = _scenario("causal_packed_padded", _key("lssar", str(p)))
+    q, k, v, g, causal, mask_options = _scenario("causal_packed_padded", key("lssar", str(p)))
     params, static = ({"p": jnp.float32(7.0)}, {}) if p == "traced" else ({}, {"p": p})
-    out = _compare(q, k, v, g, params, 1e-4, variant="lssar", causal=causal, **mask_options, **static)  # traced: dp too
+    out = compare(q, k, v, g, params, BLOCKWISE, 1e-4, variant="lssar", causal=causal, **mask_options, **static)  # traced: dp too
     if p is None:
         lssa = attention.attend(q, k, v, variant="lssa", implementation="reference", **mask_options)
-        _assert_close(out, lssa, 1e-5, "p=None is LSSA")
+        assert_close(out, lssa, 1e-5, "p=None is LSSA")
 
 
 def test_lssar_uniform_row_keeps_lssa_weights():
     """Identical keys make every row uniform (nothing above 1/N): the output is the mean of the visible values."""
-    q, _, v, _ = _inputs(_key("uniform"), 1, 20, 20, 2, 2, 8)
-    k = jnp.broadcast_to(jax.random.normal(_key("uniform-k"), (1, 1, 2, 8)), (1, 20, 2, 8))
-    out = _fast_jit(lambda q, k, v: attention.attend(q, k, v, variant="lssar", implementation="blockwise", **BLOCKS), q, k, v)
+    q, _, v, _ = inputs(key("uniform"), 1, 20, 20, 2, 2, 8)
+    k = jnp.broadcast_to(jax.random.normal(key("uniform-k"), (1, 1, 2, 8)), (1, 20, 2, 8))
+    out = jit_call(lambda q, k, v: attention.attend(q, k, v, variant="lssar", implementation="blockwise", **BLOCKS), q, k, v)
     mean_BTKD = jnp.cumsum(v, axis=1) / jnp.arange(1, 21)[None, :, None, None]
-    _assert_close(out, mean_BTKD, 1e-5, "uniform rows")
+    assert_close(out, mean_BTKD, 1e-5, "uniform rows")
 
 
 def test_lssar_long_peaked_row_is_finite():
     """The last query sees 1024 keys and points at one of them: x = N A0 - 1 ~ 1000, so x^15 overflows float32."""
-    q, k, v, g = _inputs(_key("peaked"), 1, 1024, 1024, 1, 1, 16)
+    q, k, v, g = inputs(key("peaked"), 1, 1024, 1024, 1, 1, 16)
     e_D = jnp.zeros(16).at[0].set(1.0)
     k = (0.1 * k - e_D).at[0, 700, 0].set(e_D)  # every key points away from e, except key 700
     q = q.at[0, -1, 0].set(e_D)
-    out = _compare(q, k, v, g, {}, 1e-3, variant="lssar", causal=True)
-    _assert_close(out[0, -1], v[0, 700], 1e-5, "the peak takes all the weight")
+    out = compare(q, k, v, g, {}, BLOCKWISE, 1e-3, variant="lssar", causal=True)
+    assert_close(out[0, -1], v[0, 700], 1e-5, "the peak takes all the weight")
 
 
 def test_vmap_and_grad_of_jit():
     """vmap over an extra leading axis (inputs, or the mask through q_offset) equals a loop; grad of a
     jitted scalar loss equals the reference's."""
-    q, k, v, _ = _inputs(_key("vmap"), 3, 19, 19, 2, 1, 8)
+    q, k, v, _ = inputs(key("vmap"), 3, 19, 19, 2, 1, 8)
     offsets = jnp.array([0, 5, 11])
 
     def check(implementation, q, k, v):
@@ -152,18 +94,18 @@ def test_vmap_and_grad_of_jit():
         per_offset = jax.vmap(lambda offset: attend(q[:1, :8], k[:1], v[:1], q_offset=offset))(offsets)
         return per_input, attend(q, k, v), per_offset, jax.grad(jax.jit(lambda q: jnp.sum(attend(q, k, v) ** 2)))(q)
 
-    per_input, looped, per_offset, grad = _fast_jit(functools.partial(check, "blockwise"), q, k, v)
-    _, looped_ref, per_offset_ref, grad_ref = _fast_jit(functools.partial(check, "reference"), q, k, v)
-    _assert_close(per_input, looped, 1e-5, "vmap over inputs")
-    _assert_close(looped, looped_ref, 1e-4, "values")
-    _assert_close(per_offset, per_offset_ref, 1e-4, "vmap over the mask")
-    _assert_close(grad, grad_ref, 1e-4, "grad")
+    per_input, looped, per_offset, grad = jit_call(functools.partial(check, "blockwise"), q, k, v)
+    _, looped_ref, per_offset_ref, grad_ref = jit_call(functools.partial(check, "reference"), q, k, v)
+    assert_close(per_input, looped, 1e-5, "vmap over inputs")
+    assert_close(looped, looped_ref, 1e-4, "values")
+    assert_close(per_offset, per_offset_ref, 1e-4, "vmap over the mask")
+    assert_close(grad, grad_ref, 1e-4, "grad")
 
 
 @pytest.mark.parametrize("causal", [True, False])
 def test_block_skipping_is_conservative(causal):
     """A block pair marked invisible never holds a visible pair (random positions, segments, padding, window)."""
-    keys = jax.random.split(_key("skip", str(causal)), 4)
+    keys = jax.random.split(key("skip", str(causal)), 4)
     q_positions = jax.random.randint(keys[0], (2, 50), 0, 60)
     kv_segments = jnp.sort(jax.random.randint(keys[1], (2, 60), 0, 4), axis=1)
     q_segments = jnp.sort(jax.random.randint(keys[2], (2, 50), 0, 4), axis=1)
@@ -171,7 +113,7 @@ def test_block_skipping_is_conservative(causal):
         2, 50, 60, causal=causal, q_positions=q_positions, q_segment_ids=q_segments, kv_segment_ids=kv_segments,
         kv_mask=jax.random.bernoulli(keys[3], 0.8, (2, 60)), window=20,
     )
-    maybe_IJ = _fast_jit(lambda mask: blockwise.make_plan(mask, blockwise.count_visible(mask, 8)[0], 8, 8, 1).maybe_IJ, mask)
+    maybe_IJ = jit_call(lambda mask: blockwise.make_plan(mask, blockwise.count_visible(mask, 8)[0], 8, 8, 1).maybe_IJ, mask)
     visible_TS = np.pad(np.any(mask.visible(), axis=(0, 1)), ((0, 6), (0, 4)))
     visible_IJ = visible_TS.reshape(7, 8, 8, 8).any(axis=(1, 3))
     assert not np.any(visible_IJ & ~np.asarray(maybe_IJ))
@@ -182,17 +124,17 @@ def test_count_visible_and_block_skipping():
     """N_i equals the dense count; key blocks strictly above the causal diagonal are skipped."""
     segments = jnp.array([[0] * 25 + [1] * 15] * 2)
     mask = attention.make_mask(2, 40, 40, q_segment_ids=segments, kv_mask=jnp.arange(40) < 37, window=30)
-    np.testing.assert_array_equal(_fast_jit(lambda mask: blockwise.count_visible(mask, 8)[0], mask), jnp.sum(mask.visible(), axis=-1))
+    np.testing.assert_array_equal(jit_call(lambda mask: blockwise.count_visible(mask, 8)[0], mask), jnp.sum(mask.visible(), axis=-1))
     plain = attention.make_mask(1, 64, 64)
-    maybe_IJ = _fast_jit(lambda mask: blockwise.make_plan(mask, jnp.zeros((1, 1, 64), jnp.int32), 16, 16, 1).maybe_IJ, plain)
+    maybe_IJ = jit_call(lambda mask: blockwise.make_plan(mask, jnp.zeros((1, 1, 64), jnp.int32), 16, 16, 1).maybe_IJ, plain)
     np.testing.assert_array_equal(maybe_IJ, np.tril(np.ones((4, 4), bool)))
 
 
 def _temp_bytes(implementation: str, t: int) -> int:
-    q, k, v, _ = _inputs(_key("memory"), 1, t, t, 2, 2, 16)
+    q, k, v, _ = inputs(key("memory"), 1, t, t, 2, 2, 16)
     attend = functools.partial(attention.attend, variant="lssar", implementation=implementation)
     loss = lambda q, k, v: jnp.sum(attend(q, k, v))  # noqa: E731
-    compiled = jax.jit(jax.grad(loss, argnums=(0, 1, 2))).lower(q, k, v).compile(FAST_COMPILE)
+    compiled = jax.jit(jax.grad(loss, argnums=(0, 1, 2))).lower(q, k, v).compile()
     return compiled.memory_analysis().temp_size_in_bytes
 
 
@@ -234,7 +176,7 @@ def test_auto_rule():
 def test_fused_path_matches_reference(variant, causal):
     """The GPU route (run here with the xla kernel), causal and bidirectional: ssmax by query
     pre-scaling with N_i = i + 1 or T, values and gradients equal to the reference."""
-    q, k, v, g = _inputs(_key("fused", variant, str(causal)), 2, 24, 24, 4, 2, 16, jnp.bfloat16)
+    q, k, v, g = inputs(key("fused", variant, str(causal)), 2, 24, 24, 4, 2, 16, jnp.bfloat16)
     mask = attention.make_mask(2, 24, 24, causal=causal)
     spec = attention.VARIANTS[variant]
 
@@ -248,10 +190,10 @@ def test_fused_path_matches_reference(variant, causal):
         return [jax.vjp(functools.partial(run, name), q, k, v, s) for name in ("fused", "reference")]
 
     s = jnp.linspace(0.5, 1.5, 4)
-    (out, vjp), (out_ref, vjp_ref) = _fast_jit(lambda *a: [(o, f(a[3])) for o, f in value_and_grads(*a)], q, k, v, g, s)
-    _assert_close(out, out_ref, 2e-2, "output")
+    (out, vjp), (out_ref, vjp_ref) = jit_call(lambda *a: [(o, f(a[3])) for o, f in value_and_grads(*a)], q, k, v, g, s)
+    assert_close(out, out_ref, 2e-2, "output")
     for got, want in zip(vjp, vjp_ref):
-        _assert_close(got, want, 3e-2, "grad")
+        assert_close(got, want, 3e-2, "grad")
 
 
 def test_fused_path_refuses_a_mask_that_is_not_plain():
@@ -276,8 +218,8 @@ def test_only_statically_plain_masks_are_fused():
 
 def test_default_implementation_is_auto():
     assert inspect.signature(attention.attend).parameters["implementation"].default == "auto"
-    q, k, v, _ = _inputs(_key("default"), 1, 16, 16, 2, 1, 8)
-    default, reference_out = _fast_jit(
+    q, k, v, _ = inputs(key("default"), 1, 16, 16, 2, 1, 8)
+    default, reference_out = jit_call(
         lambda q, k, v: [attention.attend(q, k, v, variant="lssa", **options) for options in ({}, {"implementation": "reference"})], q, k, v
     )
     np.testing.assert_array_equal(default, reference_out)

@@ -1,19 +1,18 @@
 """context_parallel_attend equals the reference `attend` (values and gradients) on 8 forced host devices.
 
 Glossary: B batch, T queries, S keys, H heads, K kv heads, D head dim, n the context axis size.
-Tolerances and comparison from tests/test_blockwise.py: 1e-4 of the largest reference value for float32
+Tolerances and comparison from tests/helpers.py: 1e-4 of the largest reference value for float32
 (summation order only), 2e-2 for bfloat16. Each (scenario, variant) is jitted once with a cheap backend compile.
 """
 import functools
 import math
-import zlib
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 from jax.sharding import PartitionSpec as P
-from test_blockwise import FAST_COMPILE, TOLERANCE, _assert_close
+from helpers import TOLERANCE, assert_close, inputs, jit_call, key, variant_params
 
 from freeatten_jax import attention
 from freeatten_jax.attention import context_parallel
@@ -27,39 +26,32 @@ def _mesh(**axes):
     return jax.make_mesh(tuple(axes.values()), tuple(axes), devices=devices, axis_types=(jax.sharding.AxisType.Auto,) * len(axes))
 
 
-def _inputs(name, b, t, s, h, kv_heads, d, dtype=jnp.float32):
-    kq, kk, kv, kg = jax.random.split(jax.random.key(zlib.crc32(name.encode())), 4)
-    q_BTHD = jax.random.normal(kq, (b, t, h, d), dtype)
-    k_BSKD, v_BSKD = (jax.random.normal(key, (b, s, kv_heads, d), dtype) for key in (kk, kv))
-    return q_BTHD, k_BSKD, v_BSKD, jax.random.normal(kg, (b, t, h, d), dtype)
-
-
 def _scenario(name):
     """(mesh, sharding axes, q, k, v, cotangent, causal, mask options)."""
     if name == "context4_causal_packed_padded_gqa":  # segments start at 5 and at 16 (a device boundary); row 1's
-        q, k, v, g = _inputs(name, 2, 32, 32, 4, 2, 8)  # segment 1 is all padding: N_i = 0 rows
+        q, k, v, g = inputs(key(name), 2, 32, 32, 4, 2, 8)  # segment 1 is all padding: N_i = 0 rows
         segments = jnp.array([[0] * 5 + [1] * 11 + [2] * 16, [0] * 24 + [1] * 8])
         kv_mask = jnp.array([[True] * 30 + [False] * 2, [True] * 24 + [False] * 8])
         return _mesh(context=4), {}, q, k, v, g, True, dict(q_segment_ids=segments, kv_mask=kv_mask)
     if name == "context2_bidirectional_window_positions_mqa":  # shuffled positions, a window, segments split at 12
-        q, k, v, g = _inputs(name, 2, 24, 24, 2, 1, 8)
+        q, k, v, g = inputs(key(name), 2, 24, 24, 2, 1, 8)
         positions = jax.random.permutation(jax.random.key(1), 24)
         segments = jnp.array([0] * 12 + [1] * 12)
         options = dict(q_positions=positions, kv_positions=positions, q_segment_ids=segments, window=9)
         return _mesh(context=2), {}, q, k, v, g, False, options
     if name == "context8_kv_cache_offset":  # kv_len > q_len, per-sequence offsets: every query sees the first 30 keys
-        q, k, v, g = _inputs(name, 2, 16, 48, 4, 2, 8)
+        q, k, v, g = inputs(key(name), 2, 16, 48, 4, 2, 8)
         return _mesh(context=8), {}, q, k, v, g, True, dict(q_offset=jnp.array([30, 32]))
     if name == "context2_cross_segments_swapped":  # bidirectional, q_len != kv_len: each device's keys are seen
-        q, k, v, g = _inputs(name, 1, 16, 24, 2, 1, 8)  # only by the other device's queries
+        q, k, v, g = inputs(key(name), 1, 16, 24, 2, 1, 8)  # only by the other device's queries
         segments = dict(q_segment_ids=jnp.array([0] * 8 + [1] * 8), kv_segment_ids=jnp.array([1] * 12 + [0] * 12))
         return _mesh(context=2), {}, q, k, v, g, False, segments
     if name == "data2_context4_replicated_over_data":  # batch_axis None: every data row computes the whole batch
-        q, k, v, g = _inputs(name, 2, 32, 32, 4, 2, 8)
+        q, k, v, g = inputs(key(name), 2, 32, 32, 4, 2, 8)
         segments = jnp.array([[0] * 8 + [1] * 24, [0] * 20 + [1] * 12])
         return _mesh(data=2, context=4), {}, q, k, v, g, True, dict(q_segment_ids=segments)
     if name == "data2_context2_tensor2_heads_sharded_bfloat16":  # batch over data, heads over tensor
-        q, k, v, g = _inputs(name, 2, 16, 16, 4, 2, 8, jnp.bfloat16)
+        q, k, v, g = inputs(key(name), 2, 16, 16, 4, 2, 8, jnp.bfloat16)
         axes = dict(batch_axis="data", head_axis="tensor")
         return _mesh(data=2, context=2, tensor=2), axes, q, k, v, g, True, dict(q_segment_ids=jnp.array([0] * 4 + [1] * 12))
     raise ValueError(name)
@@ -77,11 +69,6 @@ CASES = [
 ]
 
 
-def _variant_params(variant: str, h: int):
-    """The differentiable variant options (ssmax's s per head, and b)."""
-    return {"s": jnp.linspace(0.6, 1.4, h), "b": jnp.float32(0.1)} if variant == "ssmax" else {}
-
-
 def _value_and_grads(attend, q, k, v, g, params):
     """The output and the vjp of g w.r.t. q, k, v and params, jitted once."""
 
@@ -89,13 +76,13 @@ def _value_and_grads(attend, q, k, v, g, params):
         out, vjp = jax.vjp(attend, q, k, v, params)
         return out, vjp(g)
 
-    return jax.jit(value_and_grads).lower(q, k, v, g, params).compile(FAST_COMPILE)(q, k, v, g, params)
+    return jit_call(value_and_grads, q, k, v, g, params)
 
 
 @pytest.mark.parametrize("scenario, variant, strategy", CASES)
 def test_matches_reference(scenario, variant, strategy):
     mesh, axes, q, k, v, g, causal, mask_options = _scenario(scenario)
-    params = _variant_params(variant, q.shape[2])
+    params = variant_params(variant, q.shape[2])
     options = dict(variant=variant, causal=causal, **mask_options)
     split = functools.partial(context_parallel.context_parallel_attend, mesh=mesh, axis_name="context", strategy=strategy,
                               **axes, **BLOCKS, **options)
@@ -105,10 +92,10 @@ def test_matches_reference(scenario, variant, strategy):
     )
     tolerance = TOLERANCE[q.dtype.type]
     assert out.dtype == q.dtype
-    _assert_close(out, out_ref, tolerance, "output")
+    assert_close(out, out_ref, tolerance, "output")
     for name, got, want in zip(["dq", "dk", "dv", "params"], grads, grads_ref):
         for (path, leaf), leaf_ref in zip(jax.tree_util.tree_leaves_with_path(got), jax.tree.leaves(want)):
-            _assert_close(leaf, leaf_ref, tolerance, f"{name}{jax.tree_util.keystr(path)}")
+            assert_close(leaf, leaf_ref, tolerance, f"{name}{jax.tree_util.keystr(path)}")
 
 
 @pytest.mark.parametrize("variant, extra", [("lssa", {}), ("softmax", {"scale": 0.3})], ids=["lssa", "softmax_scale"])
@@ -126,7 +113,7 @@ def test_nan_in_hidden_keys_reaches_nothing(variant, extra):
     out_ref, grads_ref = _value_and_grads(lambda q, k, v, p: whole(q, k, v), q, k, v, g, {})
     for name, got, want in zip(["output", "dq", "dk", "dv"], (out, *grads[:3]), (out_ref, *grads_ref[:3])):
         assert np.all(np.isfinite(got)), name
-        _assert_close(got, want, TOLERANCE[q.dtype.type], name)
+        assert_close(got, want, TOLERANCE[q.dtype.type], name)
 
 
 def _zigzag_round_trip(x_BT, size):

@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
-from test_train import text_glob, tiny_config  # noqa: F401 (a fixture)
+from helpers import tiny_config
 from tqdm import tqdm
 
 from freeatten_jax import attention

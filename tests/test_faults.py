@@ -23,7 +23,7 @@ import orbax.checkpoint as ocp
 import pytest
 from absl import flags
 from flax import nnx
-from test_train import _SigtermAtBatch, compilation_cache, text_glob, tiny_config  # noqa: F401 (fixtures)
+from helpers import SigtermAtBatch, tiny_config
 
 from freeatten_jax.data import shards
 from freeatten_jax.evaluation import cli as eval_cli
@@ -40,7 +40,7 @@ def _cfg(text_glob, steps, **overrides):
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory, text_glob, compilation_cache):
+def runs(tmp_path_factory, text_glob):
     """(a run folder trained to step 6, the losses of an uninterrupted run of 8 steps by step)."""
     root = tmp_path_factory.mktemp("runs")
     straight = loop.train_and_evaluate(_cfg(text_glob, 8), root / "straight")
@@ -365,7 +365,7 @@ def test_too_little_free_space_or_a_read_only_workdir_is_refused_before_anything
 
 def test_sigterm_saves_and_exits_75(run6, text_glob, run_cli, tmp_path, monkeypatch):
     """A scheduler must not take a preempted run for a finished one (the resume is exact: test_train's preemption test)."""
-    monkeypatch.setattr(distributed, "host_local_batch_to_global", _SigtermAtBatch(1))
+    monkeypatch.setattr(distributed, "host_local_batch_to_global", SigtermAtBatch(1))
     code, lines = run_cli(train_cli.main, f"--config={_config_file(tmp_path, text_glob, 8)}", f"--workdir={run6}")
     assert code == EXIT_PREEMPTED == 75 and "stopped at step 7 by a signal, checkpoint saved; rerun the same command to resume" in lines
     assert checkpoint.Checkpointer(run6, read_only=True).latest_step() == 7
@@ -376,7 +376,7 @@ def test_sigterm_saves_and_exits_75(run6, text_glob, run_cli, tmp_path, monkeypa
 _CHILD = """
 import os, signal, sys, time
 sys.path.insert(0, "tests")
-from test_train import tiny_config
+from helpers import tiny_config
 from freeatten_jax.training import checkpoint, distributed, loop
 point = sys.argv[3]
 if point == "async save":  # SIGKILL while the step-4 checkpoint is written in the background
@@ -402,8 +402,7 @@ loop.train_and_evaluate(cfg, sys.argv[1])
 
 
 def _child(workdir, text_glob, point):
-    env = {**os.environ, "PYTHONPATH": os.getcwd(), "JAX_COMPILATION_CACHE_DIR": jax.config.jax_compilation_cache_dir,
-           "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0", "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "0"}
+    env = {**os.environ, "PYTHONPATH": os.getcwd()}  # with the session's compilation cache (conftest)
     return subprocess.Popen([sys.executable, "-c", _CHILD, str(workdir), text_glob, point], stdout=subprocess.PIPE, text=True, env=env)
 
 

@@ -13,14 +13,10 @@ import pytest
 import attention_oracle as oracle
 from freeatten_jax import attention
 from freeatten_jax.attention import blockwise
-from test_blockwise import _assert_close, _fast_jit, _inputs, _key
+from helpers import assert_close, inputs, jit_call, key, variant_params
 
 VARIANTS = list(attention.VARIANTS)
 IMPLEMENTATIONS = {"reference": {}, "blockwise": dict(block_q=8, block_k=8)}
-
-
-def _params(variant: str, h: int):
-    return {"s": jnp.linspace(0.6, 1.4, h), "b": jnp.float32(0.1)} if variant == "ssmax" else {}
 
 
 def _vjp(fn, q, k, v, g):
@@ -31,7 +27,7 @@ def _vjp(fn, q, k, v, g):
 
 def _check_same(got, want, tolerance=1e-4, what=""):
     for name, x, y in zip(["out", "dq", "dk", "dv"], [got[0], *got[1]], [want[0], *want[1]]):
-        _assert_close(x, y, tolerance, f"{what} {name}")
+        assert_close(x, y, tolerance, f"{what} {name}")
 
 
 # (b, t, s, h, kv_heads, causal, structured options): edges of segments, padding, windows and
@@ -47,20 +43,20 @@ STRUCTURED = {
 def test_dense_mask_equals_structured_mask(variant, implementation):
     """The structured mask given as a dense [B, 1, T, S] mask (causal off) gives the same values and
     gradients; the dense path runs on `implementation`, the structured one on the reference."""
-    inputs = [_inputs(_key(variant, name), b, t, s, h, kv_heads, 8) for name, (b, t, s, h, kv_heads, _, _) in STRUCTURED.items()]
+    inputs = [inputs(key(variant, name), b, t, s, h, kv_heads, 8) for name, (b, t, s, h, kv_heads, _, _) in STRUCTURED.items()]
 
     def run(inputs):
         results = []
         for (q, k, v, g), (b, t, s, h, _, causal, options) in zip(inputs, STRUCTURED.values()):
             dense = attention.make_mask(b, t, s, causal=causal, **options).visible()
-            params = _params(variant, h)
+            params = variant_params(variant, h)
             attend = functools.partial(attention.attend, variant=variant, **params)
             structured = functools.partial(attend, causal=causal, implementation="reference", **options)
             from_dense = functools.partial(attend, causal=False, mask=dense, implementation=implementation, **IMPLEMENTATIONS[implementation])
             results.append((_vjp(from_dense, q, k, v, g), _vjp(structured, q, k, v, g)))
         return results
 
-    for name, (got, want) in zip(STRUCTURED, _fast_jit(run, inputs)):
+    for name, (got, want) in zip(STRUCTURED, jit_call(run, inputs)):
         _check_same(got, want, what=name)
 
 
@@ -70,10 +66,10 @@ def test_per_head_mask_equals_per_head_runs(variant, implementation):
     """A [B, H, T, S] mask (head h: causal window 2h + 3, GQA) equals attending head by head with that
     window: N_i is counted per head."""
     b, t, h, kv_heads = 2, 17, 4, 2
-    q, k, v, g = _inputs(_key("per-head", variant), b, t, t, h, kv_heads, 8)
+    q, k, v, g = inputs(key("per-head", variant), b, t, t, h, kv_heads, 8)
     windows = [2 * head + 3 for head in range(h)]
     dense_BHTS = jnp.concatenate([attention.make_mask(b, t, t, window=w).visible() for w in windows], axis=1)
-    params = _params(variant, h)
+    params = variant_params(variant, h)
 
     def per_head(q, k, v):
         outs = []
@@ -87,7 +83,7 @@ def test_per_head_mask_equals_per_head_runs(variant, implementation):
     dense = functools.partial(
         attention.attend, variant=variant, mask=dense_BHTS, implementation=implementation, **params, **IMPLEMENTATIONS[implementation]
     )
-    got, want = _fast_jit(lambda q, k, v, g: (_vjp(dense, q, k, v, g), _vjp(per_head, q, k, v, g)), q, k, v, g)
+    got, want = jit_call(lambda q, k, v, g: (_vjp(dense, q, k, v, g), _vjp(per_head, q, k, v, g)), q, k, v, g)
     _check_same(got, want, what="per head")
 
 
@@ -97,31 +93,31 @@ def test_random_dense_mask_matches_oracle(variant, implementation):
     """An arbitrary dense mask (with a fully hidden row), ANDed with causal + a KV-cache offset: values
     and weights against the float64 oracle, N_i being the combined mask's row sum."""
     b, t, s = 2, 11, 21
-    q, k, v, _ = _inputs(_key("random", variant), b, t, s, 2, 1, 8)
-    random_B1TS = jax.random.bernoulli(_key("random-mask", variant), 0.6, (b, 1, t, s)).at[1, 0, 3].set(False)
+    q, k, v, _ = inputs(key("random", variant), b, t, s, 2, 1, 8)
+    random_B1TS = jax.random.bernoulli(key("random-mask", variant), 0.6, (b, 1, t, s)).at[1, 0, 3].set(False)
     combined = np.asarray(random_B1TS[:, 0]) & np.asarray(attention.make_mask(b, t, s, q_offset=jnp.array([3, 10])).visible()[:, 0])
     options = dict(variant=variant, mask=random_B1TS, q_offset=jnp.array([3, 10]))
-    out = _fast_jit(
+    out = jit_call(
         lambda q, k, v: attention.attend(q, k, v, implementation=implementation, **options, **IMPLEMENTATIONS[implementation]), q, k, v
     )
-    _assert_close(out, oracle.attend(q, k, v, combined, variant), 1e-4, "values")
+    assert_close(out, oracle.attend(q, k, v, combined, variant), 1e-4, "values")
     assert float(jnp.abs(out[1, 3]).max()) == 0.0  # N_i = 0: zeros
-    _assert_close(attention.attention_weights(q, k, v, **options), oracle.weights(q, k, combined, variant), 1e-4, "weights")
+    assert_close(attention.attention_weights(q, k, v, **options), oracle.weights(q, k, combined, variant), 1e-4, "weights")
 
 
 @pytest.mark.parametrize("variant", ["softmax", "ssmax", "sigmoid", "relu"])
 def test_scale_replaces_inverse_sqrt_d(variant):
     """scale=c is the default with q multiplied by c·sqrt(d)."""
-    q, k, v, _ = _inputs(_key("scale", variant), 1, 7, 7, 2, 2, 16)
+    q, k, v, _ = inputs(key("scale", variant), 1, 7, 7, 2, 2, 16)
     scaled = attention.attend(q, k, v, variant=variant, scale=0.3, implementation="reference")
     want = attention.attend(q * (0.3 * 4.0), k, v, variant=variant, implementation="reference")
-    _assert_close(scaled, want, 1e-5, "scale")
+    assert_close(scaled, want, 1e-5, "scale")
     assert not np.allclose(scaled, attention.attend(q, k, v, variant=variant, implementation="reference"))
 
 
 def _poison_case(name: str, variant: str):
     """(q, k, v, g, options, hidden_BS): keys no query of their batch row sees, and a row with N_i = 0."""
-    q, k, v, g = _inputs(_key("poison", name, variant), 2, 5, 16, 4, 2, 8)
+    q, k, v, g = inputs(key("poison", name, variant), 2, 5, 16, 4, 2, 8)
     options = dict(q_offset=jnp.array([5, 9]), kv_mask=jnp.arange(16) >= jnp.array([[2], [0]]))  # cache tail + padding
     if name == "dense":  # key 3 hidden from every query; query 2 of row 1 sees nothing (N_i = 0)
         options["mask"] = jnp.ones((2, 4, 5, 16), bool).at[:, :, :, 3].set(False).at[1, :, 2].set(False)
@@ -142,7 +138,7 @@ def test_hidden_nan_and_inf_change_nothing(variant, implementation):
     hidden rows' own gradients are 0 and a row with N_i = 0 outputs zeros."""
     implementation_options, names = POISONED[implementation]
     cases = {name: _poison_case(name, variant) for name in names}
-    params = _params(variant, 4)
+    params = variant_params(variant, 4)
 
     def run(cases):
         results = {}
@@ -159,7 +155,7 @@ def test_hidden_nan_and_inf_change_nothing(variant, implementation):
             results[name] = (_vjp(attend, q, k, v, g), _vjp(poisoned, q, k, v, g), hidden_BS11)
         return results
 
-    results = _fast_jit(run, cases)
+    results = jit_call(run, cases)
     for name, (clean, poisoned, hidden_BS11) in results.items():
         for what, x in zip(["out", "dq", "dk", "dv"], [poisoned[0], *poisoned[1]]):
             assert np.all(np.isfinite(x)), f"{name}: {what} not finite"
@@ -213,7 +209,7 @@ def test_bad_input_is_a_clear_value_error(case):
 def test_traced_options_are_not_checked_by_value():
     """s, b, p, scale and q_offset as jit arguments trace (no concretization) and equal the eager call
     (the checks are shared by every implementation); a wrong-length s is still refused under jit."""
-    q, k, v, _ = _inputs(_key("traced"), 1, 6, 9, 2, 1, 8)
+    q, k, v, _ = inputs(key("traced"), 1, 6, 9, 2, 1, 8)
     implementation, blocks = "reference", {}
     calls = {
         "ssmax": lambda s, b, offset: attention.attend(q, k, v, variant="ssmax", s=s, b=b, q_offset=offset, implementation=implementation, **blocks),
@@ -222,7 +218,7 @@ def test_traced_options_are_not_checked_by_value():
     }
     args = {"ssmax": (jnp.array([0.7, 1.2]), jnp.float32(0.1), jnp.int32(2)), "lssar": (jnp.float32(3.0), jnp.int32(2)), "softmax": (jnp.float32(0.2), jnp.int32(2))}
     for name, call in calls.items():
-        _assert_close(jax.jit(call)(*args[name]), call(*args[name]), 1e-6, name)
+        assert_close(jax.jit(call)(*args[name]), call(*args[name]), 1e-6, name)
     with pytest.raises(ValueError, match="s must be a scalar"):
         jax.jit(calls["ssmax"])(jnp.ones(3), jnp.float32(0.1), jnp.int32(2))
 
@@ -230,12 +226,12 @@ def test_traced_options_are_not_checked_by_value():
 def test_dense_mask_skips_empty_blocks():
     """Two bidirectional documents as a dense block-diagonal mask: tiles with no True are skipped
     (8-wide blocks, documents of 16) and the output still equals the reference."""
-    q, k, v, _ = _inputs(_key("skip-dense"), 1, 32, 32, 2, 2, 8)
+    q, k, v, _ = inputs(key("skip-dense"), 1, 32, 32, 2, 2, 8)
     document_T = jnp.arange(32) // 16
     dense_11TS = (document_T[:, None] == document_T[None, :])[None, None]
     mask = attention.make_mask(1, 32, 32, causal=False, mask=dense_11TS)
-    maybe_IJ = _fast_jit(lambda mask: blockwise.make_plan(mask, blockwise.count_visible(mask, 8)[0], 8, 8, 2).maybe_IJ, mask)
+    maybe_IJ = jit_call(lambda mask: blockwise.make_plan(mask, blockwise.count_visible(mask, 8)[0], 8, 8, 2).maybe_IJ, mask)
     np.testing.assert_array_equal(maybe_IJ, np.kron(np.eye(2, dtype=bool), np.ones((2, 2), bool)))
     attend = functools.partial(attention.attend, variant="lssa", causal=False, mask=dense_11TS)
-    outs = _fast_jit(lambda q, k, v: [attend(q, k, v, implementation=name, **blocks) for name, blocks in IMPLEMENTATIONS.items()], q, k, v)
-    _assert_close(outs[1], outs[0], 1e-5, "blockwise")
+    outs = jit_call(lambda q, k, v: [attend(q, k, v, implementation=name, **blocks) for name, blocks in IMPLEMENTATIONS.items()], q, k, v)
+    assert_close(outs[1], outs[0], 1e-5, "blockwise")

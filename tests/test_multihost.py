@@ -8,10 +8,9 @@ import subprocess
 import sys
 import time
 
-import jax
 import numpy as np
 import pytest
-from test_train import compilation_cache, text_glob, tiny_config  # noqa: F401 (fixtures)
+from helpers import tiny_config
 
 from freeatten_jax import data
 from freeatten_jax.errors import EXIT_PEER_LOST
@@ -23,8 +22,8 @@ STEPS = {"train.checkpoint_every": 3, "optim.schedule": "constant", "train.eval_
 _PROCESS = """
 import os, sys, time
 sys.path.insert(0, "tests")
+from helpers import tiny_config
 from test_multihost import STEPS
-from test_train import tiny_config
 from freeatten_jax.training import distributed, loop
 workdir, text_glob, port, process, wait_at = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5])
 if wait_at:  # process 1 stops while fetching that batch, once the checkpoint before it is written, for the test's kill -9
@@ -45,9 +44,8 @@ loop.train_and_evaluate(tiny_config("softmax", text_glob, **STEPS), workdir, clu
 
 def _launch(workdir, text_glob, port, wait_at=0):
     """Processes 0 and 1 of a run, each with 4 CPU devices; their output goes to files beside the workdir."""
-    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=4", "JAX_PLATFORMS": "cpu", "PYTHONPATH": os.getcwd(),
-           "JAX_COMPILATION_CACHE_DIR": jax.config.jax_compilation_cache_dir, "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
-           "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "0"}
+    xla_flags = os.environ["XLA_FLAGS"].replace("device_count=8", "device_count=4")  # the session's cache and compile flags
+    env = {**os.environ, "XLA_FLAGS": xla_flags, "JAX_PLATFORMS": "cpu", "PYTHONPATH": os.getcwd()}
     procs = []
     for process in (0, 1):
         log = open(workdir.parent / f"process{process}-{port}.log", "w")

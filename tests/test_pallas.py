@@ -10,7 +10,6 @@ and k' by 3% and 9% (measured on the kv_cache_offset_bfloat16 case).
 """
 import contextlib
 import functools
-import os
 import re
 
 import jax
@@ -18,60 +17,14 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from test_blockwise import _assert_close as assert_close, _inputs as inputs, _key as key  # noqa: F401 (test_block_edges imports them from here)
+from helpers import INTERPRET, assert_close, compare, compiled_value_and_grads, inputs, jit_call, key, variant_params
 
 from freeatten_jax import attention
 from freeatten_jax.attention import pallas_plan
 
 TOLERANCE = {jnp.float32: 1e-4, jnp.bfloat16: 5e-2}
 LSSAR_BFLOAT16_TOLERANCE = 0.15
-# Interpret mode unless FREEATTEN_PALLAS_INTERPRET=0 (benchmarks/device_check.py: the real kernels on a GPU).
-INTERPRET = os.environ.get("FREEATTEN_PALLAS_INTERPRET", "1") != "0"
 PALLAS = dict(implementation="pallas", interpret=INTERPRET, block_q=16, block_k=8)  # several blocks, ragged tails
-FAST_COMPILE = {"xla_backend_optimization_level": 0, "xla_llvm_disable_expensive_passes": True}
-
-
-
-
-def fast_jit(f, *args):
-    """f(*args), jitted with a cheap backend compile (these tests are compile-bound)."""
-    return jax.jit(f).lower(*args).compile(FAST_COMPILE)(*args)
-
-
-def compiled_value_and_grads(q, k, v, g, params, implementation_options, attend=attention.attend, **options):
-    """The compiled map (q, k, v, g, params) -> (output, vjp of g w.r.t. q, k, v and `params`) of `attend`."""
-
-    def run(q, k, v, params):
-        return attend(q, k, v, **params, **options, **implementation_options)
-
-    def both(q, k, v, g, params):
-        out, vjp = jax.vjp(run, q, k, v, params)
-        return out, vjp(g)
-
-    return jax.jit(both).lower(q, k, v, g, params).compile(FAST_COMPILE)
-
-
-def value_and_grads(q, k, v, g, params, implementation_options, attend=attention.attend, **options):
-    return compiled_value_and_grads(q, k, v, g, params, implementation_options, attend, **options)(q, k, v, g, params)
-
-
-def compare(q, k, v, g, params, implementation_options, tolerance, check_params=True, attend=attention.attend,
-            params_tolerance=None, **options):
-    """`attend` with implementation_options: output and gradients (of `params` too if check_params, to
-    params_tolerance if given) equal the reference's."""
-    out, grads = value_and_grads(q, k, v, g, params, implementation_options, attend, **options)
-    out_ref, grads_ref = value_and_grads(q, k, v, g, params, dict(implementation="reference"), **options)
-    assert out.dtype == q.dtype
-    assert_close(out, out_ref, tolerance, "output")
-    tolerances = [tolerance] * 3 + [params_tolerance or tolerance]
-    for name, got, want, tol in zip(["dq", "dk", "dv", "params"][: 4 if check_params else 3], grads, grads_ref, tolerances):
-        for (path, leaf), leaf_ref in zip(jax.tree_util.tree_leaves_with_path(got), jax.tree.leaves(want)):
-            assert_close(leaf, leaf_ref, tol, f"{name}{jax.tree_util.keystr(path)}")
-
-
-def variant_params(variant: str, h: int):
-    """The differentiable variant options the tests use (ssmax's per-head s, and b)."""
-    return {"s": jnp.linspace(0.6, 1.4, h), "b": jnp.float32(0.1)} if variant == "ssmax" else {}
 
 
 def scenario(name: str, rng):
@@ -186,7 +139,7 @@ def test_block_skipping_is_conservative():
         kv_segment_ids=jnp.sort(jax.random.randint(rngs[2], (2, 60), 0, 4), axis=1),
         kv_mask=jax.random.bernoulli(rngs[3], 0.8, (2, 60)), window=20,
     )
-    plan = fast_jit(lambda mask: pallas_plan.plan(mask, jnp.zeros((2, 50), jnp.int32), 8, 8), mask)
+    plan = jit_call(lambda mask: pallas_plan.plan(mask, jnp.zeros((2, 50), jnp.int32), 8, 8), mask)
     visible_BIJ = np.pad(np.asarray(mask.visible()[:, 0]), ((0, 0), (0, 6), (0, 4))).reshape(2, 7, 8, 8, 8).any(axis=(2, 4))
     j_J = np.arange(8)
     in_span = (plan.k_first[:, :, None] <= j_J) & (j_J < plan.k_end[:, :, None])

@@ -2,9 +2,7 @@
 import dataclasses
 import functools
 import json
-import os
 import re
-import signal
 import subprocess
 import sys
 
@@ -13,78 +11,20 @@ import numpy as np
 import pytest
 from flax import nnx
 
+from helpers import SigtermAtBatch, tiny_config
+
 from freeatten_jax import data
-from freeatten_jax.configs import base
 from freeatten_jax.errors import ConfigError
 from freeatten_jax.nn import sharding
 from freeatten_jax.training import checkpoint, config, distributed, loop, optim, state as train_state, step as train_step
 from freeatten_jax.training.metrics import read_metrics
-
-@pytest.fixture(scope="module", autouse=True)
-def compilation_cache(tmp_path_factory):
-    """Reruns of the same tiny run (resume tests) load their programs instead of compiling again."""
-    from jax.experimental.compilation_cache import compilation_cache as cc
-
-    names = ("jax_compilation_cache_dir", "jax_persistent_cache_min_compile_time_secs", "jax_persistent_cache_min_entry_size_bytes")
-    saved = [getattr(jax.config, name) for name in names]
-    for name, value in zip(names, (str(tmp_path_factory.mktemp("jax_cache")), 0, 0)):
-        jax.config.update(name, value)
-    cc.reset_cache()
-    yield
-    for name, value in zip(names, saved):
-        jax.config.update(name, value)
-    cc.reset_cache()
-
-
-WORDS = "the king queen lord lady sword crown love death night day speak hear what thou thee art good ill".split()
-
-
-@pytest.fixture(scope="module")
-def text_glob(tmp_path_factory):
-    """A small pseudo-English corpus with learnable structure (word spellings, spaces, line breaks)."""
-    root = tmp_path_factory.mktemp("text")
-    rng = np.random.default_rng(0)
-    for name in ("a", "b"):
-        lines = [" ".join(rng.choice(WORDS, rng.integers(4, 9))) + "." for _ in range(600)]
-        (root / f"{name}.txt").write_text("\n".join(lines))
-    return str(root / "*.txt")
-
-
-def tiny_config(variant, text_glob, **overrides):
-    cfg = base.get_config(variant, "tiny")
-    cfg.update_from_flattened_dict({
-        "model.num_layers": 1, "model.d_model": 32, "model.num_heads": 2, "model.mlp_dim": 64,
-        "data.source": "text", "data.path": text_glob,
-        "train.seq_len": 16, "train.batch_size": 8, "train.steps": 6, "train.log_every": 1, "train.eval_every": 3,
-        "train.eval_windows": 16, "train.checkpoint_every": 100,
-        "optim.lr": 1e-2, "optim.warmup_steps": 2, "mesh.shape": (1, 1, 1),
-        **overrides,
-    })
-    return cfg
-
-
-def _losses(workdir):
-    return {m["step"]: m["loss"] for m in read_metrics(workdir)}
-
-
-class _SigtermAtBatch:
-    """Sends SIGTERM to this process while the training loop fetches batch `n` (a simulated preemption)."""
-
-    def __init__(self, n):
-        self.n, self.calls, self.inner = n, 0, distributed.host_local_batch_to_global
-
-    def __call__(self, *args):
-        self.calls += 1
-        if self.calls == self.n:
-            os.kill(os.getpid(), signal.SIGTERM)
-        return self.inner(*args)
 
 
 @pytest.mark.parametrize("variant", ["softmax", "lssar"])
 def test_preempted_and_resumed_run_matches_an_uninterrupted_one(variant, text_glob, tmp_path, monkeypatch):
     cfg = tiny_config(variant, text_glob)
     loop.train_and_evaluate(cfg, tmp_path / "straight")
-    monkeypatch.setattr(distributed, "host_local_batch_to_global", _SigtermAtBatch(3))
+    monkeypatch.setattr(distributed, "host_local_batch_to_global", SigtermAtBatch(3))
     first = loop.train_and_evaluate(cfg, tmp_path / "resumed")
     assert [m["step"] for m in first] == [1, 2, 3]  # SIGTERM during step 3: step 3 finishes, is saved, the run stops
     assert checkpoint.Checkpointer(tmp_path / "resumed").latest_step() == 3

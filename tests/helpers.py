@@ -1,0 +1,136 @@
+"""What several test files share: random attention inputs and their comparison, the tiny training config and its
+corpus, and a simulated preemption. Test files import from here, never from each other.
+
+Glossary: B batch, T queries, S keys, H heads, K kv heads, D head dim.
+"""
+import os
+import pathlib
+import signal
+import zlib
+
+import filelock
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from freeatten_jax import attention
+from freeatten_jax.configs import base
+from freeatten_jax.training import distributed
+
+# float32 paths differ only in summation order; bfloat16 inputs by one rounding of outputs and gradients
+TOLERANCE = {jnp.float32: 1e-4, jnp.bfloat16: 2e-2}
+# Pallas in interpret mode unless FREEATTEN_PALLAS_INTERPRET=0 (benchmarks/device_check.py: the real kernels on a GPU)
+INTERPRET = os.environ.get("FREEATTEN_PALLAS_INTERPRET", "1") != "0"
+
+
+def key(*names):
+    """A PRNG key named by the test's case, so each case draws fresh inputs of its own."""
+    return jax.random.key(zlib.crc32("/".join(names).encode()))
+
+
+def inputs(rng, b, t, s, h, kv_heads, d, dtype=jnp.float32):
+    """q_BTHD, k_BSKD, v_BSKD and a cotangent g_BTHD, standard normal."""
+    kq, kk, kv, kg = jax.random.split(rng, 4)
+    q_BTHD = jax.random.normal(kq, (b, t, h, d), dtype)
+    k_BSKD = jax.random.normal(kk, (b, s, kv_heads, d), dtype)
+    v_BSKD = jax.random.normal(kv, (b, s, kv_heads, d), dtype)
+    return q_BTHD, k_BSKD, v_BSKD, jax.random.normal(kg, (b, t, h, d), dtype)
+
+
+def variant_params(variant: str, h: int):
+    """The differentiable variant options the tests use (ssmax's per-head s, and b)."""
+    return {"s": jnp.linspace(0.6, 1.4, h), "b": jnp.float32(0.1)} if variant == "ssmax" else {}
+
+
+def jit_call(f, *args):
+    """f(*args) under jax.jit (conftest makes the session's compiles cheap)."""
+    return jax.jit(f)(*args)
+
+
+def compiled_value_and_grads(q, k, v, g, params, implementation_options, attend=attention.attend, **options):
+    """The compiled map (q, k, v, g, params) -> (output, vjp of g w.r.t. q, k, v and `params`) of `attend`."""
+
+    def run(q, k, v, params):
+        return attend(q, k, v, **params, **options, **implementation_options)
+
+    def both(q, k, v, g, params):
+        out, vjp = jax.vjp(run, q, k, v, params)
+        return out, vjp(g)
+
+    return jax.jit(both).lower(q, k, v, g, params).compile()
+
+
+def value_and_grads(q, k, v, g, params, implementation_options, attend=attention.attend, **options):
+    return compiled_value_and_grads(q, k, v, g, params, implementation_options, attend, **options)(q, k, v, g, params)
+
+
+def compare(q, k, v, g, params, implementation_options, tolerance, check_params=True, attend=attention.attend,
+            params_tolerance=None, **options):
+    """`attend` with implementation_options: output and gradients (of `params` too if check_params, to
+    params_tolerance if given) equal the reference's; returns the output."""
+    out, grads = value_and_grads(q, k, v, g, params, implementation_options, attend, **options)
+    out_ref, grads_ref = value_and_grads(q, k, v, g, params, dict(implementation="reference"), **options)
+    assert out.dtype == q.dtype
+    assert_close(out, out_ref, tolerance, "output")
+    tolerances = [tolerance] * 3 + [params_tolerance or tolerance]
+    for name, got, want, tol in zip(["dq", "dk", "dv", "params"][: 4 if check_params else 3], grads, grads_ref, tolerances):
+        assert_trees_close(got, want, tol, name)
+    return out
+
+
+def assert_close(got, want, tolerance, what):
+    """Finite, and within tolerance x the largest |want| (at least 1e-3) everywhere."""
+    got, want = np.asarray(got, np.float32), np.asarray(want, np.float32)
+    assert np.all(np.isfinite(got)), what
+    scale = max(float(np.max(np.abs(want))), 1e-3)
+    error = float(np.max(np.abs(got - want)))
+    assert error <= tolerance * scale, f"{what}: max error {error:.3g} vs scale {scale:.3g}"
+
+
+def assert_trees_close(got, want, tolerance, what):
+    """assert_close leaf by leaf, naming the leaf that differs."""
+    for (path, leaf), leaf_ref in zip(jax.tree_util.tree_leaves_with_path(got), jax.tree.leaves(want), strict=True):
+        assert_close(leaf, leaf_ref, tolerance, f"{what}{jax.tree_util.keystr(path)}")
+
+
+WORDS = "the king queen lord lady sword crown love death night day speak hear what thou thee art good ill".split()
+
+
+def write_corpus(root: pathlib.Path) -> str:
+    """Two files of pseudo-English lines (word spellings, spaces, line breaks to learn), written once however many
+    processes ask; their glob."""
+    root.mkdir(parents=True, exist_ok=True)
+    with filelock.FileLock(str(root) + ".lock"):
+        rng = np.random.default_rng(0)
+        for name in ("a", "b"):
+            lines = [" ".join(rng.choice(WORDS, rng.integers(4, 9))) + "." for _ in range(600)]
+            if not (root / f"{name}.txt").exists():
+                (root / f"{name}.txt").write_text("\n".join(lines))
+    return str(root / "*.txt")
+
+
+def tiny_config(variant, text_glob, **overrides):
+    """A one-layer, 32-wide model on the corpus: 6 steps of batch 8 x 16 tokens, validation at steps 3 and 6."""
+    cfg = base.get_config(variant, "tiny")
+    cfg.update_from_flattened_dict({
+        "model.num_layers": 1, "model.d_model": 32, "model.num_heads": 2, "model.mlp_dim": 64,
+        "data.source": "text", "data.path": text_glob,
+        "train.seq_len": 16, "train.batch_size": 8, "train.steps": 6, "train.log_every": 1, "train.eval_every": 3,
+        "train.eval_windows": 16, "train.checkpoint_every": 100,
+        "optim.lr": 1e-2, "optim.warmup_steps": 2, "mesh.shape": (1, 1, 1),
+        **overrides,
+    })
+    return cfg
+
+
+class SigtermAtBatch:
+    """Sends SIGTERM to this process while the training loop fetches batch `n` (a simulated preemption)."""
+
+    def __init__(self, n):
+        self.n, self.calls, self.inner = n, 0, distributed.host_local_batch_to_global
+
+    def __call__(self, *args):
+        self.calls += 1
+        if self.calls == self.n:
+            os.kill(os.getpid(), signal.SIGTERM)
+        return self.inner(*args)
