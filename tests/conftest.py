@@ -1,16 +1,18 @@
 """Test setup: 8 forced host devices for sharding tests, cheap CPU compiles, one compilation cache for the session,
-absl flags parsed for Grain workers, and the session's shared text corpus.
+absl flags parsed for Grain workers, and the session's shared text corpus and trained runs.
 
 The tests are compile-bound (tiny shapes): XLA's CPU backend compiles without LLVM's expensive passes, which changes
 no semantics (no fast-math either way), and every process of a session (pytest-xdist workers, the subprocesses of
 CLI and kill -9 tests) shares one on-disk cache, so a program compiled by one test is loaded by the next.
 """
 import os
+import shutil
 
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8 --xla_backend_optimization_level=0 "
                                    "--xla_llvm_disable_expensive_passes=true")
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
+import filelock  # noqa: E402
 import jax  # noqa: E402
 import pytest  # noqa: E402
 from absl import flags  # noqa: E402
@@ -37,6 +39,27 @@ def compilation_cache(tmp_path_factory):
         jax.config.update(name, value)
         os.environ[name.upper()] = str(value)  # subprocesses (CLI, multi-host, kill -9 tests) use it too
     yield str(cache)
+
+
+@pytest.fixture(scope="session")
+def trained_run(tmp_path_factory):
+    """trained_run(name, config) -> the workdir of that training run, trained once per session by whichever process
+    asks first (the others wait for it); tests copy it before changing it."""
+    from freeatten_jax.training import loop
+
+    root = _session_root(tmp_path_factory) / "runs"
+    root.mkdir(exist_ok=True)
+
+    def get(name: str, cfg):
+        workdir, done = root / name, root / f"{name}.done"
+        with filelock.FileLock(str(root / f"{name}.lock")):
+            if not done.exists():
+                shutil.rmtree(workdir, ignore_errors=True)
+                loop.train_and_evaluate(cfg, workdir)
+                done.touch()
+        return workdir
+
+    return get
 
 
 @pytest.fixture(scope="session")

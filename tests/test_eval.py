@@ -14,9 +14,8 @@ from freeatten_jax.configs import base
 from freeatten_jax.errors import ConfigError, UserError
 from freeatten_jax import data
 from freeatten_jax.evaluation import loss, passkey, suite, switches
-from freeatten_jax.training import config, loop
-
-WORDS = "the of and to in is that it with as for was on be by at this from or an which king lord love sweet night".split()
+from freeatten_jax.training import config
+from freeatten_jax.training.metrics import read_metrics
 
 
 def _config(variant, text_glob):
@@ -30,16 +29,12 @@ def _config(variant, text_glob):
 
 
 @pytest.fixture(scope="module")
-def trained(tmp_path_factory):
-    """{variant: (workdir, final training metrics)} for tiny lssa and ssmax runs on the same text."""
-    root = tmp_path_factory.mktemp("eval")
-    rng = np.random.default_rng(0)
-    (root / "text.txt").write_text(" ".join(rng.choice(WORDS, size=9000)) + "\n")
+def trained(text_glob, trained_run):
+    """{variant: (workdir, final training metrics)} for tiny lssa and ssmax runs on the session's corpus."""
     runs = {}
     for variant in ("lssa", "ssmax"):
-        workdir = root / variant
-        metrics = loop.train_and_evaluate(_config(variant, str(root / "text.txt")), str(workdir))
-        runs[variant] = (str(workdir), metrics[-1])
+        workdir = trained_run(f"eval-{variant}", _config(variant, text_glob))
+        runs[variant] = (str(workdir), read_metrics(workdir)[-1])
     return runs
 
 

@@ -40,12 +40,10 @@ def _cfg(text_glob, steps, **overrides):
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory, text_glob):
+def runs(text_glob, trained_run):
     """(a run folder trained to step 6, the losses of an uninterrupted run of 8 steps by step)."""
-    root = tmp_path_factory.mktemp("runs")
-    straight = loop.train_and_evaluate(_cfg(text_glob, 8), root / "straight")
-    loop.train_and_evaluate(_cfg(text_glob, 6), root / "run6")
-    return root / "run6", {m["step"]: m["loss"] for m in straight}
+    straight = read_metrics(trained_run("faults-straight8", _cfg(text_glob, 8)))
+    return trained_run("faults-run6", _cfg(text_glob, 6)), {m["step"]: m["loss"] for m in straight}
 
 
 @pytest.fixture
