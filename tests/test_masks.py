@@ -43,11 +43,11 @@ STRUCTURED = {
 def test_dense_mask_equals_structured_mask(variant, implementation):
     """The structured mask given as a dense [B, 1, T, S] mask (causal off) gives the same values and
     gradients; the dense path runs on `implementation`, the structured one on the reference."""
-    inputs = [inputs(key(variant, name), b, t, s, h, kv_heads, 8) for name, (b, t, s, h, kv_heads, _, _) in STRUCTURED.items()]
+    cases = [inputs(key(variant, name), b, t, s, h, kv_heads, 8) for name, (b, t, s, h, kv_heads, _, _) in STRUCTURED.items()]
 
-    def run(inputs):
+    def run(cases):
         results = []
-        for (q, k, v, g), (b, t, s, h, _, causal, options) in zip(inputs, STRUCTURED.values()):
+        for (q, k, v, g), (b, t, s, h, _, causal, options) in zip(cases, STRUCTURED.values()):
             dense = attention.make_mask(b, t, s, causal=causal, **options).visible()
             params = variant_params(variant, h)
             attend = functools.partial(attention.attend, variant=variant, **params)
@@ -56,7 +56,7 @@ def test_dense_mask_equals_structured_mask(variant, implementation):
             results.append((_vjp(from_dense, q, k, v, g), _vjp(structured, q, k, v, g)))
         return results
 
-    for name, (got, want) in zip(STRUCTURED, jit_call(run, inputs)):
+    for name, (got, want) in zip(STRUCTURED, jit_call(run, cases)):
         _check_same(got, want, what=name)
 
 

@@ -1,6 +1,5 @@
 """Sharding by configuration: the mesh, logical rules, sharded == single-device for every variant,
 parameters and optimizer state placed as intended, activation constraints, multi-process detection."""
-import functools
 import re
 
 import jax
@@ -16,7 +15,6 @@ from freeatten_jax.nn import Transformer, preset, sharding
 from freeatten_jax.training import distributed
 
 RULES = sharding.DEFAULT_RULES
-MESH_SHAPES = [(8, 1, 1), (2, 2, 2), (1, 2, 4), pytest.param((2, 1, 1, 4), marks=pytest.mark.slow)]  # the last: context parallelism
 SEGMENTS = jnp.array([[0] * 6 + [1] * 10] * 8)
 POSITIONS = jnp.array([list(range(6)) + list(range(10))] * 8)
 
@@ -48,7 +46,6 @@ def _tokens():
     return jax.random.randint(jax.random.key(1), (8, 16), 0, 64)
 
 
-@functools.cache
 def _single_device():
     models = [Transformer(_cfg(variant), rngs=nnx.Rngs(0)) for variant in VARIANTS]
     return models, jax.tree.map(np.asarray, _all_values_and_grads(models, _tokens(), POSITIONS, SEGMENTS))
@@ -96,10 +93,11 @@ def test_logical_spec_resolves_rules_and_replicates_what_does_not_divide():
         sharding.logical_spec(("experts",), (8,), mesh, RULES)
 
 
-@pytest.mark.parametrize("shape", MESH_SHAPES, ids=str)
-def test_sharded_forward_and_gradients_equal_single_device(shape):
-    """Every variant, its parameters placed by the rules on the mesh, the batch split over data x fsdp."""
+def test_sharded_forward_and_gradients_equal_single_device():
+    """Every variant, its parameters placed by the rules on a data x fsdp x tensor mesh, the batch split over data x fsdp.
+    (One mesh: the rules' other placements are test_logical_spec's; context parallelism is test_context_training's.)"""
     models, expected = _single_device()
+    shape = (2, 2, 2)
     mesh = _mesh(shape)
     sharded = []
     for model in models:

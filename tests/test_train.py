@@ -91,7 +91,7 @@ def test_gradient_accumulation_matches_one_big_batch(text_glob):
     np.testing.assert_allclose(m1["grad_norm"], m4["grad_norm"], rtol=1e-4)
     moved = jax.tree.leaves(jax.tree.map(lambda a, b: float(np.abs(np.asarray(a) - b).max()), s1["params"], initial))
     assert max(moved) > 1e-3
-    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6), s1["params"], s4["params"])
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5), s1["params"], s4["params"])  # 1e-3 of a step
 
 
 def test_resuming_with_a_different_model_or_data_stream_is_refused(text_glob, tmp_path):
