@@ -43,8 +43,8 @@ def test_tied_embeddings_share_the_table():
 @pytest.mark.parametrize(
     "field, value, allowed",
     [("mlp", "relu2", "'gelu', 'swiglu'"), ("attention", "flash", "'softmax'"), ("norm", "batchnorm", "'layernorm', 'rmsnorm'"),
-     ("remat", "some", "'none', 'dots', 'full'"), ("dtype", "float16", "'float32', 'bfloat16'"), ("vocab_size", 0, "an int >= 1"),
-     ("ssmax_s_init", -1.0, "None"), ("use_bias", 1, "True, False")],
+     ("remat", "some", "'none', 'dots', 'full'"), ("dtype", "float16", "'float32', 'bfloat16'"), ("vocab_size", 0, "an integer >= 1"),
+     ("ssmax_s_init", -1.0, "None"), ("use_bias", 1, "True or False")],
 )
 def test_model_config_names_field_and_allowed_values(field, value, allowed):
     with pytest.raises(ConfigError, match=rf"model\.{field}=.* is invalid; allowed: .*{allowed}") as info:
