@@ -5,7 +5,7 @@ from typing import Callable
 
 from absl import app, flags, logging
 
-from freeatten_jax import configs
+from freeatten_jax import configs, usage
 from freeatten_jax.errors import UserError
 
 # Raised while parsing the command line (bad flag values, config files that fail to load, unknown fields).
@@ -30,7 +30,7 @@ def _one_line(error: BaseException, argv: list[str]) -> str:
     lines = [line.strip() for line in str(error).splitlines() if line.strip()]
     text = re.sub(r"^[\w.]+(Error|Exception): ", "", lines[-1] if lines else type(error).__name__)
     if "Errno 2" in text and "config" in str(error):
-        return f"--config: cannot load the config file: {text} (packaged configs: {', '.join(configs.NAMES)})"
+        return f"--config: cannot load the config file: {text} (packaged configs: {configs.PACKAGED})"
     return text
 
 
@@ -45,7 +45,7 @@ def config_value(holder):
 
 def run(main: Callable[[list[str]], None], argv: list[str], verbosity=logging.WARNING) -> None:
     """absl's app.run of `main`; a bad command line or a UserError exits with status 1 and one `error: ...` line
-    (with --verbosity given, the traceback instead).
+    (with --verbosity given, the traceback instead); --help prints usage.text and exits 0.
 
     Library INFO logs (orbax) drown the progress lines: `verbosity` applies unless --verbosity is given.
     """
@@ -72,4 +72,10 @@ def run(main: Callable[[list[str]], None], argv: list[str], verbosity=logging.WA
                 raise
             sys.exit(f"error: {e}")
 
+    if usage.wanted(argv):
+        try:
+            print(usage.text(main.__module__, argv))
+        except _ARGV_ERRORS + (UserError,) as e:
+            sys.exit(f"error: {_one_line(e, argv)}")
+        sys.exit(0)
     app.run(wrapped, argv=argv, flags_parser=parse)

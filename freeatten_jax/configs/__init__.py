@@ -3,10 +3,11 @@ attention variant's name is an alias for it (`lssar:tiny` = `lm:variant=lssar,si
 import pathlib
 
 from freeatten_jax.attention import VARIANTS
+from freeatten_jax.nn.presets import SIZES
 
 ROOT = pathlib.Path(__file__).parent
 EXPERIMENT = "lm"
-NAMES = (EXPERIMENT, *VARIANTS)
+PACKAGED = f"{EXPERIMENT}:variant=V,size=S or V:S; variants: {', '.join(VARIANTS)}; sizes: {', '.join(SIZES)}"
 
 
 def resolve(value: str) -> str:

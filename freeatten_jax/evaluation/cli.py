@@ -11,6 +11,7 @@ import sys
 from absl import flags, logging
 
 from freeatten_jax import cli
+from freeatten_jax.attention import IMPLEMENTATIONS
 from freeatten_jax.errors import UserError
 
 
@@ -58,7 +59,7 @@ def main() -> None:
     keys = flags.DEFINE_integer("passkey_keys", 3, "Random keys per passkey cell.")
     candidates = flags.DEFINE_integer("passkey_candidates", 10, "Keys ranked by likelihood, the true one included.")
     analysis = flags.DEFINE_integer("analysis_windows", 1, "Windows of the longest length for the entropy analysis.")
-    implementation = flags.DEFINE_string("implementation", "auto", "Attention implementation at every length.")
+    implementation = flags.DEFINE_enum("implementation", "auto", IMPLEMENTATIONS, "Attention implementation at every length.")
     seed = flags.DEFINE_integer("seed", 0, "Seed of the passkey keys.")
     quick = flags.DEFINE_bool("quick", False, "A first look in minutes on a CPU: lengths 1x, 4x, 16x, a quarter of the span, "
                               "one passkey depth and key (overrides those flags).")
@@ -66,13 +67,10 @@ def main() -> None:
                                    "lengths must be multiples of 2x it) for the loss vs length.")
 
     def evaluate(_):
-        from freeatten_jax.attention import IMPLEMENTATIONS
         from freeatten_jax.evaluation import suite
 
         for text in switches.value:
             _check_switch(text)
-        if implementation.value not in IMPLEMENTATIONS:
-            raise UserError(f"--implementation={implementation.value} is invalid; allowed: {', '.join(IMPLEMENTATIONS)}")
 
         settings = suite.Settings(
             multipliers=tuple(sorted(_numbers("multipliers", multipliers.value, int, lambda m: m >= 1,
