@@ -59,6 +59,8 @@ def test_model_config_rejects_inconsistent_shapes_and_options():
         _cfg(attention="lssar", attention_options={"q": 1.0})
     with pytest.raises(ConfigError, match="unknown option.*'s'"):
         _cfg(attention="ssmax", attention_options={"s": 1.0})  # s is a parameter
+    with pytest.raises(ConfigError, match=r"^model\.attention_options: p must be > 0 and finite, got -3.0$"):
+        _cfg(attention="lssar", attention_options={"p": -3.0})  # a value, checked where the names are
     cfg = _cfg(attention="lssar", attention_options={"p": 3.0}, num_kv_heads=2, dtype="bfloat16")
     assert cfg.dtype == jnp.bfloat16 and cfg.replace(dtype=jnp.float32).dtype == jnp.float32
     with pytest.raises(dataclasses.FrozenInstanceError):

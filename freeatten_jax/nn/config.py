@@ -21,8 +21,9 @@ Remat = Literal["none", "dots", "full"]
 DType = str | np.dtype  # a name ("bfloat16") in, a numpy dtype stored
 
 
-def check_attention(variant: str, options: dict[str, Any]) -> None:
-    """Raises ConfigError on an unknown variant or an option the variant does not take (learned s/b included)."""
+def check_attention(variant: str, options: dict[str, Any], num_heads: int | None = None) -> None:
+    """Raises ConfigError on an unknown variant, an option the variant does not take (learned s/b included) or a
+    bad option value (lssar p <= 0 or NaN, ...)."""
     try:
         spec = attention.get_variant(variant)
     except ValueError as e:
@@ -31,6 +32,10 @@ def check_attention(variant: str, options: dict[str, Any]) -> None:
     unknown = sorted(set(options) - set(allowed))
     if unknown:
         raise ConfigError(f"attention variant {variant!r} got unknown option(s) {unknown}; it accepts: {allowed or 'none'}")
+    try:
+        attention.variant_options(variant, options, num_heads)
+    except ValueError as e:
+        raise ConfigError(f"model.attention_options: {e}") from None
 
 
 def _dtype(v) -> bool:
@@ -82,7 +87,7 @@ class ModelConfig:
             raise ConfigError(f"model.num_kv_heads={self.num_kv_heads} must divide num_heads={self.num_heads}")
         if self.d_model % self.num_heads or (self.d_model // self.num_heads) % 2:
             raise ConfigError(f"model.d_model={self.d_model} must split into num_heads={self.num_heads} even head dims")
-        check_attention(self.attention, self.attention_options)
+        check_attention(self.attention, self.attention_options, self.num_heads)
         for field in ("dtype", "param_dtype"):  # names ("bfloat16") or dtypes in, numpy dtypes stored
             object.__setattr__(self, field, jnp.dtype(getattr(self, field)))
 

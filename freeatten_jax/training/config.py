@@ -8,7 +8,7 @@ from typing import Any
 
 import ml_collections
 
-from freeatten_jax import attention, data
+from freeatten_jax import data
 from freeatten_jax.errors import ConfigError
 from freeatten_jax.nn import sharding
 from freeatten_jax.nn.config import ModelConfig
@@ -141,13 +141,9 @@ def _model(cfg_model, cfg_data: DataConfig) -> ModelConfig:
     if fields.get("vocab_size") is None:
         fields["vocab_size"] = data.vocab_size(cfg_data)
     try:
-        model = ModelConfig(**fields)
-        attention.variant_options(model.attention, model.attention_options, model.num_heads)
-        return model
+        return ModelConfig(**fields)
     except ConfigError as e:
         raise ConfigError(f"config.{e}") from None
-    except ValueError as e:  # an option's value (lssar p <= 0 or NaN, ...)
-        raise ConfigError(f"config.model.attention_options: {e}") from None
     except TypeError as e:  # a missing field
         raise ConfigError(f"config.model: {e}") from None
 
