@@ -28,7 +28,8 @@ CASES = {  # command line -> lines the help must contain
     "freeatten-train --config=ssmax:tiny -h": ["  --config.model.attention=ssmax (str;", "      SSMax's initial s; None: 1/log(max_len)"],
     "freeatten-eval --help": [
         "  --implementation=auto (string enum; allowed: reference, blockwise, pallas, auto)",
-        "  --multipliers=['1', '2', '4', '8', '16'] (comma separated list of strings)",
+        "  --multipliers=[1, 2, 4, 8, 16] (comma separated list of int; allowed: integers >= 1 (lengths in training lengths)",
+        "  --passkey_depths=[0.1, 0.5, 0.9] (comma separated list of float; allowed: numbers in [0, 1], e.g. 0.1,0.5)",
         "  --workdir=None (multi string, required)", "      Training run directory (repeat for several).",
     ],
     "freeatten-generate --help": [
