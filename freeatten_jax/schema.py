@@ -60,11 +60,6 @@ def help_text(f: dataclasses.Field) -> str:
     return f.metadata.get("help", "")
 
 
-def allowed(f: dataclasses.Field) -> str | None:
-    check = f.metadata.get("check")
-    return check[1] if check else None
-
-
 def base_type(annotation) -> type:
     """The type a value of the field has when given (`float | None` -> float, `Literal['a']` -> str)."""
     origin = typing.get_origin(annotation)

@@ -18,6 +18,9 @@ CASES = {  # command line -> lines the help must contain
         "  --config.model.vocab_size=None (int; allowed: None or an integer >= 1)",
         "  --config.data.eos_id=None (int | None; allowed: None or an integer >= 0 and <= 65535)",
         "  --config.mesh.shape=(-1, 1, 1) (tuple; allowed: 3 or 4 sizes",
+        "  --config.model.remat=none (str; allowed: one of 'none', 'dots', 'full')",  # a Literal type
+        "  --config.model.ssmax_s_init=None (float | None; allowed: None or a number > 0)",
+        "  --config.data.path='' (str)",
         "  --workdir=None (string, required)",
         "  --peer_timeout=60 (int; allowed: a positive integer)",
     ],

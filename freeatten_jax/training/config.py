@@ -23,10 +23,16 @@ def _known_encoding(name) -> bool:
         return False
 
 
-_MESH_SHAPE = ((lambda v: isinstance(v, (tuple, list)) and len(v) in (3, 4) and all(isinstance(n, int) and (n >= 1 or n == -1) for n in v)),
-               "3 or 4 sizes (data, fsdp, tensor[, context]), each >= 1 or -1 for 'the rest', e.g. '(1,1,1)' or '(2,1,1,4)'")
-_PROFILE_STEPS = ((lambda v: isinstance(v, (tuple, list)) and (not v or len(v) == 2 and all(isinstance(n, int) for n in v) and 1 <= v[0] <= v[1])),
-                  "() for none, or (first, last) steps with 1 <= first <= last, e.g. '(10,12)'")
+def _mesh_shape(v) -> bool:
+    return isinstance(v, (tuple, list)) and len(v) in (3, 4) and all(isinstance(n, int) and (n >= 1 or n == -1) for n in v)
+
+
+def _profile_steps(v) -> bool:
+    return isinstance(v, (tuple, list)) and (not v or len(v) == 2 and all(isinstance(n, int) for n in v) and 1 <= v[0] <= v[1])
+
+
+_MESH_SHAPE = (_mesh_shape, "3 or 4 sizes (data, fsdp, tensor[, context]), each >= 1 or -1 for 'the rest', e.g. '(1,1,1)' or '(2,1,1,4)'")
+_PROFILE_STEPS = (_profile_steps, "() for none, or (first, last) steps with 1 <= first <= last, e.g. '(10,12)'")
 
 
 @dataclasses.dataclass(frozen=True)
