@@ -92,9 +92,12 @@ def test_mesh_shape_takes_a_context_entry_from_the_command_line():
     assert config.parse(_parse("--config=lssa:tiny", "--config.mesh.shape=(2,1,1,4)")).mesh.shape == (2, 1, 1, 4)
 
 
-def test_lssar_power_is_overridable_from_the_command_line():
+def test_variant_options_are_overridable_from_the_command_line():
     assert _parse("--config=lssar:tiny").model.attention_options.p == 15.0
     assert _parse("--config=lssar:tiny", "--config.model.attention_options.p=3").model.attention_options.p == 3.0
+    softmax = config.parse(_parse("--config=softmax:tiny", "--config.model.attention_options.scale=0.5"))
+    assert softmax.model.attention_options == {"scale": 0.5}
+    assert config.parse(base.get_config("softmax")).model.attention_options == {"scale": None}  # left off: 1/sqrt(d)
 
 
 def test_locked_config_rejects_unknown_fields():

@@ -29,7 +29,8 @@ def build(model: ModelConfig, variant_defaults: dict) -> ml_collections.ConfigDi
     """The whole config: `model`'s fields (vocab_size None: the data's; max_len following train.seq_len), the variant's
     own options with their defaults (so `--config.model.attention_options.p=3` works), every other section's defaults."""
     cfg = ml_collections.ConfigDict({name: _section(cls, _defaults(cls)) for name, cls in SECTIONS.items() if cls is not ModelConfig})
-    options = {k: v for k, v in variant_defaults.items() if k not in LEARNED_OPTIONS}
+    # an option left off (None: softmax's scale) is a number when given
+    options = {k: placeholder(float) if v is None else v for k, v in variant_defaults.items() if k not in LEARNED_OPTIONS}
     cfg.model = _section(ModelConfig, {**dataclasses.asdict(model), "vocab_size": None, "attention_options": options})
     cfg.model.max_len = cfg.train.get_ref("seq_len")
     return cfg
