@@ -23,7 +23,7 @@ test: $(VENV)/.installed
 
 # Each run resumes from its last checkpoint if interrupted; a finished run is marked and not redone.
 $(DEMO_RUNS)/%/finished: | $(VENV)/.installed
-	$(PY) train.py --config=configs/$*.py:tiny --workdir=$(DEMO_RUNS)/$* $(DEMO_TRAIN_FLAGS)
+	$(PY) train.py --config=$*:tiny --workdir=$(DEMO_RUNS)/$* $(DEMO_TRAIN_FLAGS)
 	touch $@
 
 $(DEMO_REPORT)/report.md: $(foreach v,$(DEMO_VARIANTS),$(DEMO_RUNS)/$(v)/finished)

@@ -5,11 +5,31 @@ from typing import Callable
 
 from absl import app, flags, logging
 
-from freeatten_jax import configs
+from freeatten_jax import configs, usage
 from freeatten_jax.errors import UserError
 
 # Raised while parsing the command line (bad flag values, config files that fail to load, unknown fields).
 _ARGV_ERRORS = (flags.Error, AttributeError, KeyError, TypeError, ValueError, OSError)
+
+
+class NumberList(flags.ListParser):
+    """Comma-separated numbers of `kind` for which `ok` holds; `allowed` describes them in --help and in the error."""
+
+    def __init__(self, kind, ok: Callable[[float], bool], allowed: str):
+        super().__init__()
+        self.kind, self.ok, self.syntactic_help = kind, ok, allowed
+
+    def flag_type(self) -> str:
+        return f"comma separated list of {self.kind.__name__}"
+
+    def parse(self, argument):
+        try:
+            numbers = [self.kind(v) for v in super().parse(argument)]
+        except ValueError:
+            numbers = []
+        if not numbers or not all(map(self.ok, numbers)):
+            raise ValueError(f"is invalid; allowed: {self.syntactic_help}")
+        return numbers
 
 
 def config_argv(argv: list[str]) -> list[str]:
@@ -29,8 +49,9 @@ def _one_line(error: BaseException, argv: list[str]) -> str:
         return f"{flag}: no such config field" + (f"; did you mean {flag.rpartition('.')[0]}.{close[1]}?" if close else "")
     lines = [line.strip() for line in str(error).splitlines() if line.strip()]
     text = re.sub(r"^[\w.]+(Error|Exception): ", "", lines[-1] if lines else type(error).__name__)
+    text = re.sub(r"^flag (--\S+): is invalid", r"\1 is invalid", text)  # absl's wording of a NumberList's error
     if "Errno 2" in text and "config" in str(error):
-        return f"--config: cannot load the config file: {text} (packaged configs: {', '.join(configs.NAMES)})"
+        return f"--config: cannot load the config file: {text} (packaged configs: {configs.PACKAGED})"
     return text
 
 
@@ -45,7 +66,7 @@ def config_value(holder):
 
 def run(main: Callable[[list[str]], None], argv: list[str], verbosity=logging.WARNING) -> None:
     """absl's app.run of `main`; a bad command line or a UserError exits with status 1 and one `error: ...` line
-    (with --verbosity given, the traceback instead).
+    (with --verbosity given, the traceback instead); --help prints usage.text and exits 0.
 
     Library INFO logs (orbax) drown the progress lines: `verbosity` applies unless --verbosity is given.
     """
@@ -72,4 +93,10 @@ def run(main: Callable[[list[str]], None], argv: list[str], verbosity=logging.WA
                 raise
             sys.exit(f"error: {e}")
 
+    if usage.wanted(argv):
+        try:
+            print(usage.text(main.__module__, argv))
+        except _ARGV_ERRORS + (UserError,) as e:
+            sys.exit(f"error: {_one_line(e, argv)}")
+        sys.exit(0)
     app.run(wrapped, argv=argv, flags_parser=parse)

@@ -24,7 +24,7 @@ for seed in $SEEDS; do
     dir="$RUNS/$variant-seed$seed"
     workdirs+=("--workdir=$dir")
     [ -e "$dir/finished" ] && continue
-    "$PY" train.py --config="configs/$variant.py:tiny" --workdir="$dir" --config.train.seed="$seed" \
+    "$PY" train.py --config="$variant:tiny" --workdir="$dir" --config.train.seed="$seed" \
       --config.train.steps="$STEPS" --config.train.eval_every=100 --config.train.checkpoint_every=100 \
       --config.data.retrieval_fraction="$FRACTION" --config.train.eval_windows=252  # = the report's 1x windows
     touch "$dir/finished"

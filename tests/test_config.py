@@ -1,18 +1,20 @@
 """Configs: every experiment file loads and parses into typed configs; command-line overrides; clear errors."""
+import math
 import os
 import subprocess
 import sys
 
 import jax.numpy as jnp
+import orbax.checkpoint as ocp
 import pytest
 from absl import flags
 from ml_collections import config_flags
 
-from freeatten_jax import attention, cli, configs
-from freeatten_jax.configs import base
+from freeatten_jax import attention, cli, configs, data
+from freeatten_jax.configs import base, lm
 from freeatten_jax.errors import ConfigError
 from freeatten_jax.nn import preset, sharding
-from freeatten_jax.training import config
+from freeatten_jax.training import checkpoint, config, loop
 
 VARIANT_FILES = ["softmax", "ssmax", "lssa", "lssar", "sigmoid", "relu"]
 
@@ -26,18 +28,27 @@ def _parse(*args):
 
 
 @pytest.mark.parametrize("variant", VARIANT_FILES)
-@pytest.mark.parametrize("form", ["configs/{}.py:tiny", "{}:tiny"])
-def test_every_experiment_file_is_a_valid_config_by_path_or_name(variant, form):
+@pytest.mark.parametrize("form", ["freeatten_jax/configs/lm.py:variant={},size=tiny", "lm:variant={}", "{}:tiny", "{}"])
+def test_every_variant_is_a_valid_config_by_path_named_arguments_or_alias(variant, form):
     cfg = config.parse(_parse("--config=" + form.format(variant)))
     assert cfg.model.attention == variant and cfg.model.vocab_size == 256 and cfg.model.max_len == 64
     assert cfg.model.dtype == jnp.float32 and cfg.mesh.rules == sharding.DEFAULT_RULES
 
 
-def test_packaged_names_resolve_to_the_packaged_files_and_paths_stay():
-    assert set(configs.NAMES) == set(VARIANT_FILES)
-    assert configs.resolve("lssar:tiny") == f"{configs.ROOT / 'lssar'}.py:tiny"
+def test_packaged_names_resolve_to_the_one_experiment_file_and_paths_stay():
+    assert "variants: softmax, ssmax, lssa, lssar, sigmoid, relu; sizes: tiny, gpt2_small, ssmax_162m" in configs.PACKAGED
+    assert configs.resolve("lssar:tiny") == f"{configs.ROOT / 'lm'}.py:variant=lssar,size=tiny"
+    assert configs.resolve("lm:size=gpt2_small") == f"{configs.ROOT / 'lm'}.py:size=gpt2_small"
     assert configs.resolve("configs/lssar.py:tiny") == "configs/lssar.py:tiny"
     assert configs.resolve("my_experiment.py") == "my_experiment.py"
+
+
+def test_named_arguments_set_variant_and_size_and_refuse_others():
+    cfg = _parse("--config=lm:size=gpt2_small,variant=ssmax")
+    assert (cfg.model.attention, cfg.model.num_layers, cfg.train.seq_len) == ("ssmax", 12, 1024)
+    assert _parse("--config=lm").model.attention == "softmax"
+    with pytest.raises(ConfigError, match="'depth' is not a named argument; allowed: variant=..., size=..."):
+        lm.get_config("variant=lssar,depth=3")
 
 
 def test_presets_leave_training_fields_to_the_training_config():
@@ -51,9 +62,11 @@ def test_presets_leave_training_fields_to_the_training_config():
     assert typed.model == want
 
 
-def test_vocab_size_zero_takes_the_datas():
+def test_vocab_size_none_takes_the_datas_and_the_command_line_can_set_it():
+    assert _parse("--config=softmax:tiny", "--config.model.vocab_size=512").model.vocab_size == 512
+    assert config.parse(_parse("--config=softmax:tiny", "--config.model.ssmax_s_init=0.3")).model.ssmax_s_init == 0.3
     cfg = base.get_config("softmax", "tiny")
-    assert config.parse(cfg).model.vocab_size == 256
+    assert cfg.model.vocab_size is None and config.parse(cfg).model.vocab_size == 256
     cfg.data.update(tokenizer="bpe", bpe_vocab_size=4096)
     assert config.parse(cfg).model.vocab_size == 4096
     cfg.data.update(source="bin", path="x.bin")
@@ -65,7 +78,7 @@ def test_variant_files_match_the_attention_library():
 
 
 def test_command_line_overrides():
-    cfg = _parse("--config=configs/lssar.py:gpt2_small", "--config.train.steps=7", "--config.mesh.shape=(1,2,4)",
+    cfg = _parse("--config=lssar:gpt2_small", "--config.train.steps=7", "--config.mesh.shape=(1,2,4)",
                  "--config.optim.lr=0.5", "--config.data.path=/data/*.bin", "--config.train.seq_len=128",
                  "--config.train.profile_steps=(10,12)", "--config.train.peak_tflops=989")
     assert (cfg.train.steps, cfg.mesh.shape, cfg.optim.lr, cfg.data.path) == (7, (1, 2, 4), 0.5, "/data/*.bin")
@@ -76,17 +89,20 @@ def test_command_line_overrides():
 
 
 def test_mesh_shape_takes_a_context_entry_from_the_command_line():
-    assert config.parse(_parse("--config=configs/lssa.py:tiny", "--config.mesh.shape=(2,1,1,4)")).mesh.shape == (2, 1, 1, 4)
+    assert config.parse(_parse("--config=lssa:tiny", "--config.mesh.shape=(2,1,1,4)")).mesh.shape == (2, 1, 1, 4)
 
 
-def test_lssar_power_is_overridable_from_the_command_line():
-    assert _parse("--config=configs/lssar.py:tiny").model.attention_options.p == 15.0
-    assert _parse("--config=configs/lssar.py:tiny", "--config.model.attention_options.p=3").model.attention_options.p == 3.0
+def test_variant_options_are_overridable_from_the_command_line():
+    assert _parse("--config=lssar:tiny").model.attention_options.p == 15.0
+    assert _parse("--config=lssar:tiny", "--config.model.attention_options.p=3").model.attention_options.p == 3.0
+    softmax = config.parse(_parse("--config=softmax:tiny", "--config.model.attention_options.scale=0.5"))
+    assert softmax.model.attention_options == {"scale": 0.5}
+    assert config.parse(base.get_config("softmax")).model.attention_options == {"scale": None}  # left off: 1/sqrt(d)
 
 
 def test_locked_config_rejects_unknown_fields():
     with pytest.raises(AttributeError, match="bogus"):
-        _parse("--config=configs/softmax.py", "--config.train.bogus=1")
+        _parse("--config=softmax", "--config.train.bogus=1")
 
 
 @pytest.mark.parametrize(
@@ -126,7 +142,7 @@ def test_batch_must_split_into_micro_batches():
 
 
 def test_train_py_reports_a_bad_variant_in_one_line(tmp_path):
-    cmd = [sys.executable, "train.py", "--config=configs/softmax.py:tiny", f"--workdir={tmp_path}", "--config.model.attention=nope"]
+    cmd = [sys.executable, "train.py", "--config=softmax:tiny", f"--workdir={tmp_path}", "--config.model.attention=nope"]
     result = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert result.returncode == 1
     assert result.stderr.strip().splitlines()[-1].startswith("error: config.model.attention='nope' is invalid; allowed: one of 'softmax'")
@@ -148,6 +164,44 @@ def test_a_config_saved_before_newer_fields_existed_still_parses():
     del saved["train"]["profile_steps"], saved["train"]["peak_tflops"]
     cfg = config.parse(config.from_json(saved))
     assert cfg.train.profile_steps == () and cfg.train.peak_tflops == 0.0 and cfg.model.attention == "lssa"
-    del saved["train"]["steps"]
-    with pytest.raises(ConfigError, match="config.train.steps is missing"):
-        config.parse(config.from_json(saved))
+
+
+def _old_style_json(vocab_size: int) -> dict:
+    """A config as the code before None placeholders saved it with checkpoints (sentinels -1 and 0), written by hand."""
+    return {
+        "model": {"vocab_size": vocab_size, "num_layers": 4, "num_heads": 4, "d_model": 128, "mlp_dim": 512, "num_kv_heads": 0,
+                  "max_len": 64, "attention": "ssmax", "attention_options": {}, "implementation": "auto", "mlp": "gelu",
+                  "norm": "layernorm", "tie_embeddings": True, "use_bias": False, "dropout": 0.0, "remat": "none",
+                  "dtype": "float32", "param_dtype": "float32", "rope_theta": 10000.0, "ssmax_s_init": -1.0, "ssmax_bias": False},
+        "mesh": {"shape": [-1, 1, 1], "rules": [[name, list(axes) if isinstance(axes, tuple) else axes]
+                                                for name, axes in sharding.DEFAULT_RULES]},
+        "data": {"source": "shakespeare", "path": "", "val_path": "", "tokenizer": "byte", "bpe_vocab_size": 4096,
+                 "val_fraction": 0.05, "cache_dir": "", "num_workers": 0, "document_masking": "on", "eos_id": -1,
+                 "encoding": "utf-8", "errors": "strict", "retrieval_fraction": 0.0, "tokenizer_path": "", "allow_changed": False},
+        "optim": {"lr": 0.003, "schedule": "cosine", "warmup_steps": 50, "min_lr_ratio": 0.1, "b1": 0.9, "b2": 0.95, "eps": 1e-08,
+                  "weight_decay": 0.1, "clip_norm": 1.0},
+        "train": {"steps": 300, "batch_size": 32, "seq_len": 64, "grad_accum_steps": 1, "seed": 0, "log_every": 25, "eval_every": 50,
+                  "eval_windows": 64, "checkpoint_every": 100, "profile_steps": [], "peak_tflops": 0.0, "spike_factor": 5.0,
+                  "spike_steps": 3},
+        "checkpoint": {"max_to_keep": 3, "async_save": True, "allow_fresh_start": False},
+    }
+
+
+@pytest.mark.parametrize("vocab_size", [0, 257])  # 0: the data's (as saved), 257: resolved
+def test_a_checkpoint_saved_with_the_old_sentinels_loads_and_resumes(vocab_size, tmp_path):
+    """ssmax_s_init -1 (1/log(max_len)), eos_id -1 (the source's) and vocab_size 0 (the data's) read back as None."""
+    manager = ocp.CheckpointManager(tmp_path / "checkpoints", item_names=checkpoint.ITEMS)
+    manager.save(5, args=ocp.args.Composite(config=ocp.args.JsonSave(_old_style_json(vocab_size))))
+    manager.wait_until_finished()
+    saved = checkpoint.Checkpointer(tmp_path, read_only=True)
+    typed = saved.run_config(5)
+    assert typed.model.ssmax_s_init is None and typed.model.initial_ssmax_s == pytest.approx(1 / math.log(64))
+    assert typed.data.eos_id is None and data.document_eos(typed.data) == 256 and typed.model.vocab_size == 257
+    now = base.get_config("ssmax", "tiny")
+    now.data.document_masking = "on"
+    if vocab_size:
+        now.model.vocab_size = vocab_size
+    loop._check_resumable(saved.config_json(5), config.parse(now), 5, tmp_path)  # the same run: no field changed
+    now.data.eos_id = 7
+    with pytest.raises(ConfigError, match="config.data.eos_id is 7 but the checkpoint at step 5"):
+        loop._check_resumable(saved.config_json(5), config.parse(now), 5, tmp_path)

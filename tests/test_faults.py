@@ -473,7 +473,7 @@ def _bad_data(tmp_path, kind) -> str:
 TRAIN = ["--config=softmax:tiny", "--config.mesh.shape=(1,1,1)", "--config.train.steps=2"]
 BAD_TRAIN = {  # arguments after TRAIN and --workdir -> what the one line must contain
     "missing config file": (["--config=/no/such/config.py"], "cannot load the config file: [Errno 2] No such file"),
-    "unknown config name": (["--config=nosuch:tiny"], "packaged configs: lssa, lssar"),
+    "unknown config name": (["--config=nosuch:tiny"], "packaged configs: lm:variant=V,size=S or V:S; variants: softmax, ssmax, lssa, lssar"),
     "unknown size": (["--config=lssar:huge"], "unknown model size 'huge'; valid sizes: tiny"),
     "misspelt field": (["--config.train.stpes=3"], "--config.train.stpes: no such config field; did you mean --config.train.steps?"),
     "bad integer": (["--config.train.steps=abc"], "--config.train.steps=abc: invalid literal"),
@@ -539,7 +539,7 @@ BAD_EVAL = {  # (main, arguments, what the line must contain); {run} is a copy o
     "switch rope_theta=0x": (eval_cli.main, ["--workdir={run}", "--switch=rope_theta=0x"], "--switch=rope_theta=0x is invalid"),
     "switch q=1": (eval_cli.main, ["--workdir={run}", "--switch=q=1"], "--switch=q=1 is invalid: unknown switch 'q'"),
     "implementation fast": (eval_cli.main, ["--workdir={run}", "--implementation=fast"],
-                            "--implementation=fast is invalid; allowed: reference, blockwise, pallas, auto"),
+                            "--implementation=fast: value should be one of <reference|blockwise|pallas|auto>"),
 }
 
 

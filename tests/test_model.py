@@ -43,8 +43,8 @@ def test_tied_embeddings_share_the_table():
 @pytest.mark.parametrize(
     "field, value, allowed",
     [("mlp", "relu2", "'gelu', 'swiglu'"), ("attention", "flash", "'softmax'"), ("norm", "batchnorm", "'layernorm', 'rmsnorm'"),
-     ("remat", "some", "'none', 'dots', 'full'"), ("dtype", "float16", "'float32', 'bfloat16'"), ("vocab_size", 0, "an int >= 1"),
-     ("ssmax_s_init", -1.0, "None"), ("use_bias", 1, "True, False")],
+     ("remat", "some", "'none', 'dots', 'full'"), ("dtype", "float16", "'float32', 'bfloat16'"), ("vocab_size", 0, "an integer >= 1"),
+     ("ssmax_s_init", -1.0, "None"), ("use_bias", 1, "True or False")],
 )
 def test_model_config_names_field_and_allowed_values(field, value, allowed):
     with pytest.raises(ConfigError, match=rf"model\.{field}=.* is invalid; allowed: .*{allowed}") as info:
@@ -59,6 +59,8 @@ def test_model_config_rejects_inconsistent_shapes_and_options():
         _cfg(attention="lssar", attention_options={"q": 1.0})
     with pytest.raises(ConfigError, match="unknown option.*'s'"):
         _cfg(attention="ssmax", attention_options={"s": 1.0})  # s is a parameter
+    with pytest.raises(ConfigError, match=r"^model\.attention_options: p must be > 0 and finite, got -3.0$"):
+        _cfg(attention="lssar", attention_options={"p": -3.0})  # a value, checked where the names are
     cfg = _cfg(attention="lssar", attention_options={"p": 3.0}, num_kv_heads=2, dtype="bfloat16")
     assert cfg.dtype == jnp.bfloat16 and cfg.replace(dtype=jnp.float32).dtype == jnp.float32
     with pytest.raises(dataclasses.FrozenInstanceError):

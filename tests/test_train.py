@@ -139,7 +139,7 @@ def test_sharded_mesh_gives_the_same_losses(text_glob, tmp_path):
 
 
 def test_train_py_command_line_writes_metrics_and_resumes(text_glob, tmp_path):
-    args = [sys.executable, "train.py", "--config=configs/lssar.py:tiny", f"--workdir={tmp_path}",
+    args = [sys.executable, "train.py", "--config=lm:variant=lssar,size=tiny", f"--workdir={tmp_path}",
             "--config.model.num_layers=1", "--config.model.d_model=32", "--config.model.num_heads=2", "--config.model.mlp_dim=64",
             "--config.data.source=text", f"--config.data.path={text_glob}", "--config.train.seq_len=16",
             "--config.train.batch_size=8", "--config.train.log_every=2", "--config.train.eval_every=4",

@@ -14,18 +14,19 @@ from absl import flags
 from ml_collections import config_flags
 
 from freeatten_jax import cli
+from freeatten_jax.attention import IMPLEMENTATIONS, VARIANTS
 
 
 def main() -> None:
     argv = cli.config_argv(sys.argv)
-    config = config_flags.DEFINE_config_file("config", None, "Training config whose step to compile, e.g. lssar:gpt2_small.",
+    config = config_flags.DEFINE_config_file("config", None, "Training config whose step to compile, e.g. lm:variant=lssar,size=gpt2_small or lssar:gpt2_small.",
                                              lock_config=True, sys_argv=argv)
     target = flags.DEFINE_string("target", None, "v5e-8, v5p-8, v6e-8, v4-8, tpu:<generation>:<topology>, h100, h200 or 8xh100.")
-    variant = flags.DEFINE_string("attention", None, "Compile this attention variant's kernels alone instead of a training step.")
+    variant = flags.DEFINE_enum("attention", None, VARIANTS, "Compile this attention variant's kernels alone instead of a training step.")
     seq_len = flags.DEFINE_integer("seq_len", 8192, "With --attention: the sequence length.")
     heads = flags.DEFINE_integer("heads", 16, "With --attention: the number of heads.")
     head_dim = flags.DEFINE_integer("head_dim", 128, "With --attention: the head dimension.")
-    implementation = flags.DEFINE_string("implementation", "pallas", "With --attention: the attention implementation.")
+    implementation = flags.DEFINE_enum("implementation", "pallas", IMPLEMENTATIONS, "With --attention: the attention implementation.")
     flags.mark_flag_as_required("target")
 
     def compile_(_):

@@ -1,13 +1,20 @@
-"""Packaged experiment configs: `--config=lssar:tiny` names `freeatten_jax/configs/lssar.py` with argument `tiny`."""
+"""Packaged experiment configs: `--config=lm:variant=lssar,size=tiny` names `lm.py` with its named arguments; each
+attention variant's name is an alias for it (`lssar:tiny` = `lm:variant=lssar,size=tiny`)."""
 import pathlib
 
+from freeatten_jax.attention import VARIANTS
+from freeatten_jax.nn.presets import SIZES
+
 ROOT = pathlib.Path(__file__).parent
-NAMES = tuple(sorted(p.stem for p in ROOT.glob("*.py") if p.stem not in ("__init__", "base")))
+EXPERIMENT = "lm"
+PACKAGED = f"{EXPERIMENT}:variant=V,size=S or V:S; variants: {', '.join(VARIANTS)}; sizes: {', '.join(SIZES)}"
 
 
 def resolve(value: str) -> str:
-    """`lssar:tiny` -> the packaged file's path with `:tiny`; a file path (`configs/lssar.py:tiny`) is kept."""
+    """`lm:ARGS` or `lssar:tiny` -> the packaged file's path with named arguments; a file path is kept."""
     name, sep, arg = value.partition(":")
-    if name.endswith(".py") or "/" in name or name not in NAMES:
-        return value
-    return f"{ROOT / name}.py{sep}{arg}"
+    if name == EXPERIMENT:
+        return f"{ROOT / EXPERIMENT}.py{sep}{arg}"
+    if name in VARIANTS:
+        return f"{ROOT / EXPERIMENT}.py:variant={name}" + (f",size={arg}" if arg else "")
+    return value

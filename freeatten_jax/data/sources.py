@@ -132,11 +132,11 @@ def _tokenizer_vocab(cfg_data) -> int:
 def document_eos(cfg_data) -> int | None:
     """The token that opens each document when document masking is on, else None.
 
-    `eos_id` -1 means GPT-2's EOS for .bin shards, a new token past the tokenizer's vocabulary for text.
+    `eos_id` None means GPT-2's EOS for .bin shards, a new token past the tokenizer's vocabulary for text.
     """
     if not DOCUMENT_MASKING[cfg_data.document_masking](cfg_data.source):
         return None
-    if cfg_data.eos_id >= 0:
+    if cfg_data.eos_id is not None:
         return cfg_data.eos_id
     return GPT2_EOS if cfg_data.source == "bin" else _tokenizer_vocab(cfg_data)
 

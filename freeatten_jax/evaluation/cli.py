@@ -11,18 +11,8 @@ import sys
 from absl import flags, logging
 
 from freeatten_jax import cli
+from freeatten_jax.attention import IMPLEMENTATIONS
 from freeatten_jax.errors import UserError
-
-
-def _numbers(flag: str, values: list[str], kind, ok, allowed: str) -> tuple:
-    """The flag's comma-separated values as `kind`; a bad one is a UserError naming the flag."""
-    try:
-        numbers = tuple(kind(v) for v in values)
-    except ValueError:
-        numbers = ()
-    if not numbers or not all(map(ok, numbers)):
-        raise UserError(f"--{flag}={','.join(values)} is invalid; allowed: {allowed}")
-    return numbers
 
 
 # Values each switch takes (besides switches.parse's syntax); a bad one is refused before any checkpoint is read.
@@ -51,14 +41,16 @@ def main() -> None:
     workdirs = flags.DEFINE_multi_string("workdir", None, "Training run directory (repeat for several).", required=True)
     out = flags.DEFINE_string("out", None, "Directory for report.md, results.json, CSV files and plots.", required=True)
     switches = flags.DEFINE_multi_string("switch", [], "Eval-time switch, e.g. p=15, p=off, rope_theta=50x, s=0.3.")
-    multipliers = flags.DEFINE_list("multipliers", ["1", "2", "4", "8", "16"], "Evaluation lengths in training lengths.")
+    multipliers = flags.DEFINE(cli.NumberList(int, lambda m: m >= 1, "integers >= 1 (lengths in training lengths), e.g. 1,2,4"),
+                               "multipliers", "1,2,4,8,16", "Evaluation lengths in training lengths.")
     eval_tokens = flags.DEFINE_integer("eval_tokens", 0, "Held-out tokens scored at every length (cut into windows of "
                                        "each length); 0: 16 windows of the longest length.")
-    depths = flags.DEFINE_list("passkey_depths", ["0.1", "0.5", "0.9"], "Needle depths (0 = start, 1 = end).")
+    depths = flags.DEFINE(cli.NumberList(float, lambda d: 0 <= d <= 1, "numbers in [0, 1], e.g. 0.1,0.5"), "passkey_depths",
+                          "0.1,0.5,0.9", "Needle depths (0 = start, 1 = end).")
     keys = flags.DEFINE_integer("passkey_keys", 3, "Random keys per passkey cell.")
     candidates = flags.DEFINE_integer("passkey_candidates", 10, "Keys ranked by likelihood, the true one included.")
     analysis = flags.DEFINE_integer("analysis_windows", 1, "Windows of the longest length for the entropy analysis.")
-    implementation = flags.DEFINE_string("implementation", "auto", "Attention implementation at every length.")
+    implementation = flags.DEFINE_enum("implementation", "auto", IMPLEMENTATIONS, "Attention implementation at every length.")
     seed = flags.DEFINE_integer("seed", 0, "Seed of the passkey keys.")
     quick = flags.DEFINE_bool("quick", False, "A first look in minutes on a CPU: lengths 1x, 4x, 16x, a quarter of the span, "
                               "one passkey depth and key (overrides those flags).")
@@ -66,19 +58,15 @@ def main() -> None:
                                    "lengths must be multiples of 2x it) for the loss vs length.")
 
     def evaluate(_):
-        from freeatten_jax.attention import IMPLEMENTATIONS
         from freeatten_jax.evaluation import suite
 
         for text in switches.value:
             _check_switch(text)
-        if implementation.value not in IMPLEMENTATIONS:
-            raise UserError(f"--implementation={implementation.value} is invalid; allowed: {', '.join(IMPLEMENTATIONS)}")
 
         settings = suite.Settings(
-            multipliers=tuple(sorted(_numbers("multipliers", multipliers.value, int, lambda m: m >= 1,
-                                              "integers >= 1 (lengths in training lengths), e.g. 1,2,4"))),
+            multipliers=tuple(sorted(multipliers.value)),
             eval_tokens=eval_tokens.value,
-            passkey_depths=_numbers("passkey_depths", depths.value, float, lambda d: 0 <= d <= 1, "numbers in [0, 1], e.g. 0.1,0.5"),
+            passkey_depths=tuple(depths.value),
             passkey_keys=keys.value,
             passkey_candidates=candidates.value,
             analysis_windows=analysis.value,

@@ -1,4 +1,4 @@
-"""`ModelConfig`: the typed, frozen description of a `Transformer`; every model check lives here.
+"""`ModelConfig`: the typed, frozen description of a `Transformer`; each field declared once with its help and check.
 
 Invalid fields raise `ConfigError` (a ValueError) naming the field and its allowed values.
 """
@@ -7,19 +7,23 @@ import math
 from typing import Any, Literal, get_args
 
 import jax.numpy as jnp
+import numpy as np
 
 from freeatten_jax import attention
 from freeatten_jax.errors import ConfigError
+from freeatten_jax.schema import BOOL, POSITIVE, integer, number, one_of, option, optional, validate
 
 DTYPES = (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16))
 LEARNED_OPTIONS = ("s", "b")  # ssmax options held as parameters, never passed by the user
 Mlp = Literal["gelu", "swiglu"]
 Norm = Literal["layernorm", "rmsnorm"]
 Remat = Literal["none", "dots", "full"]
+DType = str | np.dtype  # a name ("bfloat16") in, a numpy dtype stored
 
 
-def check_attention(variant: str, options: dict[str, Any]) -> None:
-    """Raises ConfigError on an unknown variant or an option the variant does not take (learned s/b included)."""
+def check_attention(variant: str, options: dict[str, Any], num_heads: int | None = None) -> None:
+    """Raises ConfigError on an unknown variant, an option the variant does not take (learned s/b included) or a
+    bad option value (lssar p <= 0 or NaN, ...)."""
     try:
         spec = attention.get_variant(variant)
     except ValueError as e:
@@ -28,18 +32,10 @@ def check_attention(variant: str, options: dict[str, Any]) -> None:
     unknown = sorted(set(options) - set(allowed))
     if unknown:
         raise ConfigError(f"attention variant {variant!r} got unknown option(s) {unknown}; it accepts: {allowed or 'none'}")
-
-
-def _int(low: int):
-    return (lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= low), f"an int >= {low}"
-
-
-def _number(ok, text):
-    return (lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and ok(v)), text
-
-
-def _one_of(choices):
-    return (lambda v: v in choices), "one of " + ", ".join(map(repr, choices))
+    try:
+        attention.variant_options(variant, options, num_heads)
+    except ValueError as e:
+        raise ConfigError(f"model.attention_options: {e}") from None
 
 
 def _dtype(v) -> bool:
@@ -49,69 +45,49 @@ def _dtype(v) -> bool:
         return False
 
 
-_BOOL = ((lambda v: isinstance(v, bool)), "True, False")
-
-# field -> (check, allowed values as shown in the error)
-_CHECKS = {
-    "vocab_size": _int(1),
-    "num_layers": _int(1),
-    "num_heads": _int(1),
-    "d_model": _int(1),
-    "mlp_dim": _int(1),
-    "num_kv_heads": _int(0),
-    "max_len": _int(2),
-    "attention": _one_of(tuple(attention.VARIANTS)),
-    "attention_options": ((lambda v: isinstance(v, dict)), "a dict of the variant's options"),
-    "implementation": _one_of(tuple(attention.IMPLEMENTATIONS)),
-    "mlp": _one_of(get_args(Mlp)),
-    "norm": _one_of(get_args(Norm)),
-    "tie_embeddings": _BOOL,
-    "use_bias": _BOOL,
-    "dropout": _number(lambda v: 0 <= v < 1, "a rate in [0, 1)"),
-    "remat": _one_of(get_args(Remat)),
-    "dtype": (_dtype, "one of 'float32', 'bfloat16'"),
-    "param_dtype": (_dtype, "one of 'float32', 'bfloat16'"),
-    "rope_theta": _number(lambda v: v > 0, "a number > 0"),
-    "ssmax_s_init": ((lambda v: v is None or (isinstance(v, (int, float)) and v > 0)), "None (= 1/log(max_len)) or > 0"),
-    "ssmax_bias": _BOOL,
-}
+_DTYPE = (_dtype, "one of 'float32', 'bfloat16'")
+_OPTIONS = ((lambda v: isinstance(v, dict)), "a dict of the variant's options")
+_VARIANTS = one_of(tuple(attention.VARIANTS))  # named here: the field `attention` hides the module in the class body
+_IMPLEMENTATIONS = one_of(tuple(attention.IMPLEMENTATIONS))
 
 
 @dataclasses.dataclass(frozen=True)
 class ModelConfig:
     """A decoder-only transformer. Sizes first; the rest has the defaults of the papers' GPT-2 runs."""
 
-    vocab_size: int
-    num_layers: int
-    num_heads: int
-    d_model: int
-    mlp_dim: int
-    num_kv_heads: int = 0  # 0: as many as num_heads (else a divisor of it: grouped-query attention)
-    max_len: int = 1024  # the training length; sets SSMax's initial s
-    attention: str = "softmax"  # a name in attention.VARIANTS
-    attention_options: dict[str, Any] = dataclasses.field(default_factory=dict)  # e.g. {"p": 15.0} for lssar
-    implementation: str = "auto"  # a name in attention.IMPLEMENTATIONS
-    mlp: Mlp = "gelu"
-    norm: Norm = "layernorm"
-    tie_embeddings: bool = True
-    use_bias: bool = False
-    dropout: float = 0.0
-    remat: Remat = "none"  # none: no rematerialisation; dots: keep matmul outputs; full: keep nothing
-    dtype: Any = jnp.float32  # compute dtype
-    param_dtype: Any = jnp.float32
-    rope_theta: float = 10_000.0
-    ssmax_s_init: float | None = None  # None: 1/log(max_len), so s log N_i starts at 1 at the training length
-    ssmax_bias: bool = False  # a learnable per-head b in (s log N_i + b)
+    vocab_size: int = option(help="tokens are ids in [0, vocab_size)", check=integer(1))
+    num_layers: int = option(help="transformer blocks", check=integer(1))
+    num_heads: int = option(help="query heads", check=integer(1))
+    d_model: int = option(help="residual width; d_model / num_heads is the (even) head dimension", check=integer(1))
+    mlp_dim: int = option(help="hidden width of each block's MLP", check=integer(1))
+    num_kv_heads: int = option(0, help="0: as many as num_heads, else a divisor of it (grouped-query attention)",
+                               check=integer(0))
+    max_len: int = option(1024, help="the training length; sets SSMax's initial s", check=integer(2))
+    attention: str = option("softmax", help="the attention variant", check=_VARIANTS)
+    attention_options: dict[str, Any] = option(help="the variant's options, e.g. {'p': 15.0} for lssar", check=_OPTIONS,
+                                               factory=dict)
+    implementation: str = option("auto", help="how attention is computed", check=_IMPLEMENTATIONS)
+    mlp: Mlp = option("gelu", help="the MLP's activation (swiglu: gated)", check=one_of(get_args(Mlp)))
+    norm: Norm = option("layernorm", help="the normalisation before attention and MLP", check=one_of(get_args(Norm)))
+    tie_embeddings: bool = option(True, help="the output projection is the embedding table", check=BOOL)
+    use_bias: bool = option(False, help="biases in the projections", check=BOOL)
+    dropout: float = option(0.0, help="dropout rate", check=number(lambda v: 0 <= v < 1, "a rate in [0, 1)"))
+    remat: Remat = option("none", help="rematerialisation: none; dots (keep matmul outputs); full (keep nothing)",
+                          check=one_of(get_args(Remat)))
+    dtype: DType = option(jnp.float32, help="compute dtype", check=_DTYPE)
+    param_dtype: DType = option(jnp.float32, help="parameter dtype", check=_DTYPE)
+    rope_theta: float = option(10_000.0, help="RoPE base", check=POSITIVE)
+    ssmax_s_init: float | None = option(None, help="SSMax's initial s; None: 1/log(max_len), so s log N_i starts at 1 "
+                                        "at the training length", check=optional(POSITIVE))
+    ssmax_bias: bool = option(False, help="a learnable per-head b in (s log N_i + b)", check=BOOL)
 
     def __post_init__(self):
-        for field, (ok, allowed) in _CHECKS.items():
-            if not ok(value := getattr(self, field)):
-                raise ConfigError(f"model.{field}={value!r} is invalid; allowed: {allowed}")
+        validate(ModelConfig, vars(self), "model.")
         if self.num_kv_heads and self.num_heads % self.num_kv_heads:
             raise ConfigError(f"model.num_kv_heads={self.num_kv_heads} must divide num_heads={self.num_heads}")
         if self.d_model % self.num_heads or (self.d_model // self.num_heads) % 2:
             raise ConfigError(f"model.d_model={self.d_model} must split into num_heads={self.num_heads} even head dims")
-        check_attention(self.attention, self.attention_options)
+        check_attention(self.attention, self.attention_options, self.num_heads)
         for field in ("dtype", "param_dtype"):  # names ("bfloat16") or dtypes in, numpy dtypes stored
             object.__setattr__(self, field, jnp.dtype(getattr(self, field)))
 

@@ -223,8 +223,8 @@ class Checkpointer:
         return restored
 
     def config_json(self, step: int) -> dict:
-        """The command line's config saved with `step`, as JSON."""
-        return self.manager.restore(step, args=ocp.args.Composite(config=ocp.args.JsonRestore()))["config"]
+        """The command line's config saved with `step`, as JSON (older versions' sentinels as None: config.upgrade)."""
+        return config.upgrade(self.manager.restore(step, args=ocp.args.Composite(config=ocp.args.JsonRestore()))["config"])
 
     def run_config(self, step: int) -> config.Config:
         """The typed config of the run that saved `step`."""

@@ -2,7 +2,8 @@
 
     freeatten-train --config=lssar:tiny --workdir=runs/lssar-tiny [--config.train.steps=200 ...]
 
-`--config` takes a packaged config by name (`lssar:tiny`) or a config file (`configs/lssar.py:tiny`).
+`--config` takes the packaged experiment with named arguments (`lm:variant=lssar,size=tiny`, or `lssar:tiny` for
+short) or a config file (`my_config.py:arg`); `--help` lists every config field with its default and allowed values.
 Metrics go to WORKDIR/metrics.jsonl and WORKDIR/tensorboard; checkpoints to WORKDIR/checkpoints.
 Several processes (one per host): `--coordinator_address=host0:1234 --num_processes=2 --process_id=0|1`
 (left out on TPU pods, SLURM and MPI: detected). Exit codes: 0 done, 1 error, 75 stopped by SIGTERM/SIGINT
@@ -19,7 +20,7 @@ from freeatten_jax.errors import EXIT_PREEMPTED
 
 def main() -> None:
     argv = cli.config_argv(sys.argv)
-    config = config_flags.DEFINE_config_file("config", None, "Experiment config, e.g. lssar:tiny or configs/lssar.py:tiny.",
+    config = config_flags.DEFINE_config_file("config", None, "Experiment config, e.g. lm:variant=lssar,size=tiny, lssar:tiny or my_config.py:arg.",
                                              lock_config=True, sys_argv=argv)
     workdir = flags.DEFINE_string("workdir", None, "Directory for checkpoints and metrics, local or gs:// (resumed if it has any).")
     coordinator = flags.DEFINE_string("coordinator_address", None, "host:port of process 0 (multi-process runs; "

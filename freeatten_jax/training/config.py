@@ -1,79 +1,125 @@
-"""The training config: the ml_collections `ConfigDict` of the command line, turned into typed, frozen
-configs by `parse` (the only place that reads a ConfigDict). Errors are one line naming the field."""
+"""The training config: typed, frozen sections whose fields (type, default, help, check) are the only description of
+the config; the command line's ConfigDict is derived from them (`config_dict`) and turned back by `parse`."""
 import codecs
 import dataclasses
 import json
 import math
-from typing import Any, Callable
+from typing import Any
 
 import ml_collections
 
-from freeatten_jax import attention, data
+from freeatten_jax import data
 from freeatten_jax.errors import ConfigError
+from freeatten_jax.nn import sharding
 from freeatten_jax.nn.config import ModelConfig
+from freeatten_jax.schema import BOOL, FINITE_POSITIVE, FRACTION, POSITIVE, integer, number, one_of, option, optional, validate
 from freeatten_jax.training import optim
+
+
+def _known_encoding(name) -> bool:
+    try:
+        return isinstance(name, str) and bool(codecs.lookup(name))
+    except LookupError:
+        return False
+
+
+def _mesh_shape(v) -> bool:
+    return isinstance(v, (tuple, list)) and len(v) in (3, 4) and all(isinstance(n, int) and (n >= 1 or n == -1) for n in v)
+
+
+def _profile_steps(v) -> bool:
+    return isinstance(v, (tuple, list)) and (not v or len(v) == 2 and all(isinstance(n, int) for n in v) and 1 <= v[0] <= v[1])
+
+
+_MESH_SHAPE = (_mesh_shape, "3 or 4 sizes (data, fsdp, tensor[, context]), each >= 1 or -1 for 'the rest', e.g. '(1,1,1)' or '(2,1,1,4)'")
+_PROFILE_STEPS = (_profile_steps, "() for none, or (first, last) steps with 1 <= first <= last, e.g. '(10,12)'")
 
 
 @dataclasses.dataclass(frozen=True)
 class DataConfig:
-    source: str  # data.SOURCES
-    path: str
-    val_path: str
-    tokenizer: str  # data.TOKENIZERS
-    bpe_vocab_size: int
-    val_fraction: float
-    cache_dir: str
-    num_workers: int
-    document_masking: str = "off"  # data.DOCUMENT_MASKING: auto (on for .bin shards) | on | off
-    eos_id: int = -1  # the token opening each document; -1: the source's (data.document_eos)
-    encoding: str = "utf-8"  # of text files (source=text)
-    errors: str = "strict"  # on bytes the encoding rejects: strict (an error naming the file and offset) | replace | ignore
-    tokenizer_path: str = ""  # a Hugging Face tokenizer.json for .bin shards (passkey, generation)
-    retrieval_fraction: float = 0.0  # fraction of training windows replaced by synthetic passkey sequences (data.retrieval)
-    allow_changed: bool = False  # resume although the data files differ from the checkpoint's fingerprint of them
+    source: str = option("shakespeare", help="shakespeare (the default corpus) | text (data.path glob) | bin (llm.c token shards)",
+                         check=one_of(tuple(data.SOURCES)))
+    path: str = option("", help="glob of text files or .bin training shards")
+    val_path: str = option("", help="optional glob of .bin validation shards; else the last val_fraction of each file")
+    tokenizer: str = option("byte", help="text sources' tokenizer (.bin shards are tokenized already)",
+                            check=one_of(tuple(data.TOKENIZERS)))
+    bpe_vocab_size: int = option(4096, help="the BPE tokenizer's vocabulary (trained locally, saved beside the data)",
+                                 check=integer(257, 65536))
+    val_fraction: float = option(0.05, help="held-out fraction of each file when there is no val_path",
+                                 check=number(lambda v: 0 < v < 1, "a number in (0, 1): validation needs held-out data "
+                                                                   "(or set data.val_path)"))
+    cache_dir: str = option("", help="'': $XDG_CACHE_HOME/freeatten_jax or ~/.cache/freeatten_jax")
+    num_workers: int = option(0, help="grain worker processes (0: load in the training process)", check=integer(0))
+    document_masking: str = option("auto", help="attention restarts per document: auto (on for .bin shards) | on | off",
+                                   check=one_of(tuple(data.DOCUMENT_MASKING)))
+    eos_id: int | None = option(None, help="the token opening each document; None: 50256 for .bin, a new token past "
+                                "the text tokenizer's", check=optional(integer(0, 65535)))
+    encoding: str = option("utf-8", help="of text files (source=text)",
+                           check=(_known_encoding, "a Python codec name, e.g. 'utf-8' or 'latin-1'"))
+    errors: str = option("strict", help="undecodable bytes: strict (an error naming the file and offset) | replace | ignore",
+                         check=one_of(("strict", "replace", "ignore")))
+    tokenizer_path: str = option("", help=".bin shards: a Hugging Face tokenizer.json (e.g. GPT-2's) for passkey and generation")
+    retrieval_fraction: float = option(0.0, help="fraction of training windows replaced by synthetic passkey sequences",
+                                       check=FRACTION)
+    allow_changed: bool = option(False, help="resume although the data files differ from the checkpoint's", check=BOOL)
 
 
 @dataclasses.dataclass(frozen=True)
 class OptimConfig:
-    lr: float
-    schedule: str  # optim.SCHEDULES
-    warmup_steps: int
-    min_lr_ratio: float
-    b1: float
-    b2: float
-    eps: float
-    weight_decay: float
-    clip_norm: float
+    lr: float = option(3e-3, help="peak learning rate", check=FINITE_POSITIVE)
+    schedule: str = option("cosine", help="after linear warm-up", check=one_of(tuple(optim.SCHEDULES)))
+    warmup_steps: int = option(50, help="linear warm-up steps", check=integer(0))
+    min_lr_ratio: float = option(0.1, help="cosine floor, as a fraction of lr", check=FRACTION)
+    b1: float = option(0.9, help="Adam's beta1")
+    b2: float = option(0.95, help="Adam's beta2")
+    eps: float = option(1e-8, help="Adam's epsilon")
+    weight_decay: float = option(0.1, help="decoupled, matrices only", check=number(lambda v: v >= 0, "a number >= 0"))
+    clip_norm: float = option(1.0, help="global gradient norm clip", check=POSITIVE)
 
 
 @dataclasses.dataclass(frozen=True)
 class TrainConfig:
-    steps: int
-    batch_size: int  # global, in sequences, per optimiser step
-    seq_len: int
-    grad_accum_steps: int
-    seed: int
-    log_every: int
-    eval_every: int  # 0: only at the end
-    eval_windows: int
-    checkpoint_every: int
-    profile_steps: tuple[int, ...] = ()  # () or (first, last): a profiler trace of those steps to WORKDIR/profile
-    peak_tflops: float = 0.0  # per device, for MFU; 0: known for the device, else MFU is omitted
-    spike_factor: float = 5.0  # divergence: loss above this x its running median ...; 0: only NaN/Inf stop a run
-    spike_steps: int = 3  # ... for this many steps in a row (training.divergence)
+    steps: int = option(300, help="optimiser steps", check=integer(1))
+    batch_size: int = option(32, help="global, in sequences, per optimiser step", check=integer(1))
+    seq_len: int = option(64, help="the training length (eval extrapolates from it)", check=integer(1))
+    grad_accum_steps: int = option(1, help="micro-batches per step (batch_size must be divisible by it)", check=integer(1))
+    seed: int = option(0, help="parameters and data order", check=integer(0))
+    log_every: int = option(25, help="steps between logged metrics", check=integer(1))
+    eval_every: int = option(50, help="steps between validations; 0: only at the end", check=integer(0))
+    eval_windows: int = option(64, help="held-out windows of seq_len tokens per validation", check=integer(1))
+    checkpoint_every: int = option(100, help="steps between checkpoints", check=integer(1))
+    profile_steps: tuple[int, ...] = option((), help="e.g. (10, 12): a jax.profiler trace of steps 10-12 to WORKDIR/profile",
+                                            check=_PROFILE_STEPS)
+    peak_tflops: float = option(0.0, help="per-device peak for MFU; 0: known for the device (H100, A100, TPU v4-v6), else "
+                                "not shown", check=number(lambda v: v >= 0, "a number >= 0 (0: known for the device)"))
+    spike_factor: float = option(5.0, help="divergence: stop when the loss is above this x its running median ...; 0: off",
+                                 check=number(lambda v: v == 0 or (math.isfinite(v) and v > 1), "0 (off) or a finite number > 1"))
+    spike_steps: int = option(3, help="... for this many steps in a row; then roll back to the last confirmed checkpoint",
+                              check=integer(1))
 
 
 @dataclasses.dataclass(frozen=True)
 class MeshConfig:
-    shape: tuple[int, ...]
-    rules: tuple[tuple[str, Any], ...]
+    shape: tuple[int, ...] = option((-1, 1, 1), help="('data', 'fsdp', 'tensor'[, 'context']) sizes, e.g. (1, -1, 1) for "
+                                    "FSDP; -1 fills the rest", check=_MESH_SHAPE)
+    rules: tuple[tuple[str, Any], ...] = option(sharding.DEFAULT_RULES, help="logical axis -> mesh axes")
 
 
 @dataclasses.dataclass(frozen=True)
 class CheckpointConfig:
-    max_to_keep: int  # the newest ones; the last confirmed checkpoint is kept as well
-    async_save: bool
-    allow_fresh_start: bool = False  # start from step 0 when every checkpoint in the workdir was bad (else an error)
+    max_to_keep: int = option(3, help="the newest ones; the last confirmed checkpoint is kept as well", check=integer(1))
+    async_save: bool = option(True, help="write checkpoints while training goes on", check=BOOL)
+    allow_fresh_start: bool = option(False, help="start from step 0 when every checkpoint in the workdir is bad (else an error)",
+                                     check=BOOL)
+
+
+SECTIONS = {"model": ModelConfig, "data": DataConfig, "optim": OptimConfig, "train": TrainConfig, "mesh": MeshConfig,
+            "checkpoint": CheckpointConfig}
+# Model fields the application fills in when the command line leaves them: field -> what the command line's value means.
+MODEL_NOTES = {"vocab_size": "None: the data's vocabulary (256 bytes, data.bpe_vocab_size, or 50257 for .bin shards)",
+               "max_len": "follows train.seq_len unless set"}
+# Sentinels of configs saved before None was used (checkpoints keep their config as JSON): (section, field) -> old value.
+LEGACY_NONE = {("model", "vocab_size"): 0, ("model", "ssmax_s_init"): -1, ("data", "eos_id"): -1}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -89,103 +135,21 @@ class Config:
     source: dict
 
 
-def _one_of(options) -> tuple[Callable[[Any], bool], str]:
-    return (lambda v: v in options), "one of " + ", ".join(map(repr, options))
+def _section(cls, values: dict):
+    """cls from a section's values; a field the values lack (saved before it existed) takes its default."""
+    return cls(**{f.name: values[f.name] for f in dataclasses.fields(cls) if f.name in values})
 
 
-def _int(low: int, high: int | None = None) -> tuple[Callable[[Any], bool], str]:
-    ok = lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= low and (high is None or v <= high)
-    return ok, f"an integer >= {low}" + (f" and <= {high}" if high is not None else "")
-
-
-def _number(ok, text) -> tuple[Callable[[Any], bool], str]:
-    return (lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and ok(v)), text
-
-
-def _mesh_shape() -> tuple[Callable[[Any], bool], str]:
-    ok = lambda v: isinstance(v, (tuple, list)) and len(v) in (3, 4) and all(isinstance(n, int) and (n >= 1 or n == -1) for n in v)
-    return ok, "3 or 4 sizes (data, fsdp, tensor[, context]), each >= 1 or -1 for 'the rest', e.g. '(1,1,1)' or '(2,1,1,4)'"
-
-
-def _profile_steps() -> tuple[Callable[[Any], bool], str]:
-    ok = lambda v: isinstance(v, (tuple, list)) and (not v or len(v) == 2 and all(isinstance(n, int) for n in v) and 1 <= v[0] <= v[1])
-    return ok, "() for none, or (first, last) steps with 1 <= first <= last, e.g. '(10,12)'"
-
-
-def _known_encoding(name) -> bool:
-    try:
-        return isinstance(name, str) and bool(codecs.lookup(name))
-    except LookupError:
-        return False
-
-
-_POSITIVE = _number(lambda v: v > 0, "a number > 0")
-_FINITE_POSITIVE = _number(lambda v: math.isfinite(v) and v > 0, "a finite number > 0")
-_FRACTION = _number(lambda v: 0 <= v < 1, "a number in [0, 1)")
-_BOOL = ((lambda v: isinstance(v, bool)), "True or False")
-
-CHECKS = {  # non-model fields; ModelConfig checks its own
-    "data.source": _one_of(tuple(data.SOURCES)),
-    "data.tokenizer": _one_of(tuple(data.TOKENIZERS)),
-    "data.bpe_vocab_size": _int(257, 65536),
-    "data.val_fraction": _number(lambda v: 0 < v < 1, "a number in (0, 1): validation needs held-out data (or set data.val_path)"),
-    "data.allow_changed": _BOOL,
-    "data.num_workers": _int(0),
-    "data.document_masking": _one_of(tuple(data.DOCUMENT_MASKING)),
-    "data.eos_id": _int(-1, 65535),
-    "data.encoding": (_known_encoding, "a Python codec name, e.g. 'utf-8' or 'latin-1'"),
-    "data.errors": _one_of(("strict", "replace", "ignore")),
-    "optim.lr": _FINITE_POSITIVE,
-    "data.retrieval_fraction": _FRACTION,
-    "optim.schedule": _one_of(tuple(optim.SCHEDULES)),
-    "optim.warmup_steps": _int(0),
-    "optim.min_lr_ratio": _FRACTION,
-    "optim.weight_decay": _number(lambda v: v >= 0, "a number >= 0"),
-    "optim.clip_norm": _POSITIVE,
-    "train.steps": _int(1),
-    "train.batch_size": _int(1),
-    "train.seq_len": _int(1),
-    "train.grad_accum_steps": _int(1),
-    "train.seed": _int(0),
-    "train.log_every": _int(1),
-    "train.eval_every": _int(0),
-    "train.eval_windows": _int(1),
-    "train.checkpoint_every": _int(1),
-    "train.profile_steps": _profile_steps(),
-    "train.peak_tflops": _number(lambda v: v >= 0, "a number >= 0 (0: known for the device)"),
-    "train.spike_factor": _number(lambda v: v == 0 or (math.isfinite(v) and v > 1), "0 (off) or a finite number > 1"),
-    "train.spike_steps": _int(1),
-    "checkpoint.max_to_keep": _int(1),
-    "checkpoint.allow_fresh_start": _BOOL,
-    "mesh.shape": _mesh_shape(),
-}
-
-
-def _section(cls, cfg, name: str):
-    """cls from cfg[name]; a field with a default may be absent (configs saved before it existed)."""
-    section = cfg[name]
-    fields = dataclasses.fields(cls)
-    missing = [f.name for f in fields if f.name not in section and f.default is dataclasses.MISSING]
-    if missing:
-        raise ConfigError(f"config.{name}.{missing[0]} is missing")
-    return cls(**{f.name: section[f.name] for f in fields if f.name in section})
-
-
-def _model(cfg_model, cfg_data) -> ModelConfig:
-    """The typed model; vocab_size 0 takes the data's vocabulary, ssmax_s_init -1 means 1/log(max_len)."""
+def _model(cfg_model, cfg_data: DataConfig) -> ModelConfig:
+    """The typed model; vocab_size None takes the data's vocabulary."""
     fields = {f.name: cfg_model[f.name] for f in dataclasses.fields(ModelConfig) if f.name in cfg_model}
     fields["attention_options"] = dict(fields.get("attention_options", {}))
-    fields["vocab_size"] = fields.get("vocab_size") or data.vocab_size(cfg_data)
-    if fields.get("ssmax_s_init") == -1:
-        fields["ssmax_s_init"] = None
+    if fields.get("vocab_size") is None:
+        fields["vocab_size"] = data.vocab_size(cfg_data)
     try:
-        model = ModelConfig(**fields)
-        attention.variant_options(model.attention, model.attention_options, model.num_heads)
-        return model
+        return ModelConfig(**fields)
     except ConfigError as e:
         raise ConfigError(f"config.{e}") from None
-    except ValueError as e:  # an option's value (lssar p <= 0 or NaN, ...)
-        raise ConfigError(f"config.model.attention_options: {e}") from None
     except TypeError as e:  # a missing field
         raise ConfigError(f"config.model: {e}") from None
 
@@ -195,45 +159,43 @@ def to_json(cfg: ml_collections.ConfigDict) -> dict:
     return json.loads(json.dumps(cfg.to_dict()))
 
 
+def upgrade(saved: dict) -> dict:
+    """A saved config with the sentinels of older versions (vocab_size 0, ssmax_s_init -1, eos_id -1) as None."""
+    saved = json.loads(json.dumps(saved))
+    for (section, name), old in LEGACY_NONE.items():
+        if saved.get(section, {}).get(name) == old:
+            saved[section][name] = None
+    return saved
+
+
 def from_json(d: dict) -> ml_collections.ConfigDict:
     """A saved config back as a ConfigDict (JSON lists become tuples where the config uses tuples)."""
-    cfg = ml_collections.ConfigDict(json.loads(json.dumps(d)))
+    cfg = ml_collections.ConfigDict(upgrade(d))
     cfg.mesh.shape = tuple(cfg.mesh.shape)
     cfg.mesh.rules = tuple((name, tuple(axes) if isinstance(axes, list) else axes) for name, axes in cfg.mesh.rules)
-    return cfg
-
-
-def _has(cfg, field: str) -> bool:
-    section, name = field.split(".")
-    return name in cfg[section]
-
-
-def _get(cfg, field: str):
-    for name in field.split("."):
-        cfg = cfg[name]
     return cfg
 
 
 def parse(cfg: ml_collections.ConfigDict) -> Config:
     """The typed configs of a run; raises ConfigError for the first invalid field (before any data is read)."""
     cfg = cfg.copy_and_resolve_references()
-    for field, (ok, allowed) in CHECKS.items():
-        if field == "data.val_fraction" and cfg.data.get("val_path"):
-            continue  # held out in its own files
-        if _has(cfg, field) and not ok(value := _get(cfg, field)):
-            raise ConfigError(f"config.{field}={value!r} is invalid; allowed: {allowed}")
+    sections = {name: cfg[name].to_dict() for name in SECTIONS if name != "model"}
+    if sections["data"].get("val_path"):
+        sections["data"].pop("val_fraction", None)  # held out in its own files: unchecked (and unused)
+    for name, values in sections.items():
+        validate(SECTIONS[name], values, f"config.{name}.")
     if cfg.train.batch_size % cfg.train.grad_accum_steps:
         raise ConfigError(f"config.train.batch_size={cfg.train.batch_size} must be divisible by "
                           f"config.train.grad_accum_steps={cfg.train.grad_accum_steps}")
     if cfg.data.source in ("text", "bin") and not cfg.data.path:
         raise ConfigError(f"config.data.path is empty; data.source={cfg.data.source!r} needs a glob of files")
-    train, data_cfg = _section(TrainConfig, cfg, "train"), _section(DataConfig, cfg, "data")
+    data_cfg, train = _section(DataConfig, cfg.data), _section(TrainConfig, cfg.train)
     return Config(
         model=_model(cfg.model, data_cfg),
         data=data_cfg,
-        optim=_section(OptimConfig, cfg, "optim"),
+        optim=_section(OptimConfig, cfg.optim),
         train=dataclasses.replace(train, profile_steps=tuple(train.profile_steps)),
         mesh=MeshConfig(tuple(cfg.mesh.shape), tuple(tuple(rule) for rule in cfg.mesh.rules)),
-        checkpoint=_section(CheckpointConfig, cfg, "checkpoint"),
+        checkpoint=_section(CheckpointConfig, cfg.checkpoint),
         source=to_json(cfg),
     )

@@ -35,7 +35,7 @@ class NoUsableCheckpointError(UserError, RuntimeError):
 def _check_vocab(cfg: config.Config, splits: data.Splits) -> None:
     if cfg.model.vocab_size < splits.vocab_size:
         raise ConfigError(f"config.model.vocab_size={cfg.model.vocab_size} is smaller than the data's "
-                          f"vocabulary ({splits.vocab_size}); allowed: 0 (take the data's) or >= {splits.vocab_size}")
+                          f"vocabulary ({splits.vocab_size}); allowed: None (take the data's) or >= {splits.vocab_size}")
 
 
 def _mesh_devices(shape):

@@ -1,0 +1,67 @@
+"""`--help` of the installed commands, run from an empty folder: exit 0, every flag and (with --config) every config
+field with its default, type and allowed values, taken from the flag definitions and the config schema."""
+import dataclasses
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+from freeatten_jax.training.config import SECTIONS
+
+BIN = pathlib.Path(sys.executable).parent
+
+CASES = {  # command line -> lines the help must contain
+    "freeatten-train --help": [
+        "  --config.train.steps=300 (int; allowed: an integer >= 1)",
+        "  --config.model.attention=softmax (str; allowed: one of 'softmax', 'ssmax', 'lssa', 'lssar', 'sigmoid', 'relu')",
+        "  --config.model.vocab_size=None (int; allowed: None or an integer >= 1)",
+        "  --config.data.eos_id=None (int | None; allowed: None or an integer >= 0 and <= 65535)",
+        "  --config.mesh.shape=(-1, 1, 1) (tuple; allowed: 3 or 4 sizes",
+        "  --config.model.remat=none (str; allowed: one of 'none', 'dots', 'full')",  # a Literal type
+        "  --config.model.ssmax_s_init=None (float | None; allowed: None or a number > 0)",
+        "  --config.data.path='' (str)",
+        "  --workdir=None (string, required)",
+        "  --peer_timeout=60 (int; allowed: a positive integer)",
+    ],
+    "freeatten-train --config=lm:variant=lssar,size=gpt2_small --config.train.steps=7 --help": [
+        "  --config.train.steps=7 (int;", "  --config.train.seq_len=1024 (int;", "  --config.model.attention=lssar (str;",
+        "  --config.model.attention_options={'p': 15.0} (dict;", "  --config.model.dtype=bfloat16 (str; allowed: one of 'float32', 'bfloat16')",
+    ],
+    "freeatten-train --config=ssmax:tiny -h": ["  --config.model.attention=ssmax (str;", "      SSMax's initial s; None: 1/log(max_len)"],
+    "freeatten-eval --help": [
+        "  --implementation=auto (string enum; allowed: reference, blockwise, pallas, auto)",
+        "  --multipliers=[1, 2, 4, 8, 16] (comma separated list of int; allowed: integers >= 1 (lengths in training lengths)",
+        "  --passkey_depths=[0.1, 0.5, 0.9] (comma separated list of float; allowed: numbers in [0, 1], e.g. 0.1,0.5)",
+        "  --workdir=None (multi string, required)", "      Training run directory (repeat for several).",
+    ],
+    "freeatten-generate --help": [
+        "  --max_new_tokens=100 (int; allowed: a positive integer)", "  --top_p=None (float; allowed: a number in the range [0.0, 1.0])",
+    ],
+    "freeatten-compile --help": [
+        "  --attention=None (string enum; allowed: softmax, ssmax, lssa, lssar, sigmoid, relu)",
+        "  --target=None (string, required)", "  --config.model.implementation=auto (str; allowed: one of 'reference',",
+    ],
+}
+
+
+def _help(command: str, tmp_path) -> list[str]:
+    name, *args = command.split()
+    result = subprocess.run([str(BIN / name), *args], capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert result.returncode == 0 and not result.stderr.strip(), result.stderr[-2000:]
+    return result.stdout.splitlines()
+
+
+@pytest.mark.parametrize("command", CASES)
+def test_help_exits_0_with_defaults_types_and_allowed_values(command, tmp_path):
+    lines = _help(command, tmp_path)
+    missing = [want for want in CASES[command] if not any(line.startswith(want) for line in lines)]
+    assert not missing, missing
+
+
+def test_train_help_lists_every_field_of_every_section_with_its_help(tmp_path):
+    lines = _help("freeatten-train --help", tmp_path)
+    for section, cls in SECTIONS.items():
+        for f in dataclasses.fields(cls):
+            at = next(i for i, line in enumerate(lines) if line.startswith(f"  --config.{section}.{f.name}="))
+            assert lines[at + 1].strip().startswith(f.metadata["help"]), (section, f.name)
