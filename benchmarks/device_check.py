@@ -51,6 +51,8 @@ def main(argv=None) -> int:
     env = {**os.environ, "FREEATTEN_PALLAS_INTERPRET": "0", "PYTHONUNBUFFERED": "1",
            "PYTHONPATH": os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")]))}
     env.setdefault("JAX_PLATFORMS", "cpu" if args.tiny else "")  # tests/conftest.py would force the CPU
+    if args.tiny:  # unoptimised CPU code compiles faster; tiny timings say nothing anyway
+        env["XLA_FLAGS"] = f"{env.get('XLA_FLAGS', '')} --xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true"
     results = {name: _step(name, _command(name, args.tiny), env) for name in STEP_LIMITS}
     summary = [f"# Device check (`python benchmarks/device_check.py{' --tiny' * args.tiny}`)", "",
                "| step | exit | seconds | limit s |", "|---|---|---|---|"]
