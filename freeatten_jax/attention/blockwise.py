@@ -2,7 +2,7 @@
 
 Glossary: B batch, T queries, S keys, H heads, K kv heads, G = H // K, D head dim, Q / C query /
 key block length, I / J number of query / key blocks. Forward: for each query block, stream the
-key blocks that may be visible (a rule per normalise kind, blockwise_rules.RULES). Backward: for
+key blocks that may be visible (a rule per normalise kind: rules.FAMILIES in blockwise_rules' layout). Backward: for
 each key block, stream the query blocks, recomputing scores; only the output and per-row
 statistics are saved. `prepare` runs outside the custom VJP, so autodiff carries its gradients.
 Public pieces (ring.py builds its ring attention from them): block_sizes, query_blocks, key_blocks,
