@@ -29,6 +29,8 @@ EVAL = "tests/test_eval_metrics.py"
 FAULTS = "tests/test_faults.py"
 
 RULES_PY = "freeatten_jax/attention/rules.py"
+BLOCK_PLAN_PY = "freeatten_jax/attention/block_plan.py"
+SKIPPING = ("blockwise", "pallas and not tpu", "pallas_tpu_kernels", "context_parallel")  # test_block_edges' implementations
 IMPLEMENTATIONS = {  # name: the values-and-gradients-vs-reference tests of that implementation ("-k" narrows to a variant)
     "blockwise": ("tests/test_blockwise.py::test_blockwise_matches_reference",),
     "pallas GPU kernels": ("tests/test_pallas.py::test_pallas_matches_reference", "-k", "gpu and "),
@@ -49,6 +51,11 @@ def every_p_path(name: str, original: str, replacement: str) -> list[Mutant]:
     """One mutant of rules.py per path that differentiates LSSAR's p, each caught by that path's dL/dp test."""
     return [Mutant(f"{name} [{path}]", RULES_PY, original, replacement,
                    (f"tests/test_pallas.py::test_lssar_power_gradient_matches_finite_differences[{path}]",)) for path in P_PATHS]
+
+
+def every_skipping(name: str, original: str, replacement: str) -> list[Mutant]:
+    """One mutant of block_plan.py per implementation that skips blocks, each caught by that one's block-edge tests."""
+    return [Mutant(f"{name} [{impl.split()[0]}]", BLOCK_PLAN_PY, original, replacement, (*BLOCK_EDGES, "-k", impl)) for impl in SKIPPING]
 
 
 MUTANTS = [
@@ -80,16 +87,11 @@ MUTANTS = [
     Mutant("fused: bidirectional ssmax with causal N_i", "freeatten_jax/attention/auto.py",
            "jnp.arange(1, t + 1)[None, None] if mask.causal else jnp.full((1, 1, t), t)", "jnp.arange(1, t + 1)[None, None]",
            ("tests/test_blockwise.py", "-k", "fused_path_matches_reference")),
-    # --- attention/blockwise.py: block skipping at the exact boundary (issue 15)
-    Mutant("blockwise: causal skip k_lo < q_hi", "freeatten_jax/attention/blockwise.py", "maybe &= k_lo <= q_hi", "maybe &= k_lo < q_hi",
-           BLOCK_EDGES),
-    Mutant("blockwise: causal skip k_hi <= q_hi", "freeatten_jax/attention/blockwise.py", "maybe &= k_lo <= q_hi", "maybe &= k_hi <= q_hi",
-           BLOCK_EDGES),
-    Mutant("blockwise: window skip one position short", "freeatten_jax/attention/blockwise.py", "(q_lo - k_hi < q_mask.window)",
-           "(q_lo - k_hi < q_mask.window - 1)", BLOCK_EDGES),
-    # --- attention/pallas_plan.py and ring.py: the other block-skipping and sequence-sharded implementations
-    Mutant("pallas: causal skip k_lo < q_hi", "freeatten_jax/attention/pallas_plan.py", "maybe &= k_lo <= q_hi", "maybe &= k_lo < q_hi",
-           (*BLOCK_EDGES, "-k", "pallas")),
+    # --- attention/block_plan.py: block skipping at the exact boundary (issues 15, 20), one planner for every implementation
+    *every_skipping("plan: causal skip k_lo < q_hi", "maybe &= k_lo <= q_hi", "maybe &= k_lo < q_hi"),
+    *every_skipping("plan: causal skip k_hi <= q_hi", "maybe &= k_lo <= q_hi", "maybe &= k_hi <= q_hi"),
+    *every_skipping("plan: window skip one position short", "(q_lo - k_hi < mask.window)", "(q_lo - k_hi < mask.window - 1)"),
+    # --- attention/pallas.py, pallas_tpu.py and ring.py: sharding, the TPU grid, the ring
     Mutant("pallas: kernels not in shard_map inside a mesh", "freeatten_jax/attention/pallas.py",
            "    if mesh.empty or mesh.size == 1:", "    if True:", ("tests/test_pallas.py", "tests/test_compile.py", "-k", "per_shard or v5p")),
     Mutant("pallas: shard_map replicates the batch", "freeatten_jax/attention/pallas.py",
@@ -107,12 +109,12 @@ MUTANTS = [
     Mutant("pallas: dL/dp dropped (the old silent zero)", "freeatten_jax/attention/pallas.py",
            "dp_1 = jnp.sum(dpow[0]).reshape(1) if cfg.p_grad else None", "dp_1 = None",
            ("tests/test_pallas.py", "-k", "finite_differences and pallas")),
-    # --- pallas_plan.py: the mask-free interior blocks (issue 20)
-    Mutant("pallas: diagonal blocks taken as interior (k_hi <= q_hi)", "freeatten_jax/attention/pallas_plan.py",
+    # --- block_plan.py: the mask-free interior blocks (issue 20; the Pallas kernels take them)
+    Mutant("pallas: diagonal blocks taken as interior (k_hi <= q_hi)", BLOCK_PLAN_PY,
            "full &= k_hi <= q_lo", "full &= k_hi <= q_hi", (*BLOCK_EDGES, "-k", "pallas")),
-    Mutant("pallas: a block at the window's edge taken as interior", "freeatten_jax/attention/pallas_plan.py",
+    Mutant("pallas: a block at the window's edge taken as interior", BLOCK_PLAN_PY,
            "full &= (q_hi - k_lo < mask.window)", "full &= (q_hi - k_lo <= mask.window)", (*BLOCK_EDGES, "-k", "pallas")),
-    Mutant("pallas: a block with a padding key taken as interior", "freeatten_jax/attention/pallas_plan.py",
+    Mutant("pallas: a block with a padding key taken as interior", BLOCK_PLAN_PY,
            "full = jnp.all(kvalid_BJC, axis=2)", "full = jnp.any(kvalid_BJC, axis=2)", (*BLOCK_EDGES, "-k", "pallas")),
     # --- compile/: without the chips (issue 20)
     Mutant("freeatten-compile: a shared-memory overflow not recognised", "freeatten_jax/compile/run.py",
