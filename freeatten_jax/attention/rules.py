@@ -138,7 +138,8 @@ def _sum_finish(carry, ctx):
 
 def _sum_grad(s, vis, ctx, rows, dp):
     u, slope = softplus_and_sigmoid(s)
-    return _keep(vis, u / rows["z"], 0.0), _keep(vis, (dp - rows["d"]) * slope / rows["z"], 0.0)
+    inv_z = 1.0 / rows["z"]  # one division per row, a multiply per score
+    return _keep(vis, u * inv_z, 0.0), _keep(vis, (dp - rows["d"]) * (slope * inv_z), 0.0)
 
 
 # ----------------------------------------------------------------------------- none (sigmoid, relu)
@@ -165,11 +166,11 @@ def _reweight_terms(s, vis, ctx, rows):
     before the row normalisation."""
     softplus, slope = softplus_and_sigmoid(s)
     u = _keep(vis, softplus, 0.0)
-    x = ctx.n * (u / rows["z"]) - reweight_offset(ctx.n)
+    x = u * (ctx.n / rows["z"]) - reweight_offset(ctx.n)  # row factors: one division per row, not per score
     active = x > 0 if vis is None else vis & (x > 0)
     sharp = rows["x_max"] > 0
-    r_sharp = power(jnp.where(active, x, 0.0) / jnp.maximum(rows["x_max"], TINY), ctx)
-    r = jnp.where(sharp, jnp.where(active, r_sharp, 0.0), u / jnp.maximum(rows["u_max"], TINY))
+    r_sharp = power(jnp.where(active, x, 0.0) * (1.0 / jnp.maximum(rows["x_max"], TINY)), ctx)
+    r = jnp.where(sharp, jnp.where(active, r_sharp, 0.0), u * (1.0 / jnp.maximum(rows["u_max"], TINY)))
     return slope, x, active, sharp, r
 
 
@@ -207,10 +208,10 @@ def _reweight_backward_rows(stats, out, dout, p):
 
 def _reweight_grad(s, vis, ctx, rows, dp):
     slope, x, active, sharp, r = _reweight_terms(s, vis, ctx, rows)
-    w = r / rows["l"]
-    coef = jnp.where(sharp, jnp.where(active, ctx.n * ctx.p * w / jnp.where(active, x, 1.0), 0.0), 1.0)
+    w = r * (1.0 / rows["l"])
+    coef = jnp.where(sharp, jnp.where(active, (ctx.n * ctx.p) * w / jnp.where(active, x, 1.0), 0.0), 1.0)
     e = rows["e"] * reweight_offset(ctx.n)
-    return w, _keep(vis, ((dp - rows["d"]) * coef - e) * slope / rows["z"], 0.0)
+    return w, _keep(vis, ((dp - rows["d"]) * coef - e) * (slope * (1.0 / rows["z"])), 0.0)
 
 
 def _reweight_power_grad(s, vis, ctx, rows, dp):
