@@ -24,10 +24,39 @@ def oracle(variant: str) -> tuple[str, ...]:
     return ("tests/test_attention.py::test_values_match_oracle", "-k", f"[{variant}-")
 
 
-BLOCKWISE = ("tests/test_blockwise.py::test_blockwise_matches_reference",)
 BLOCK_EDGES = ("tests/test_block_edges.py",)
 EVAL = "tests/test_eval_metrics.py"
 FAULTS = "tests/test_faults.py"
+
+RULES_PY = "freeatten_jax/attention/rules.py"
+BLOCK_PLAN_PY = "freeatten_jax/attention/block_plan.py"
+SKIPPING = ("blockwise", "pallas and not tpu", "pallas_tpu_kernels", "context_parallel")  # test_block_edges' implementations
+IMPLEMENTATIONS = {  # name: the values-and-gradients-vs-reference tests of that implementation ("-k" narrows to a variant)
+    "blockwise": ("tests/test_blockwise.py::test_blockwise_matches_reference",),
+    "pallas GPU kernels": ("tests/test_pallas.py::test_pallas_matches_reference", "-k", "gpu and "),
+    "pallas TPU kernels": ("tests/test_pallas.py::test_pallas_matches_reference", "-k", "tpu and "),
+    "ring": ("tests/test_context_parallel.py::test_matches_reference",),
+}
+P_PATHS = ("blockwise", "pallas", "pallas_tpu_kernels", "context_parallel")  # test_pallas's dL/dp test ids
+
+
+def every_implementation(name: str, original: str, replacement: str, variant: str) -> list[Mutant]:
+    """One mutant of rules.py per implementation, each caught only by that implementation's tests of `variant`."""
+    def tests(args):
+        return (*args[:2], args[2] + variant) if len(args) == 3 else (*args, "-k", variant)
+    return [Mutant(f"{name} [{impl}]", RULES_PY, original, replacement, tests(args)) for impl, args in IMPLEMENTATIONS.items()]
+
+
+def every_p_path(name: str, original: str, replacement: str) -> list[Mutant]:
+    """One mutant of rules.py per path that differentiates LSSAR's p, each caught by that path's dL/dp test."""
+    return [Mutant(f"{name} [{path}]", RULES_PY, original, replacement,
+                   (f"tests/test_pallas.py::test_lssar_power_gradient_matches_finite_differences[{path}]",)) for path in P_PATHS]
+
+
+def every_skipping(name: str, original: str, replacement: str) -> list[Mutant]:
+    """One mutant of block_plan.py per implementation that skips blocks, each caught by that one's block-edge tests."""
+    return [Mutant(f"{name} [{impl.split()[0]}]", BLOCK_PLAN_PY, original, replacement, (*BLOCK_EDGES, "-k", impl)) for impl in SKIPPING]
+
 
 MUTANTS = [
     # --- attention/variants.py: one per formula (prepare or weight of each variant)
@@ -47,24 +76,22 @@ MUTANTS = [
     # --- attention implementations: one each
     Mutant("reference: softmax ignores the mask", "freeatten_jax/attention/reference.py",
            "jax.nn.softmax(jnp.where(visible, scores, NEG_INF), axis=-1) * visible", "jax.nn.softmax(scores, axis=-1) * visible", oracle("softmax")),
-    Mutant("blockwise: online softmax does not rescale the accumulator", "freeatten_jax/attention/blockwise_rules.py",
-           "return m_new, l * scale + _row_sum(p), acc * scale + pv(p, v)", "return m_new, l * scale + _row_sum(p), acc + pv(p, v)",
-           BLOCKWISE),
+    # --- attention/rules.py: the row rules every implementation runs (issue 20 item 4); each must fail each one's tests
+    *every_implementation("rules: online softmax does not rescale the accumulator",
+                          "acc * scale + ctx.pv(w, v)", "acc + ctx.pv(w, v)", "softmax"),
+    *every_implementation("rules: LSSAR's integer power one too high", "jax.lax.integer_pow(y, ctx.static_power)",
+                          "jax.lax.integer_pow(y, ctx.static_power + 1)", "lssar"),
+    *every_implementation("rules: LSSAR's dk/dq without the E_i term", 'e = rows["e"] * reweight_offset(ctx.n)', "e = 0.0", "lssar"),
     Mutant("fused: 1/sqrt(d) applied twice", "freeatten_jax/attention/auto.py", "scale=1.0, is_causal=mask.causal",
            "scale=None, is_causal=mask.causal", ("tests/test_blockwise.py", "-k", "fused_path_matches_reference")),
     Mutant("fused: bidirectional ssmax with causal N_i", "freeatten_jax/attention/auto.py",
            "jnp.arange(1, t + 1)[None, None] if mask.causal else jnp.full((1, 1, t), t)", "jnp.arange(1, t + 1)[None, None]",
            ("tests/test_blockwise.py", "-k", "fused_path_matches_reference")),
-    # --- attention/blockwise.py: block skipping at the exact boundary (issue 15)
-    Mutant("blockwise: causal skip k_lo < q_hi", "freeatten_jax/attention/blockwise.py", "maybe &= k_lo <= q_hi", "maybe &= k_lo < q_hi",
-           BLOCK_EDGES),
-    Mutant("blockwise: causal skip k_hi <= q_hi", "freeatten_jax/attention/blockwise.py", "maybe &= k_lo <= q_hi", "maybe &= k_hi <= q_hi",
-           BLOCK_EDGES),
-    Mutant("blockwise: window skip one position short", "freeatten_jax/attention/blockwise.py", "(q_lo - k_hi < q_mask.window)",
-           "(q_lo - k_hi < q_mask.window - 1)", BLOCK_EDGES),
-    # --- attention/pallas_plan.py and ring.py: the other block-skipping and sequence-sharded implementations
-    Mutant("pallas: causal skip k_lo < q_hi", "freeatten_jax/attention/pallas_plan.py", "maybe &= k_lo <= q_hi", "maybe &= k_lo < q_hi",
-           (*BLOCK_EDGES, "-k", "pallas")),
+    # --- attention/block_plan.py: block skipping at the exact boundary (issues 15, 20), one planner for every implementation
+    *every_skipping("plan: causal skip k_lo < q_hi", "maybe &= k_lo <= q_hi", "maybe &= k_lo < q_hi"),
+    *every_skipping("plan: causal skip k_hi <= q_hi", "maybe &= k_lo <= q_hi", "maybe &= k_hi <= q_hi"),
+    *every_skipping("plan: window skip one position short", "(q_lo - k_hi < mask.window)", "(q_lo - k_hi < mask.window - 1)"),
+    # --- attention/pallas.py, pallas_tpu.py and ring.py: sharding, the TPU grid, the ring
     Mutant("pallas: kernels not in shard_map inside a mesh", "freeatten_jax/attention/pallas.py",
            "    if mesh.empty or mesh.size == 1:", "    if True:", ("tests/test_pallas.py", "tests/test_compile.py", "-k", "per_shard or v5p")),
     Mutant("pallas: shard_map replicates the batch", "freeatten_jax/attention/pallas.py",
@@ -75,21 +102,19 @@ MUTANTS = [
     Mutant("pallas TPU kernels: dK/dV reads only the first query head of its group", "freeatten_jax/attention/pallas_tpu.py",
            "return k * g + jax.lax.div(t, q_blocks)", "return k * g", ("tests/test_pallas.py", "-k", "reference and tpu")),
     # --- LSSAR's p differentiable on every path (issue 20)
-    Mutant("blockwise: dL/dp without the -D_i term", "freeatten_jax/attention/blockwise_rules.py",
-           'jnp.log(jnp.where(active, x, 1.0)) * (dp - rows["d"])', 'jnp.log(jnp.where(active, x, 1.0)) * dp',
-           ("tests/test_pallas.py", "-k", "finite_differences and (blockwise or auto or context)")),
+    *every_p_path("rules: dL/dp without the -D_i term", 'jnp.log(jnp.where(active, x, 1.0)) * (dp - rows["d"])',
+                  'jnp.log(jnp.where(active, x, 1.0)) * dp'),
+    *every_p_path("rules: dL/dp with unnormalised weights", 'r / rows["l"] * jnp.log(jnp.where(active, x, 1.0))',
+                  'r * jnp.log(jnp.where(active, x, 1.0))'),
     Mutant("pallas: dL/dp dropped (the old silent zero)", "freeatten_jax/attention/pallas.py",
            "dp_1 = jnp.sum(dpow[0]).reshape(1) if cfg.p_grad else None", "dp_1 = None",
            ("tests/test_pallas.py", "-k", "finite_differences and pallas")),
-    Mutant("pallas kernels: dL/dp with unnormalised weights", "freeatten_jax/attention/pallas_kernels.py",
-           'r / rows["l"] * jnp.log(jnp.where(active, x, 1.0))', 'r * jnp.log(jnp.where(active, x, 1.0))',
-           ("tests/test_pallas.py", "-k", "finite_differences and pallas")),
-    # --- pallas_plan.py: the mask-free interior blocks (issue 20)
-    Mutant("pallas: diagonal blocks taken as interior (k_hi <= q_hi)", "freeatten_jax/attention/pallas_plan.py",
+    # --- block_plan.py: the mask-free interior blocks (issue 20; the Pallas kernels take them)
+    Mutant("pallas: diagonal blocks taken as interior (k_hi <= q_hi)", BLOCK_PLAN_PY,
            "full &= k_hi <= q_lo", "full &= k_hi <= q_hi", (*BLOCK_EDGES, "-k", "pallas")),
-    Mutant("pallas: a block at the window's edge taken as interior", "freeatten_jax/attention/pallas_plan.py",
+    Mutant("pallas: a block at the window's edge taken as interior", BLOCK_PLAN_PY,
            "full &= (q_hi - k_lo < mask.window)", "full &= (q_hi - k_lo <= mask.window)", (*BLOCK_EDGES, "-k", "pallas")),
-    Mutant("pallas: a block with a padding key taken as interior", "freeatten_jax/attention/pallas_plan.py",
+    Mutant("pallas: a block with a padding key taken as interior", BLOCK_PLAN_PY,
            "full = jnp.all(kvalid_BJC, axis=2)", "full = jnp.any(kvalid_BJC, axis=2)", (*BLOCK_EDGES, "-k", "pallas")),
     # --- compile/: without the chips (issue 20)
     Mutant("freeatten-compile: a shared-memory overflow not recognised", "freeatten_jax/compile/run.py",

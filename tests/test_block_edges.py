@@ -60,6 +60,9 @@ def _case(name: str):
         "causal_interior_beside_diagonal": ("lssar", 4 * BLOCK_K, 4 * BLOCK_K, True, {}),
         # window 2C - 1: a neighbouring block's pair farthest apart sits exactly at the window's edge (not interior)
         "window_interior_edge": ("lssa", 4 * BLOCK_K, 4 * BLOCK_K, False, dict(window=2 * BLOCK_K - 1)),
+        # queries one position ahead of their keys: each query block's largest position is the first key of the
+        # next key block (a length the ring takes, unlike the decode and prefill cases above)
+        "shifted_queries_max_on_block_start": ("lssa", 4 * BLOCK_K, 4 * BLOCK_K, True, dict(q_positions=jnp.arange(1, 4 * BLOCK_K + 1))),
         # one padding key inside an otherwise wholly visible block (not interior)
         "padding_key_inside_interior": ("softmax", 4 * BLOCK_K, 4 * BLOCK_K, False, dict(kv_mask=jnp.arange(4 * BLOCK_K) != BLOCK_K + 4)),
     }[name]
@@ -71,6 +74,7 @@ CASES = [
     "decode_inside_block_before_cache_end",
     "prefill_max_on_block_start",
     "prefill_max_on_block_end",
+    "shifted_queries_max_on_block_start",
     "window_edge_on_block_edge",
     "segments_start_on_block_edge",
     "causal_interior_beside_diagonal",

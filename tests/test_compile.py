@@ -6,7 +6,7 @@ the kernels. The full matrix (every variant x T x target) is `make compile-check
 """
 import pytest
 
-from freeatten_jax.compile import DoesNotFit, compile_attention, compile_train_step
+from freeatten_jax.compile import DoesNotFit, compile_attention, compile_train_step, targets
 from freeatten_jax.configs import base
 
 
@@ -21,16 +21,25 @@ def test_lssar_forward_backward_compiles_at_32k(target):
 
 def _step_config(implementation: str, batch: int):
     cfg = base.get_config("lssar", "tiny")
-    cfg.model.implementation = implementation
-    cfg.train.seq_len, cfg.train.batch_size = 256, batch
+    cfg.model.implementation, cfg.model.num_layers, cfg.model.dtype = implementation, 1, "bfloat16"  # bf16: half the Triton compile time
+    cfg.train.seq_len, cfg.train.batch_size = 128, batch
     return cfg
 
 
-def test_pallas_train_step_compiles_on_a_v5p_8_data_mesh():
-    """The tiny lssar model's step with implementation="pallas" on v5p-8 (8 TensorCores, data mesh): Mosaic
-    calls cannot be partitioned by XLA, so this compiles only because each runs in shard_map on its shard."""
-    report = compile_train_step(_step_config("pallas", 16), "v5p-8")
-    assert report.kernels > 0 and report.peak < report.hbm
+@pytest.mark.parametrize("target", ["v5p-8", "8xh100"])
+def test_pallas_train_step_runs_each_devices_kernels_on_its_shard_of_the_batch(target):
+    """The tiny lssar step with implementation="pallas" on a data mesh (v5p-8: 4 chips; 8xh100: 8 GPUs). Mosaic
+    calls cannot be partitioned by XLA and Triton calls get replicated (every GPU on the global batch), so
+    this holds only because each kernel runs in shard_map: every operand of every kernel call carries the
+    per-device batch (40 / devices), none the global 40 (no other dim of this model is 40)."""
+    global_batch = 40
+    per_device = global_batch // len(targets.devices(target))
+    report = compile_train_step(_step_config("pallas", global_batch), target)
+    assert report.kernels == 3 and report.peak < report.hbm  # one layer: forward, dq, dkv
+    shapes = [shape for call in report.kernel_operands for shape in call]
+    assert any(shape[:1] == (per_device,) and len(shape) == 4 for shape in shapes)  # q_BHTD
+    assert all(global_batch not in shape for shape in shapes)
+    assert all(per_device in shape for shape in shapes if len(shape) >= 2)
 
 
 def test_an_overflow_is_one_line_naming_the_knob():

@@ -2,7 +2,7 @@
 
 Glossary: B batch, T queries, S keys, H heads, K kv heads, G = H // K, D head dim, Q / C query /
 key block length, I / J number of query / key blocks. Forward: for each query block, stream the
-key blocks that may be visible (a rule per normalise kind, blockwise_rules.RULES). Backward: for
+key blocks that may be visible (a rule per normalise kind: rules.FAMILIES in blockwise_rules' layout). Backward: for
 each key block, stream the query blocks, recomputing scores; only the output and per-row
 statistics are saved. `prepare` runs outside the custom VJP, so autodiff carries its gradients.
 Public pieces (ring.py builds its ring attention from them): block_sizes, query_blocks, key_blocks,
@@ -16,6 +16,7 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
+from freeatten_jax.attention import block_plan
 from freeatten_jax.attention.blockwise_rules import RULES, Config
 from freeatten_jax.attention.variants import Mask, Variant, check_positive_int, hide_unseen
 
@@ -104,27 +105,12 @@ def count_visible(mask: Mask, block_k: int):
     return n_BHT, seen_BHS
 
 
-def _range_stats(x_IBQ, valid_IBQ):
-    """Per-block min and max over the batch and the block's valid entries."""
-    big = jnp.iinfo(jnp.int32).max
-    low = jnp.min(jnp.where(valid_IBQ, x_IBQ, big), axis=(1, 2))
-    high = jnp.max(jnp.where(valid_IBQ, x_IBQ, -big), axis=(1, 2))
-    return low, high
-
-
 def _maybe_visible(q_mask: Mask, kv_mask: Mask) -> jax.Array:
-    """[I, J] bool; False only when positions, segments, padding or window rule out every pair."""
-    q_valid = jnp.ones(q_mask.q_positions.shape, bool)
-    q_lo, q_hi = _range_stats(q_mask.q_positions, q_valid)
-    qs_lo, qs_hi = _range_stats(q_mask.q_segment_ids, q_valid)
-    k_lo, k_hi = _range_stats(kv_mask.kv_positions, kv_mask.kv_valid)
-    ks_lo, ks_hi = _range_stats(kv_mask.kv_segment_ids, kv_mask.kv_valid)
-    q_lo, q_hi, qs_lo, qs_hi = (x[:, None] for x in (q_lo, q_hi, qs_lo, qs_hi))
-    maybe = jnp.any(kv_mask.kv_valid, axis=(1, 2))[None, :] & (ks_lo <= qs_hi) & (qs_lo <= ks_hi)
-    if q_mask.causal:
-        maybe &= k_lo <= q_hi
-    if q_mask.window is not None:
-        maybe &= (k_lo - q_hi < q_mask.window) & (q_lo - k_hi < q_mask.window)
+    """[I, J] bool; False only where block_plan rules out every pair in every batch row (and the dense
+    mask, if any, in every row and head)."""
+    arrays_XBY = (q_mask.q_positions, q_mask.q_segment_ids, kv_mask.kv_positions, kv_mask.kv_segment_ids, kv_mask.kv_valid)
+    maybe_BIJ = block_plan.maybe_visible(q_mask, *(x.transpose(1, 0, 2) for x in arrays_XBY))
+    maybe = jnp.any(maybe_BIJ, axis=0)
     if kv_mask.dense is not None:
         j, b, h, t, c = kv_mask.dense.shape
         maybe &= jnp.any(kv_mask.dense.reshape(j, b, h, -1, q_mask.q_positions.shape[-1], c), axis=(1, 2, 4, 5)).T

@@ -24,7 +24,8 @@ from jax.sharding import PartitionSpec as P
 
 from freeatten_jax.attention import pallas_plan, pallas_tpu
 from freeatten_jax.attention.blockwise import count_visible, static_power
-from freeatten_jax.attention.pallas_kernels import FAMILIES, Static, dkv_kernel, dq_kernel, forward_kernel
+from freeatten_jax.attention.pallas_kernels import Static, dkv_kernel, dq_kernel, forward_kernel
+from freeatten_jax.attention.rules import FAMILIES
 from freeatten_jax.attention.variants import Mask, Variant, check_positive_int, hide_unseen
 
 # Mesh axes that shard the batch and the heads when present (sized > 1) and dividing them: the names of
@@ -130,16 +131,9 @@ def _calls(cfg: Static, shapes, compiler_params, interpret: bool):
     return forward, dq, dkv
 
 
-def _dot_rows(x, y):
-    return jnp.sum(x.astype(jnp.float32) * y.astype(jnp.float32), axis=-1, keepdims=True)
-
-
 def _backward_rows(family: str, stats, out, dout, p_1):
-    """The [B, H, Tp, 1] row terms of the gradient: D_i = dO_i·O_i, and LSSAR's E_i."""
-    rows = {**stats, "d": _dot_rows(dout, out)}
-    if family == "reweight":
-        e = p_1[0] * (_dot_rows(dout, stats["y"]) - rows["d"] * stats["c"])
-        rows["e"] = jnp.where(stats["x_max"] > 0, e, 0.0)
+    """The [B, H, Tp, 1] row terms of the gradient (D_i = dO_i·O_i, and LSSAR's E_i) in the kernels' order."""
+    rows = FAMILIES[family].backward_rows(stats, out, dout, p_1[0])
     return [rows[name] for name in FAMILIES[family].rows]
 
 

@@ -1,4 +1,4 @@
-"""The Pallas kernels' view of a Mask: its arrays in kernel layouts, and which block pairs to visit.
+"""The Pallas kernels' view of a Mask: its arrays in kernel layouts, and the spans of block pairs to visit.
 
 Glossary: B batch, T / S query / key length (padded to Tp / Sp), Q / C query / key block length,
 I / J number of query / key blocks. Block skipping is decided per batch row: a pair (i, j) is
@@ -7,12 +7,14 @@ visited only between the first and last key block that may hold a visible pair f
 only when positions, segments, padding or the window rule out every (query, key) pair in it. Inside
 that span, a run of pairs where every (query, key) pair is visible (interior blocks: one segment, no
 padding, wholly below the causal diagonal, inside the window) takes the kernels' mask-free path.
+Which pairs may be visible and which are interior is block_plan's (shared with blockwise and the ring).
 """
 from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
 
+from freeatten_jax.attention.block_plan import fully_visible, maybe_visible
 from freeatten_jax.attention.variants import Mask
 
 
@@ -38,42 +40,6 @@ def _pad(x_BL, size: int, fill):
     """Pad [B, L] to a multiple of `size` with `fill` (None: repeat the last entry, widening no range)."""
     pad = -x_BL.shape[1] % size
     return jnp.pad(x_BL, ((0, 0), (0, pad)), **(dict(mode="edge") if fill is None else dict(constant_values=fill)))
-
-
-def _range(x_BXY, valid_BXY):
-    """Min and max over each block's valid entries ([B, X])."""
-    big = jnp.iinfo(jnp.int32).max
-    return jnp.min(jnp.where(valid_BXY, x_BXY, big), axis=2), jnp.max(jnp.where(valid_BXY, x_BXY, -big), axis=2)
-
-
-def maybe_visible(mask: Mask, qpos_BIQ, qseg_BIQ, kpos_BJC, kseg_BJC, kvalid_BJC) -> jax.Array:
-    """[B, I, J] bool: False only when no (query, key) pair of the two blocks can be visible."""
-    every = jnp.ones(qpos_BIQ.shape, bool)
-    (q_lo, q_hi), (qs_lo, qs_hi) = _range(qpos_BIQ, every), _range(qseg_BIQ, every)
-    (k_lo, k_hi), (ks_lo, ks_hi) = _range(kpos_BJC, kvalid_BJC), _range(kseg_BJC, kvalid_BJC)
-    q_lo, q_hi, qs_lo, qs_hi = (x[:, :, None] for x in (q_lo, q_hi, qs_lo, qs_hi))
-    k_lo, k_hi, ks_lo, ks_hi = (x[:, None, :] for x in (k_lo, k_hi, ks_lo, ks_hi))
-    maybe = jnp.any(kvalid_BJC, axis=2)[:, None, :] & (ks_lo <= qs_hi) & (qs_lo <= ks_hi)
-    if mask.causal:
-        maybe &= k_lo <= q_hi
-    if mask.window is not None:
-        maybe &= (k_lo - q_hi < mask.window) & (q_lo - k_hi < mask.window)
-    return maybe
-
-
-def fully_visible(mask: Mask, qpos_BIQ, qseg_BIQ, kpos_BJC, kseg_BJC, kvalid_BJC) -> jax.Array:
-    """[B, I, J] bool: True only when every (query, key) pair of the two blocks is visible."""
-    every_q, every_k = jnp.ones(qpos_BIQ.shape, bool), jnp.ones(kpos_BJC.shape, bool)
-    (q_lo, q_hi), (qs_lo, qs_hi) = _range(qpos_BIQ, every_q), _range(qseg_BIQ, every_q)
-    (k_lo, k_hi), (ks_lo, ks_hi) = _range(kpos_BJC, every_k), _range(kseg_BJC, every_k)
-    q_lo, q_hi, qs_lo, qs_hi = (x[:, :, None] for x in (q_lo, q_hi, qs_lo, qs_hi))
-    k_lo, k_hi, ks_lo, ks_hi = (x[:, None, :] for x in (k_lo, k_hi, ks_lo, ks_hi))
-    full = jnp.all(kvalid_BJC, axis=2)[:, None, :] & (qs_lo == qs_hi) & (ks_lo == ks_hi) & (qs_lo == ks_lo)
-    if mask.causal:
-        full &= k_hi <= q_lo
-    if mask.window is not None:
-        full &= (q_hi - k_lo < mask.window) & (k_hi - q_lo < mask.window)
-    return full
 
 
 def _run(full_BXY, end_BX):

@@ -7,7 +7,7 @@ the dK/dV kernel on (b, kv head, j, t) whose last axis walks the G heads' query 
 Each grid step holds one block of each operand in VMEM, so VMEM use does not grow with the sequence
 (the GPU kernels, pallas_kernels.py, read whole K/V and loop inside the kernel instead). Blocks outside
 the span that pallas_plan computed are not visited, and their index map repeats a visited block, so
-Pallas fetches nothing for them; wholly visible (interior) blocks skip the mask. The families' maths (pallas_kernels.FAMILIES) is shared: here a
+Pallas fetches nothing for them; wholly visible (interior) blocks skip the mask. The families' maths (rules.FAMILIES) is shared: here a
 `sweep` keeps its carry in scratch between grid steps.
 """
 import functools
@@ -19,7 +19,8 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
-from freeatten_jax.attention.pallas_kernels import FAMILIES, NN, NT, Ctx, Static, dot, key_block, visible
+from freeatten_jax.attention.pallas_kernels import NN, NT, Static, dot, kernel_ctx, key_block, visible
+from freeatten_jax.attention.rules import FAMILIES, forward
 
 
 class Tuning(NamedTuple):
@@ -66,8 +67,8 @@ def _carry_shapes(cfg: Static, q: int, d: int):
         shapes.append([x.shape for x in jax.tree.leaves(carry)])
         return carry
 
-    ctx = Ctx(n=jnp.ones((q, 1), jnp.float32), p=jnp.float32(1.0), static_power=cfg.static_power, weight=cfg.weight)
-    jax.eval_shape(lambda: FAMILIES[cfg.family].forward(sweep, ctx))
+    ctx = kernel_ctx(cfg, jnp.ones((q, 1), jnp.float32), jnp.float32(1.0))
+    jax.eval_shape(lambda: forward(FAMILIES[cfg.family], sweep, ctx))
     return shapes
 
 
@@ -110,7 +111,7 @@ def forward_kernel(cfg: Static, sweeps: int, blocks: int, first_ref, end_ref, fu
 
         return load()
 
-    out, stats = family.forward(sweep, Ctx(n=n_ref[...], p=p_ref[0], static_power=cfg.static_power, weight=cfg.weight))
+    out, stats = forward(family, sweep, kernel_ctx(cfg, n_ref[...], p_ref[0]))
 
     @pl.when(t == sweeps * blocks - 1)
     def _():
@@ -134,7 +135,7 @@ def dq_kernel(cfg: Static, first_ref, end_ref, full_ref, p_ref, q_ref, k_ref, v_
 
     def add(masked: bool):
         rows = {name: ref[...] for name, ref in zip(family.rows, row_refs)}
-        ctx = Ctx(n=n_ref[...], p=p_ref[0], static_power=cfg.static_power, weight=cfg.weight)
+        ctx = kernel_ctx(cfg, n_ref[...], p_ref[0])
         k, vis = k_ref[...], None
         if masked:
             vis, seen = key_block(cfg, [kvrow_ref[x] for x in range(3)], (qcol_ref[0], qcol_ref[1]))
@@ -172,7 +173,7 @@ def dkv_kernel(cfg: Static, q_blocks: int, first_ref, end_ref, full_ref, p_ref, 
         q, dout = q_ref[...], dout_ref[...]
         rows = {name: ref[...] for name, ref in zip(family.rows, row_refs)}  # each [1, Q]
         vis_t = visible(cfg, qrow_ref[0], qrow_ref[1], *[kvcol_ref[x] for x in range(3)]) if masked else None
-        ctx = Ctx(n=n_ref[...], p=p_ref[0], static_power=cfg.static_power, weight=cfg.weight)
+        ctx = kernel_ctx(cfg, n_ref[...], p_ref[0])
         w_t, ds_t = family.grad(dot(k_ref[...], q, NT), vis_t, ctx, rows, dot(v_ref[...], dout, NT))
         dk_acc[...] += dot(ds_t.astype(q.dtype), q, NN)
         dv_acc[...] += dot(w_t.astype(dout.dtype), dout, NN)

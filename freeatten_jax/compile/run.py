@@ -5,6 +5,7 @@ memory_analysis: arguments, outputs, temporaries; peak against the chip's HBM) a
 kernels (Pallas custom calls) in the compiled program. A compile that fails for lack of VMEM, shared
 memory or HBM raises DoesNotFit with one line naming the overflow and the knob to turn.
 """
+import math
 import re
 from typing import NamedTuple
 
@@ -17,6 +18,7 @@ from freeatten_jax.errors import UserError
 
 GIB = 2**30
 _KERNEL_CALLS = re.compile(r'custom_call_target="(tpu_custom_call|__gpu\$xla\.gpu\.triton)"')
+_OPERANDS = re.compile(r"operand_layout_constraints=\{((?:\w+\[[\d,]*\](?:\{[\d,]*\})?(?:, )?)*)\}")
 
 
 class DoesNotFit(UserError):
@@ -31,12 +33,14 @@ class Report(NamedTuple):
     peak: int  # arguments + outputs - aliased + temporaries
     hbm: int
     kernels: int
+    kernel_operands: tuple  # per kernel call, its operands' shapes: what one device's kernel sees
 
     def lines(self) -> list[str]:
         gib = lambda x: f"{x / GIB:.2f} GiB"  # noqa: E731
         return [f"target {self.target}: per device, arguments {gib(self.arguments)}, outputs {gib(self.outputs)}, "
                 f"temporaries {gib(self.temporaries)}",
-                f"peak {gib(self.peak)} of {gib(self.hbm)} HBM ({100 * self.peak / self.hbm:.0f}%); {self.kernels} Pallas kernel calls"]
+                f"peak {gib(self.peak)} of {gib(self.hbm)} HBM ({100 * self.peak / self.hbm:.0f}%); {self.kernels} Pallas kernel calls"
+                + (f", largest operand {max(sum(self.kernel_operands, ()), key=math.prod)}" if any(self.kernel_operands) else "")]
 
 
 STEP_HBM_KNOB = "lower train.batch_size (or raise train.grad_accum_steps), turn on model.remat, or shard over more devices"
@@ -46,6 +50,14 @@ _OVERFLOWS = [  # (pattern in the compiler's message, what overflowed, the knob;
     (r"[Ss]hared memory size limit", "GPU shared memory per block", "lower implementation_options block_q / block_k"),
     (r"HBM|RESOURCE_EXHAUSTED.*memory|[Oo]ut of memory", "device HBM", None),
 ]
+
+
+def kernel_operands(hlo: str) -> tuple:
+    """The operand shapes of each Pallas kernel call in compiled HLO text (empty where the call lists none)."""
+    calls = [line for line in hlo.splitlines() if _KERNEL_CALLS.search(line)]
+    operands = [_OPERANDS.search(line) for line in calls]
+    return tuple(tuple(tuple(int(n) for n in dims.split(",") if n) for dims in re.findall(r"\w+\[([\d,]*)\]", m.group(1))) if m else ()
+                 for m in operands)
 
 
 def explain(error: Exception, target: str, hbm_knob: str = STEP_HBM_KNOB) -> Exception:
@@ -67,8 +79,9 @@ def _compile(fn, args, target: str, mesh, hbm_knob: str = STEP_HBM_KNOB) -> Repo
         raise explain(e, target, hbm_knob) from e
     memory = compiled.memory_analysis()
     peak = memory.argument_size_in_bytes + memory.output_size_in_bytes - memory.alias_size_in_bytes + memory.temp_size_in_bytes
+    operands = kernel_operands(compiled.as_text())
     report = Report(target, memory.argument_size_in_bytes, memory.output_size_in_bytes, memory.temp_size_in_bytes, peak,
-                    targets.parse(target).hbm_bytes, len(_KERNEL_CALLS.findall(compiled.as_text())))
+                    targets.parse(target).hbm_bytes, len(operands), operands)
     if report.peak > report.hbm:
         raise DoesNotFit(f"{target}: device HBM overflow (peak {peak / GIB:.2f} GiB of {report.hbm / GIB:.2f} GiB): {hbm_knob}")
     return report

@@ -1,0 +1,229 @@
+"""The steps of benchmarks/device_check.py; each prints one markdown table and exits 1 if a check fails.
+
+    python benchmarks/device_steps.py {environment,correctness,unpacked,packed,sweep} [--tiny] [--seconds S]
+
+Glossary: B batch (1), T length, H heads, D head dim, causal. Full sizes: the correctness check at T=2048,
+the timed rows at T=8192, H=16, D=128, bf16, against cuDNN softmax (jax.nn.dot_product_attention);
+--tiny: T=64, H=2, D=16 on any machine (the CPU runs the kernels in Pallas interpret mode and the
+baseline with implementation="xla"), to prove the script. Rows left when --seconds run out print as
+"not reached". Imports only jax and numpy (and freeatten_jax.attention).
+"""
+import argparse
+import os
+import statistics
+import sys
+import time
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from freeatten_jax import attention  # noqa: E402
+
+
+class Sizes(NamedTuple):
+    check_t: int  # T of the correctness check
+    bench_t: int  # T of the timed rows
+    heads: int
+    head_dim: int
+    documents: int  # packed rows: this many equal documents in one sequence
+    repeats: int
+    check_variants: tuple[str, ...]  # the correctness check's
+    bench_variants: tuple[str, ...]  # the timed rows' (packed: those of lssa and lssar among them)
+    packed_implementations: tuple[str, ...]  # packed softmax rows beside the baseline
+    sweep_variants: tuple[str, ...]
+    blocks: tuple[tuple[int, int], ...]  # (block_q, block_k) the sweep times
+    baseline: str  # jax.nn.dot_product_attention's implementation
+
+
+FULL = Sizes(2048, 8192, 16, 128, 4, 5, tuple(attention.VARIANTS), tuple(attention.VARIANTS), ("pallas", "blockwise"), ("softmax", "lssa", "lssar"),
+             ((64, 64), (64, 128), (128, 64), (128, 128), (128, 32)), "cudnn")
+TINY = Sizes(64, 64, 2, 16, 2, 1, ("softmax", "lssar"), ("softmax",), ("pallas",), ("softmax",), ((16, 16), (32, 32)), "xla")
+BF16_ULP = 2.0**-8  # the correctness tolerance: twice the bf16 reference's error plus one bf16 rounding
+
+
+def _inputs(t: int, sizes: Sizes, seed: int = 0):
+    """q, k, v and an output cotangent g, [1, T, H, D] bf16."""
+    keys = jax.random.split(jax.random.key(seed), 4)
+    return tuple(jax.random.normal(key, (1, t, sizes.heads, sizes.head_dim), jnp.bfloat16) for key in keys)
+
+
+def _value_and_grads(attend):
+    """jit of (q, k, v, g) -> (out, dq, dk, dv) of `attend` (the vjp of cotangent g)."""
+    def run(q, k, v, g):
+        out, vjp = jax.vjp(attend, q, k, v)
+        return (out, *vjp(g.astype(out.dtype)))
+
+    return jax.jit(run)
+
+
+def _seconds(fn, args, repeats: int) -> float:
+    """Median seconds of `repeats` calls after a warm-up (which also compiles), blocking on the results."""
+    jax.block_until_ready(fn(*args))
+    samples = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        jax.block_until_ready(fn(*args))
+        samples.append(time.perf_counter() - start)
+    return statistics.median(samples)
+
+
+def _relative_error(x, reference) -> float:
+    x, reference = np.asarray(x, np.float32), np.asarray(reference, np.float32)
+    return float(np.max(np.abs(x - reference)) / max(np.max(np.abs(reference)), 1e-30))
+
+
+class Clock:
+    """The step's time left: a row starts only while some remains."""
+
+    def __init__(self, seconds: float):
+        self.end = time.monotonic() + seconds
+
+    def left(self) -> bool:
+        return time.monotonic() < self.end
+
+
+def _not_reached(cells: int) -> str:
+    return "| " + " | ".join(["not reached"] + [""] * (cells - 1)) + " |"
+
+
+def environment(sizes: Sizes, clock: Clock) -> bool:
+    device = jax.devices()[0]
+    print("| jax | backend | device | devices | baseline |\n|---|---|---|---|---|")
+    print(f"| {jax.__version__} | {jax.default_backend()} | {device.device_kind} | {jax.device_count()} | {sizes.baseline} |")
+    return True
+
+
+def correctness(sizes: Sizes, clock: Clock) -> bool:
+    """Pallas (default blocks, bf16) against the float32 reference, values and q/k/v gradients, per variant."""
+    q, k, v, g = _inputs(sizes.check_t, sizes)
+    f32 = [x.astype(jnp.float32) for x in (q, k, v, g)]
+    print(f"T={sizes.check_t}, H={sizes.heads}, D={sizes.head_dim}, bf16, default blocks; error = max |x - ref| / max |ref| "
+          f"against the float32 reference; ok: pallas error <= 2 x the bf16 reference's + {BF16_ULP}\n")
+    print("| variant | pallas out | pallas grads | bf16 reference out | bf16 reference grads | ok |\n|---|---|---|---|---|---|")
+    passed = True
+    for variant in sizes.check_variants:
+        if not clock.left():
+            print(_not_reached(6))
+            passed = False
+            continue
+        run = {impl: _value_and_grads(lambda q, k, v, impl=impl: attention.attend(q, k, v, variant=variant, implementation=impl))
+               for impl in ("pallas", "reference")}
+        exact = run["reference"](*f32)
+        errors = {impl: [_relative_error(x, y) for x, y in zip(run[impl](q, k, v, g), exact)] for impl in run}
+        (out, *grads), (ref_out, *ref_grads) = errors["pallas"], errors["reference"]
+        ok = out <= 2 * ref_out + BF16_ULP and max(grads) <= 2 * max(ref_grads) + BF16_ULP
+        passed &= ok
+        print(f"| {variant} | {out:.2e} | {max(grads):.2e} | {ref_out:.2e} | {max(ref_grads):.2e} | {'ok' if ok else 'FAIL'} |", flush=True)
+    return passed
+
+
+def _timed_rows(rows, args, base_label: str, repeats: int, clock: Clock, flops: float) -> dict:
+    """Prints `label | fwd ms | fwd+bwd ms | x base | TFLOP/s` for (label, attend) rows, the first the baseline."""
+    print(f"| row | fwd ms | fwd+bwd ms | fwd+bwd x {base_label} | fwd+bwd TFLOP/s |\n|---|---|---|---|---|")
+    times = {}
+    for label, attend in rows:
+        if not clock.left():
+            print(_not_reached(5))
+            continue
+        forward = jax.jit(attend)
+        try:
+            fwd, both = _seconds(forward, args[:3], repeats), _seconds(_value_and_grads(attend), args, repeats)
+        except Exception as error:  # a kernel that does not compile for this device: its row says why
+            print(f"| {label} | error: {str(error).splitlines()[0][:150]} | | | |", flush=True)
+            continue
+        times[label] = both
+        base = times[rows[0][0]]
+        print(f"| {label} | {fwd * 1e3:.4g} | {both * 1e3:.4g} | {base / both:.3g} | {flops / both / 1e12:.3g} |", flush=True)
+    return times
+
+
+def _fwd_bwd_flops(t: int, sizes: Sizes, documents: int = 1) -> float:
+    """FlashAttention's count: causal forward 2·B·H·T²·D, forward+backward 3.5x that (per document when packed)."""
+    return 3.5 * 2 * sizes.heads * (t // documents) ** 2 * documents * sizes.head_dim
+
+
+def unpacked(sizes: Sizes, clock: Clock) -> bool:
+    """Each variant's Pallas kernels (default blocks) beside the baseline softmax (cuDNN on a GPU)."""
+    args = _inputs(sizes.bench_t, sizes, seed=1)
+    print(f"T={sizes.bench_t}, H={sizes.heads}, D={sizes.head_dim}, bf16, causal, one sequence; median of {sizes.repeats}; "
+          "TFLOP/s in FlashAttention's causal count (the same for every row)\n")
+    base = lambda q, k, v: jax.nn.dot_product_attention(q, k, v, is_causal=True, implementation=sizes.baseline)  # noqa: E731
+    rows = [(f"softmax, {sizes.baseline}", base)]
+    rows += [(f"{variant}, pallas", lambda q, k, v, variant=variant: attention.attend(q, k, v, variant=variant, implementation="pallas"))
+             for variant in sizes.bench_variants]
+    _timed_rows(rows, args, sizes.baseline, sizes.repeats, clock, _fwd_bwd_flops(sizes.bench_t, sizes))
+    return True
+
+
+def packed(sizes: Sizes, clock: Clock) -> bool:
+    """Softmax over equal packed documents (segment ids) against the baseline given the documents as a batch:
+    the same attention, the least work a packed kernel can do; `pallas out err` checks the values."""
+    t, n = sizes.bench_t, sizes.documents
+    args = _inputs(t, sizes, seed=2)
+    segments = jnp.arange(t) * n // t
+    print(f"T={t} as {n} documents of {t // n}, H={sizes.heads}, D={sizes.head_dim}, bf16, causal within each document\n")
+
+    def as_batch(x):
+        return x.reshape(n, t // n, *x.shape[2:])
+
+    def base(q, k, v):
+        out = jax.nn.dot_product_attention(as_batch(q), as_batch(k), as_batch(v), is_causal=True, implementation=sizes.baseline)
+        return out.reshape(q.shape)
+
+    def packed_attend(implementation, variant="softmax"):
+        return lambda q, k, v: attention.attend(q, k, v, variant=variant, implementation=implementation, q_segment_ids=segments)
+
+    rows = [(f"softmax, {sizes.baseline}, documents as a batch", base)]
+    rows += [(f"softmax, {implementation}, packed", packed_attend(implementation)) for implementation in sizes.packed_implementations]
+    rows += [(f"{variant}, pallas, packed", packed_attend("pallas", variant)) for variant in ("lssa", "lssar") if variant in sizes.bench_variants]
+    _timed_rows(rows, args, "the batched baseline", sizes.repeats, clock, _fwd_bwd_flops(t, sizes, n))
+    if not clock.left():
+        print("\npallas out err: not reached")
+        return False
+    error = _relative_error(jax.jit(packed_attend("pallas"))(*args[:3]), jax.jit(base)(*args[:3]))
+    print(f"\npallas out err (packed softmax against the batched baseline, max |x - base| / max |base|): {error:.2e}")
+    return error <= 2 * BF16_ULP
+
+
+def sweep(sizes: Sizes, clock: Clock) -> bool:
+    """Pallas fwd+bwd time per (block_q, block_k) (one pair serves the three kernels), and the fastest
+    per variant: the GPU block table."""
+    args = _inputs(sizes.bench_t, sizes, seed=3)
+    print(f"T={sizes.bench_t}, H={sizes.heads}, D={sizes.head_dim}, bf16, causal; median of {sizes.repeats}\n")
+    print("| variant | block_q | block_k | fwd+bwd ms |\n|---|---|---|---|")
+    fastest = {}  # variant -> (seconds, blocks)
+    for variant in sizes.sweep_variants:
+        for blocks in sizes.blocks:
+            if not clock.left():
+                print(_not_reached(4))
+                continue
+            attend = lambda q, k, v, blocks=blocks: attention.attend(q, k, v, variant=variant, implementation="pallas",  # noqa: E731
+                                                                     block_q=blocks[0], block_k=blocks[1])
+            try:
+                seconds = _seconds(_value_and_grads(attend), args, sizes.repeats)
+            except Exception as error:  # e.g. shared memory exceeded: the row says so
+                print(f"| {variant} | {blocks[0]} | {blocks[1]} | error: {str(error).splitlines()[0][:150]} |", flush=True)
+                continue
+            print(f"| {variant} | {blocks[0]} | {blocks[1]} | {seconds * 1e3:.4g} |", flush=True)
+            fastest[variant] = min(fastest.get(variant, (seconds, blocks)), (seconds, blocks))
+    print("\nGPU_BLOCKS = " + repr({variant: blocks for variant, (_, blocks) in fastest.items()}) + "  # fastest fwd+bwd (block_q, block_k)")
+    return True
+
+
+STEPS = {"environment": environment, "correctness": correctness, "unpacked": unpacked, "packed": packed, "sweep": sweep}
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("step", choices=list(STEPS))
+    parser.add_argument("--tiny", action="store_true", help="tiny sizes on any machine (CPU: interpret mode)")
+    parser.add_argument("--seconds", type=float, default=600.0, help="start no row after this many seconds")
+    args = parser.parse_args(argv)
+    return 0 if STEPS[args.step](TINY if args.tiny else FULL, Clock(args.seconds)) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
