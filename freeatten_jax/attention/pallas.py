@@ -173,7 +173,7 @@ def _core(cfg: Static, lowering: Lowering, shapes):
 
 def _run(lowering: Lowering, cfg: Static, block_q, block_k, qp_BTHD, kp_BSKD, v_BSKD, p_1, mask: Mask, n_BT):
     """Pad to whole blocks, lay out as [B, heads, length, D], run the kernels, undo the layout."""
-    (b, t, h, d), (s, kv_heads) = qp_BTHD.shape, kp_BSKD.shape[1:3]
+    t, (s, kv_heads) = qp_BTHD.shape[1], kp_BSKD.shape[1:3]
     default_q, default_k = lowering.blocks()
     q_size, k_size = _fit(block_q or default_q, t, lowering), _fit(block_k or default_k, s, lowering)
     cfg = cfg._replace(block_q=q_size, block_k=k_size)
