@@ -19,7 +19,7 @@ $(VENV)/.installed: pyproject.toml constraints.txt
 install: $(VENV)/.installed
 
 test: $(VENV)/.installed
-	$(PY) -m pytest -q -n 2 --dist loadfile --durations=15
+	$(PY) -m pytest -q -n 2 --dist worksteal --durations=15
 
 # Each run resumes from its last checkpoint if interrupted; a finished run is marked and not redone.
 $(DEMO_RUNS)/%/finished: | $(VENV)/.installed
