@@ -124,7 +124,7 @@ MUTANTS = [
            ("tests/test_context_parallel.py::test_matches_reference",)),
     # --- nn/attention_layer.py
     Mutant("decode: default positions from the slot count, not the last position", "freeatten_jax/nn/attention_layer.py",
-           "jnp.where(filled, cache.positions_BS[:, last] + 1, 0)", "jnp.where(filled, cache.positions_BS[:, last] * 0 + cache.length, 0)",
+           "jnp.where(filled, self.positions_BS[:, last] + 1, 0)", "jnp.where(filled, self.positions_BS[:, last] * 0 + self.length, 0)",
            ("tests/test_generate.py::test_default_position_decoding_continues_an_explicit_position_prefill",)),
     # --- training
     Mutant("train step: gradients not divided by the micro-batch count", "freeatten_jax/training/step.py",
