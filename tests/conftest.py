@@ -12,7 +12,6 @@ os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8 --x
                                    "--xla_llvm_disable_expensive_passes=true")
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
-import filelock  # noqa: E402
 import jax  # noqa: E402
 import pytest  # noqa: E402
 from absl import flags  # noqa: E402
@@ -30,11 +29,12 @@ def _session_root(tmp_path_factory):
 
 @pytest.fixture(scope="session", autouse=True)
 def compilation_cache(tmp_path_factory):
-    """One persistent compilation cache for the session's processes (a size cap turns on jax's file lock)."""
+    """One persistent compilation cache for the session's processes, of programs that took 0.3 s or more to compile
+    (tiny eager ops are cheaper to compile than to write; no size cap: jax would scan the folder at every write)."""
     cache = _session_root(tmp_path_factory) / "jax_cache"
     cache.mkdir(exist_ok=True)
-    settings = {"jax_compilation_cache_dir": str(cache), "jax_persistent_cache_min_compile_time_secs": 0,
-                "jax_persistent_cache_min_entry_size_bytes": 0, "jax_compilation_cache_max_size": 8 << 30}
+    settings = {"jax_compilation_cache_dir": str(cache), "jax_persistent_cache_min_compile_time_secs": 0.3,
+                "jax_persistent_cache_min_entry_size_bytes": 0}
     for name, value in settings.items():
         jax.config.update(name, value)
         os.environ[name.upper()] = str(value)  # subprocesses (CLI, multi-host, kill -9 tests) use it too
@@ -45,6 +45,8 @@ def compilation_cache(tmp_path_factory):
 def trained_run(tmp_path_factory):
     """trained_run(name, config) -> the workdir of that training run, trained once per session by whichever process
     asks first (the others wait for it); tests copy it before changing it."""
+    import filelock
+
     from freeatten_jax.training import loop
 
     root = _session_root(tmp_path_factory) / "runs"

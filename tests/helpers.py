@@ -1,21 +1,19 @@
 """What several test files share: random attention inputs and their comparison, the tiny training config and its
 corpus, and a simulated preemption. Test files import from here, never from each other.
 
-Glossary: B batch, T queries, S keys, H heads, K kv heads, D head dim.
+Glossary: B batch, T queries, S keys, H heads, K kv heads, D head dim. The application (and filelock) is imported
+where it is used: the kernel tests also run on a device machine that has only jax, flax, optax and orbax.
 """
 import os
 import pathlib
 import signal
 import zlib
 
-import filelock
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from freeatten_jax import attention
-from freeatten_jax.configs import base
-from freeatten_jax.training import distributed
 
 # float32 paths differ only in summation order; bfloat16 inputs by one rounding of outputs and gradients
 TOLERANCE = {jnp.float32: 1e-4, jnp.bfloat16: 2e-2}
@@ -99,6 +97,8 @@ WORDS = "the king queen lord lady sword crown love death night day speak hear wh
 def write_corpus(root: pathlib.Path) -> str:
     """Two files of pseudo-English lines (word spellings, spaces, line breaks to learn), written once however many
     processes ask; their glob."""
+    import filelock
+
     root.mkdir(parents=True, exist_ok=True)
     with filelock.FileLock(str(root) + ".lock"):
         rng = np.random.default_rng(0)
@@ -111,6 +111,8 @@ def write_corpus(root: pathlib.Path) -> str:
 
 def tiny_config(variant, text_glob, **overrides):
     """A one-layer, 32-wide model on the corpus: 6 steps of batch 8 x 16 tokens, validation at steps 3 and 6."""
+    from freeatten_jax.configs import base
+
     cfg = base.get_config(variant, "tiny")
     cfg.update_from_flattened_dict({
         "model.num_layers": 1, "model.d_model": 32, "model.num_heads": 2, "model.mlp_dim": 64,
@@ -127,6 +129,8 @@ class SigtermAtBatch:
     """Sends SIGTERM to this process while the training loop fetches batch `n` (a simulated preemption)."""
 
     def __init__(self, n):
+        from freeatten_jax.training import distributed
+
         self.n, self.calls, self.inner = n, 0, distributed.host_local_batch_to_global
 
     def __call__(self, *args):
