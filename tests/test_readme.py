@@ -1,12 +1,78 @@
-"""The README's Python examples run as written."""
+"""The README's examples run as written: the quickstart's commands (the installed entry points, in a temporary folder)
+and its Python on the run they trained, then every other Python example."""
+import json
+import os
 import pathlib
 import re
+import shlex
+import subprocess
+import sys
+
+import pytest
+
+from freeatten_jax.training.metrics import read_metrics
 
 README = pathlib.Path(__file__).resolve().parent.parent / "README.md"
+BIN = pathlib.Path(sys.executable).parent
+
+
+def _blocks(text: str, language: str) -> list[str]:
+    return re.findall(rf"```{language}\n(.*?)```", text, flags=re.S)
+
+
+def _quickstart() -> tuple[str, str]:
+    """(the Quickstart section, the rest of the README)."""
+    text = README.read_text()
+    start = text.index("## Quickstart\n")
+    end = text.index("\n## ", start)
+    return text[start:end], text[:start] + text[end:]
+
+
+def _flags(argv: list[str]) -> dict[str, str]:
+    return dict(a.split("=", 1) for a in argv[1:] if "=" in a)
+
+
+def _run(argv: list[str], cwd: pathlib.Path) -> str:
+    """stdout of the installed command `argv` on one CPU device (a laptop's; the suite forces 8), which must exit 0."""
+    env = {**os.environ, "XLA_FLAGS": os.environ.get("XLA_FLAGS", "").replace("--xla_force_host_platform_device_count=8", "")}
+    result = subprocess.run([str(BIN / argv[0]), *argv[1:]], capture_output=True, text=True, timeout=600, cwd=cwd, env=env)
+    assert result.returncode == 0, (argv, result.stderr[-2000:])
+    return result.stdout
+
+
+@pytest.mark.slow
+def test_quickstart_commands_and_load_run(text_glob, tmp_path, monkeypatch, capsys):
+    """The quickstart's first bash block (--help, a short training run, eval --quick), then its Python on that run.
+    The test adds one thing: its own corpus for training (`--config.data.source=text --config.data.path=...`, no
+    network)."""
+    section, _ = _quickstart()
+    commands = [shlex.split(line, comments=True) for line in _blocks(section, "bash")[0].splitlines()]
+    help_argv, train_argv, eval_argv = [c for c in commands if c]
+    assert (help_argv, train_argv[0], eval_argv[0]) == (["freeatten-train", "--help"], "freeatten-train", "freeatten-eval")
+    assert any(line.startswith("  --config.train.steps=300 (int") for line in _run(help_argv, tmp_path).splitlines())
+
+    _run([*train_argv, "--config.data.source=text", f"--config.data.path={text_glob}"], tmp_path)
+    flags = _flags(train_argv)
+    steps, variant, workdir = int(flags["--config.train.steps"]), flags["--config"].split(":")[0], tmp_path / flags["--workdir"]
+    metrics = read_metrics(workdir)
+    assert metrics[-1]["step"] == steps and "val_loss" in metrics[-1]
+
+    _run(eval_argv, tmp_path)
+    out = tmp_path / _flags(eval_argv)["--out"]
+    (result,) = json.loads((out / "results.json").read_text())["runs"]
+    assert result["step"] == steps and [x["multiplier"] for x in result["lengths"]] == [1, 4, 16]  # --quick's lengths
+    assert "## Plots" in (out / "report.md").read_text()
+
+    monkeypatch.chdir(tmp_path)
+    capsys.readouterr()
+    namespace = {"__name__": "readme"}
+    exec(compile(_blocks(section, "python")[0], str(README), "exec"), namespace)
+    assert capsys.readouterr().out.splitlines()[0] == f"{steps} {variant}" and namespace["run"].step == steps
+    assert len(namespace["texts"]) == 2 and all(namespace["texts"])
 
 
 def test_readme_python_blocks_run():
-    blocks = re.findall(r"```python\n(.*?)```", README.read_text(), flags=re.S)
+    blocks = _blocks(_quickstart()[1], "python")
     assert blocks, "README has no python example"
     for block in blocks:
         exec(compile(block, str(README), "exec"), {"__name__": "readme"})

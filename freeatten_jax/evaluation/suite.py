@@ -23,6 +23,7 @@ from freeatten_jax.nn import sharding
 from freeatten_jax.nn.decoding import generate
 from freeatten_jax.training import checkpoint, config
 from freeatten_jax.training.loss import next_token_losses
+from freeatten_jax.training.run import load_run
 
 
 @dataclasses.dataclass(frozen=True)
@@ -137,12 +138,13 @@ def _retrieval(model, tokenizer, task: str, build, lengths: list[int], settings:
 def evaluate(workdir: str, switch: switches.Switch, settings: Settings, splits_of, progress) -> dict:
     """Every measurement for one checkpoint under one switch."""
     mesh = _context_mesh(settings.context)
-    model, cfg, step = checkpoint.load_params(workdir, mesh=mesh)
+    loaded = load_run(workdir, mesh=mesh)
+    model, cfg, tokenizer = loaded.model, loaded.config, loaded.tokenizer
     switches.apply(model, cfg, switch)
     model.set_implementation(settings.implementation)
     train_len = cfg.train.seq_len
     splits = splits_of(cfg.data)
-    run = {"name": pathlib.Path(workdir).name, "workdir": str(workdir), "step": int(step), "variant": cfg.model.attention,
+    run = {"name": pathlib.Path(workdir).name, "workdir": str(workdir), "step": loaded.step, "variant": cfg.model.attention,
            "switch": switch.label, "train_len": train_len, "rope_theta": float(model.attention_layers[0].rope_theta), "lengths": []}
     run["span_tokens"] = min(span_tokens(settings, train_len), sum(len(s) for s in splits.val))
     longest = None
@@ -162,7 +164,6 @@ def evaluate(workdir: str, switch: switches.Switch, settings: Settings, splits_o
     run["attention"] = {"entropy": entropy.tolist(), "max_weight": max_weight.tolist(), "n_from": n_from.tolist()}
     progress.update(1)
     lengths = [x["length"] for x in run["lengths"]]
-    tokenizer = data.run_tokenizer(workdir, cfg.data)
     run["passkey"], masses = _retrieval(model, tokenizer, "passkey", passkey.build_prompt, lengths, settings,
                                         np.random.default_rng(settings.seed), progress)
     run["retrieval"], _ = _retrieval(model, tokenizer, "retrieval", retrieval.build_prompt, lengths, settings,
