@@ -1,20 +1,25 @@
-"""Packaged experiment configs: `--config=lm:variant=lssar,size=tiny` names `lm.py` with its named arguments; each
-attention variant's name is an alias for it (`lssar:tiny` = `lm:variant=lssar,size=tiny`)."""
+"""Packaged experiment configs: `--config=lm:variant=lssar,size=tiny` names `lm.py` with its named arguments
+(`mqar:variant=lssar` names `mqar.py`); each attention variant's or control's name is an alias for the language
+model (`lssar:tiny` = `lm:variant=lssar,size=tiny`)."""
 import pathlib
 
 from freeatten_jax.attention import VARIANTS
+from freeatten_jax.configs.base import CONTROLS
 from freeatten_jax.nn.presets import SIZES
 
 ROOT = pathlib.Path(__file__).parent
-EXPERIMENT = "lm"
-PACKAGED = f"{EXPERIMENT}:variant=V,size=S or V:S; variants: {', '.join(VARIANTS)}; sizes: {', '.join(SIZES)}"
+EXPERIMENT = "lm"  # the default one (`--help` without --config)
+EXPERIMENTS = (EXPERIMENT, "mqar")
+NAMES = (*VARIANTS, *CONTROLS)
+PACKAGED = (f"{EXPERIMENT}:variant=V,size=S or V:S, mqar:variant=V,form=F; variants: {', '.join(NAMES)}; "
+            f"sizes: {', '.join(SIZES)}")
 
 
 def resolve(value: str) -> str:
-    """`lm:ARGS` or `lssar:tiny` -> the packaged file's path with named arguments; a file path is kept."""
+    """`lm:ARGS`, `mqar:ARGS` or `lssar:tiny` -> the packaged file's path with named arguments; a file path is kept."""
     name, sep, arg = value.partition(":")
-    if name == EXPERIMENT:
-        return f"{ROOT / EXPERIMENT}.py{sep}{arg}"
-    if name in VARIANTS:
+    if name in EXPERIMENTS:
+        return f"{ROOT / name}.py{sep}{arg}"
+    if name in NAMES:
         return f"{ROOT / EXPERIMENT}.py:variant={name}" + (f",size={arg}" if arg else "")
     return value

@@ -17,10 +17,16 @@ TRAINING = {
 }
 
 
+# Named controls: another variant with fixed settings (the softmax_logn control: SSMax with s frozen at 1/log T_train).
+CONTROLS = {"softmax_logn": ("ssmax", {"model.ssmax_learn_s": False})}
+
+
 def get_config(variant: str = "softmax", size: str = "tiny") -> ml_collections.ConfigDict:
-    """The ConfigDict of `variant` at `size` (an unknown variant is left for validation to name)."""
+    """The ConfigDict of `variant` (or a control) at `size` (an unknown variant is left for validation to name)."""
+    variant, settings = CONTROLS.get(variant, (variant, {}))
     defaults = attention.VARIANTS[variant].defaults if variant in attention.VARIANTS else {}
     cfg = config_defaults.build(presets.preset(size), defaults)
     cfg.model.attention = variant
     cfg.update_from_flattened_dict(TRAINING[size])
+    cfg.update_from_flattened_dict(settings)
     return cfg

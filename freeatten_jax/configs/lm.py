@@ -12,13 +12,13 @@ from freeatten_jax.errors import ConfigError
 ARGUMENTS = ("variant", "size")
 
 
-def arguments(text: str) -> dict:
+def arguments(text: str, allowed: tuple[str, ...] = ARGUMENTS, experiment: str = "lm") -> dict:
     """`variant=lssar,size=tiny` as a dict; an unknown name or an item without `=` is a ConfigError."""
     named = dict(item.partition("=")[::2] for item in text.split(",") if item)
-    wrong = [name for name in named if name not in ARGUMENTS] + [item for item in text.split(",") if item and "=" not in item]
+    wrong = [name for name in named if name not in allowed] + [item for item in text.split(",") if item and "=" not in item]
     if wrong:
-        raise ConfigError(f"--config=lm:{text}: {wrong[0]!r} is not a named argument; allowed: "
-                          + ", ".join(f"{name}=..." for name in ARGUMENTS))
+        raise ConfigError(f"--config={experiment}:{text}: {wrong[0]!r} is not a named argument; allowed: "
+                          + ", ".join(f"{name}=..." for name in allowed))
     return named
 
 

@@ -11,6 +11,10 @@ matching the query's key to the pair token's content) and "two_token" (key then 
 an induction circuit). Token ids of the fused form: pairs [0, K*V), queries [K*V, K*V+K), answers next
 (V ids), noise last; the two-token form: keys [0, K), values [K, K+V) (also the answers), noise last.
 
+Training (`data.source=mqar`): window i of the stream is a fresh instance drawn from (seed, i) at the
+training length, and the loss counts the answers only (`answer_targets`); validation draws its own
+instances from VAL_SEED. Evaluation (evaluation.mqar) draws from yet another seed.
+
 Glossary: L = length + 1 window tokens (inputs and shifted targets), T = length target positions,
 P pairs, K keys, V values.
 """
@@ -127,3 +131,23 @@ def batch(task: Task, train_len: int, length: int, count: int, seed: int) -> tup
     rng = np.random.default_rng(seed)
     rendered = [render(task, draw(task, train_len, rng), length) for _ in range(count)]
     return np.stack([t for t, _ in rendered]), np.stack([m for _, m in rendered])
+
+
+VAL_SEED = 1_000_003  # validation instances (training draws from (seed, window index): a different stream)
+
+
+def answer_targets(task: Task, length: int) -> tuple[int, ...]:
+    """The target positions [T] holding the answers of a window of `length` (the only ones the loss counts)."""
+    return tuple(range(context_tokens(task, length), length, 2))
+
+
+class Windows:
+    """The training stream: global window index -> int32 window [L] of a fresh instance (grain map over indices)."""
+
+    def __init__(self, task: Task, seq_len: int, seed: int):
+        context_tokens(task, seq_len)  # fails now, naming the sizes, not in a worker
+        self.task, self.seq_len, self.seed = task, seq_len, seed
+
+    def __call__(self, index: int) -> np.ndarray:
+        instance = draw(self.task, self.seq_len, np.random.default_rng((self.seed, int(index))))
+        return render(self.task, instance, self.seq_len)[0]

@@ -36,16 +36,24 @@ class RandomWindow(grain.transforms.RandomMap):
         return self.sequences[k][start : start + self.length].astype(np.int32)
 
 
-def train_dataset(sequences, seq_len: int, batch_size: int, *, seed: int, process_index: int = 0, process_count: int = 1, mix=None):
+SYNTHETIC_STREAM = 1 << 40  # windows of a synthetic stream (drawn per index, never repeated in practice)
+
+
+def train_dataset(sequences, seq_len: int, batch_size: int, *, seed: int, process_index: int = 0, process_count: int = 1, mix=None,
+                  windows=None):
     """The host's infinite MapDataset of int32 batches [B, seq_len + 1]; `mix(global index, window) -> window`
-    (e.g. retrieval.Mix) may replace windows of the global stream."""
+    (e.g. retrieval.Mix) may replace windows of the global stream; `windows(global index) -> window` (a synthetic
+    task, e.g. mqar.Windows) replaces the sequences altogether."""
     length = seq_len + 1
-    num_chunks = _chunk_offsets(sequences, length)[-1]
-    if num_chunks < process_count:
-        total = sum(len(s) for s in sequences)
-        raise ValueError(f"training data has {total} tokens: too few for windows of seq_len + 1 = {length} tokens")
-    ds = grain.MapDataset.range(num_chunks).seed(seed).shuffle().repeat(None)
-    ds = ds.random_map(RandomWindow(sequences, length))
+    if windows is not None:
+        ds = grain.MapDataset.range(SYNTHETIC_STREAM).map(windows)
+    else:
+        num_chunks = _chunk_offsets(sequences, length)[-1]
+        if num_chunks < process_count:
+            total = sum(len(s) for s in sequences)
+            raise ValueError(f"training data has {total} tokens: too few for windows of seq_len + 1 = {length} tokens")
+        ds = grain.MapDataset.range(num_chunks).seed(seed).shuffle().repeat(None)
+        ds = ds.random_map(RandomWindow(sequences, length))
     if mix is not None:
         ds = ds.map_with_index(mix)
     ds = ds[process_index::process_count]
@@ -53,9 +61,10 @@ def train_dataset(sequences, seq_len: int, batch_size: int, *, seed: int, proces
 
 
 def train_iterator(sequences, seq_len: int, batch_size: int, *, seed: int, process_index: int = 0, process_count: int = 1,
-                   num_workers: int = 0, mix=None):
+                   num_workers: int = 0, mix=None, windows=None):
     """A checkpointable iterator (get_state/set_state) over the host's training batches."""
-    ds = train_dataset(sequences, seq_len, batch_size, seed=seed, process_index=process_index, process_count=process_count, mix=mix)
+    ds = train_dataset(sequences, seq_len, batch_size, seed=seed, process_index=process_index, process_count=process_count, mix=mix,
+                       windows=windows)
     ds = ds.to_iter_dataset()
     if num_workers:
         ds = ds.mp_prefetch(grain.MultiprocessingOptions(num_workers=num_workers))

@@ -1,4 +1,4 @@
-"""Where the tokens come from: the default corpus, user text files, or .bin token shards.
+"""Where the tokens come from: the default corpus, user text files, .bin token shards, or a synthetic task (mqar).
 
 Every source yields a train and a validation list of 1-D token sequences. The split is deterministic:
 the last `val_fraction` of each text file or shard is held out (or the `val_path` shards, if given).
@@ -13,7 +13,8 @@ import pathlib
 import numpy as np
 from etils import epath
 
-from freeatten_jax.data import corpus, shards
+from freeatten_jax.data import corpus, mqar, shards
+from freeatten_jax.data.pipeline import eval_windows
 from freeatten_jax.data.tokenizer import TOKENIZERS, FileTokenizer, load_from_run
 from freeatten_jax.errors import UserError
 
@@ -120,10 +121,48 @@ def _file_tokenizer(cfg):
     return FileTokenizer(cfg.tokenizer_path)
 
 
-SOURCES = {"shakespeare": shakespeare, "text": text, "bin": bin_shards}
+def mqar_task(cfg_data) -> mqar.Task:
+    """The MQAR task of config.data.mqar_* (a DataError names a bad combination)."""
+    try:
+        return mqar.Task(num_keys=cfg_data.mqar_keys, num_values=cfg_data.mqar_values, pairs=cfg_data.mqar_pairs,
+                         noise_tokens=cfg_data.mqar_noise, form=cfg_data.mqar_form)
+    except ValueError as e:
+        raise DataError(f"config.data.{e}") from None
+
+
+def mqar_source(cfg_data) -> Splits:
+    """No stored tokens: training and validation windows are drawn per index (`synthetic_windows`, `held_out_windows`)."""
+    return Splits([], [], mqar_task(cfg_data).vocab_size, None)
+
+
+SOURCES = {"shakespeare": shakespeare, "text": text, "bin": bin_shards, "mqar": mqar_source}
+
+
+def synthetic_windows(cfg_data, seq_len: int, seed: int):
+    """The training stream of a synthetic source (window index -> window), or None for stored tokens."""
+    if cfg_data.source != "mqar":
+        return None
+    try:
+        return mqar.Windows(mqar_task(cfg_data), seq_len, seed)
+    except ValueError as e:
+        raise DataError(f"config.data.mqar_pairs={cfg_data.mqar_pairs} does not fit config.train.seq_len={seq_len}: {e}") from None
+
+
+def loss_targets(cfg_data, seq_len: int) -> tuple[int, ...] | None:
+    """The target positions the loss counts (MQAR: the answers), or None for every position."""
+    return mqar.answer_targets(mqar_task(cfg_data), seq_len) if cfg_data.source == "mqar" else None
+
+
+def held_out_windows(cfg_data, splits: Splits, length: int, max_windows: int | None = None) -> np.ndarray:
+    """Validation windows [W, length + 1]: cut in order from the held-out split, or MQAR instances drawn from VAL_SEED."""
+    if cfg_data.source == "mqar":
+        return mqar.batch(mqar_task(cfg_data), length, length, max_windows or 1, mqar.VAL_SEED)[0]
+    return eval_windows(splits.val, length, max_windows)
 
 
 def _tokenizer_vocab(cfg_data) -> int:
+    if cfg_data.source == "mqar":
+        return mqar_task(cfg_data).vocab_size
     if cfg_data.source == "bin":
         return GPT2_VOCAB
     return 256 if cfg_data.tokenizer == "byte" else cfg_data.bpe_vocab_size
@@ -164,6 +203,8 @@ def files(cfg_data) -> list:
     """The files the configured data is read from (training, then validation shards), for the run's data fingerprint."""
     if cfg_data.source == "shakespeare":
         return corpus.shakespeare_files(cfg_data.cache_dir)
+    if cfg_data.source == "mqar":
+        return []
     return _glob(cfg_data.path, "path") + (_glob(cfg_data.val_path, "val_path") if cfg_data.val_path else [])
 
 

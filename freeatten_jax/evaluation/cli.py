@@ -6,6 +6,7 @@ Each checkpoint is evaluated as trained and under every applicable `--switch` (L
 `p=15` / `p=off` on lssa/lssar runs, `rope_theta=50x` or an absolute base, SSMax `s=0.3`).
 """
 import math
+import pathlib
 import sys
 
 from absl import flags, logging
@@ -53,7 +54,9 @@ def main() -> None:
     implementation = flags.DEFINE_enum("implementation", "auto", IMPLEMENTATIONS, "Attention implementation at every length.")
     seed = flags.DEFINE_integer("seed", 0, "Seed of the passkey keys.")
     quick = flags.DEFINE_bool("quick", False, "A first look in minutes on a CPU: lengths 1x, 4x, 16x, a quarter of the span, "
-                              "one passkey depth and key (overrides those flags).")
+                              "one passkey depth and key, 64 MQAR instances (overrides those flags).")
+    mqar_instances = flags.DEFINE_integer("mqar_instances", 256, "MQAR runs: instances per length (each queries every pair; "
+                                          "the same instances at every length).")
     context = flags.DEFINE_integer("context", 1, "Devices sharing each window's sequence (context parallelism; "
                                    "lengths must be multiples of 2x it) for the loss vs length.")
 
@@ -73,8 +76,11 @@ def main() -> None:
             implementation=implementation.value,
             seed=seed.value,
             context=context.value,
+            mqar_instances=mqar_instances.value,
         )
         suite.run_suite(workdirs.value, switches.value, settings.quick() if quick.value else settings, out.value)
-        print(f"report: {out.value}/report.md")
+        for name in ("report.md", "mqar.md"):
+            if (pathlib.Path(out.value) / name).exists():
+                print(f"report: {out.value}/{name}")
 
     cli.run(evaluate, sys.argv, verbosity=logging.ERROR)  # orbax's read-only notices drown the progress bar

@@ -67,6 +67,7 @@ def summarise(losses_WT: np.ndarray, train_len: int, seed: int = 0) -> dict:
         "loss_ci": bootstrap_ci(windows_W, seed),
         "loss_last_train_len": float(last_W.mean()),  # windows have equal lengths: the mean of all those positions
         "loss_last_train_len_ci": bootstrap_ci(last_W, seed),
+        "per_window": windows_W.tolist(),  # for paired comparisons (every run scores the same windows)
         "windows": int(losses_WT.shape[0]),
         "tokens_scored": int(losses_WT.size),
     }

@@ -15,7 +15,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
 COLOURS = {"softmax": "tab:blue", "ssmax": "tab:orange", "lssa": "tab:green", "lssar": "tab:red", "sigmoid": "tab:purple",
-           "relu": "tab:brown"}
+           "relu": "tab:brown", "softmax_logn": "tab:cyan"}
 STYLES = ["-", "--", ":", "-."]
 MIN_LOSS_SPAN = 0.5  # nats: the y-axis of a loss plot never zooms in further (a 0.01-nat wobble stays flat)
 LEGEND_TITLE = "colour: variant; line style: eval-time switch"
@@ -172,6 +172,22 @@ def draw_accuracy(runs: list[dict], task: str, title: str):
     return fig
 
 
+def draw_mqar(runs: list[dict]):
+    """MQAR per-query accuracy by length per group: the mean over runs, the runs' min to max as a band."""
+    fig, ax = _new("MQAR accuracy vs length (same pairs, gap filled with noise)", "sequence length (tokens)",
+                   "per-query accuracy")
+    style = _style(runs)
+    for (variant, switch), rs in groups(runs).items():
+        x = [p["length"] for p in rs[0]["mqar"]]
+        _line(ax, x, *_nan_stats([[p["accuracy"] for p in r["mqar"]] for r in rs]), style(variant, switch),
+              group_name(variant, switch, len(rs)))
+    _mark_train_len(ax, {r["train_len"] for r in runs})
+    ax.set_xscale("log", base=2)
+    ax.set_ylim(-0.03, 1.03)
+    _legend(ax)
+    return fig
+
+
 def draw_entropy_vs_n(runs: list[dict]):
     fig, ax = _new("Entropy vs N_i", "visible keys N_i", "attention entropy (nats, mean over layers and heads)")
     style = _style(runs)
@@ -185,19 +201,19 @@ def draw_entropy_vs_n(runs: list[dict]):
     return fig
 
 
-def _save(fig, path: pathlib.Path) -> str:
+def save(fig, path: pathlib.Path) -> str:
     fig.savefig(path, dpi=110, bbox_inches="tight")
     plt.close(fig)
     return path.name
 
 
 def write_all(out: pathlib.Path, runs: list[dict]) -> dict[str, str]:
-    """Every plot, as {title: file name relative to out}."""
+    """Every plot of text runs, as {title: file name relative to out}."""
     return {
-        "loss vs length": _save(draw_loss_vs_length(runs), out / "loss_vs_length.png"),
-        "per-position loss": _save(draw_per_position(runs), out / "per_position.png"),
-        "passkey (Landmark format)": _save(draw_accuracy(runs, "passkey", "Passkey retrieval, Landmark format"), out / "passkey.png"),
-        "retrieval (training-mix format)": _save(draw_accuracy(runs, "retrieval", "Retrieval, training-mix format"),
+        "loss vs length": save(draw_loss_vs_length(runs), out / "loss_vs_length.png"),
+        "per-position loss": save(draw_per_position(runs), out / "per_position.png"),
+        "passkey (Landmark format)": save(draw_accuracy(runs, "passkey", "Passkey retrieval, Landmark format"), out / "passkey.png"),
+        "retrieval (training-mix format)": save(draw_accuracy(runs, "retrieval", "Retrieval, training-mix format"),
                                                  out / "retrieval.png"),
-        "entropy vs N_i": _save(draw_entropy_vs_n(runs), out / "entropy_vs_n.png"),
+        "entropy vs N_i": save(draw_entropy_vs_n(runs), out / "entropy_vs_n.png"),
     }

@@ -5,7 +5,7 @@ import pathlib
 
 import numpy as np
 
-from freeatten_jax.evaluation import plots
+from freeatten_jax.evaluation import mqar_report, plots
 
 
 def label(run: dict) -> str:
@@ -169,9 +169,17 @@ def markdown(runs: list[dict], settings: dict, figures: dict[str, str]) -> str:
 
 
 def write(out: pathlib.Path, runs: list[dict], settings: dict) -> None:
-    """All outputs of the suite into `out`."""
+    """All outputs of the suite into `out`: results.json, then report.md with its CSVs and plots for text runs, and
+    mqar.md, mqar.csv and mqar.png for MQAR runs."""
     out.mkdir(parents=True, exist_ok=True)
     (out / "results.json").write_text(json.dumps({"settings": settings, "runs": runs}, indent=1))
-    write_csvs(out, runs)
-    figures = plots.write_all(out, runs)
-    (out / "report.md").write_text(markdown(runs, settings, figures))
+    text = [r for r in runs if "lengths" in r]
+    if text:
+        write_csvs(out, text)
+        figures = plots.write_all(out, text)
+        (out / "report.md").write_text(markdown(text, settings, figures))
+    if mqar := [r for r in runs if "mqar" in r]:
+        _write_csv(out / "mqar.csv", *mqar_report.csv_rows(mqar))
+        figure = plots.save(plots.draw_mqar(mqar), out / "mqar.png")
+        (out / "mqar.md").write_text("# MQAR extrapolation report\n\n" + "\n\n".join(comparability_warnings(mqar) + [
+            mqar_report.markdown(mqar), f"![MQAR accuracy vs length]({figure})"]) + "\n")

@@ -18,7 +18,7 @@ from tqdm import tqdm
 from freeatten_jax import data
 from freeatten_jax.data import retrieval
 from freeatten_jax.errors import UserError
-from freeatten_jax.evaluation import attention_stats, loss, passkey, report, switches
+from freeatten_jax.evaluation import attention_stats, loss, mqar, passkey, report, switches
 from freeatten_jax.nn import sharding
 from freeatten_jax.nn.decoding import generate
 from freeatten_jax.training import checkpoint, config
@@ -38,11 +38,12 @@ class Settings:
     implementation: str = "auto"  # attention implementation used at every length
     seed: int = 0
     context: int = 1  # devices sharing each window's sequence (context parallelism) for the loss vs length
+    mqar_instances: int = 256  # MQAR runs: instances per length (x pairs queries), the same pairs at every length
 
     def quick(self) -> "Settings":
         """A first look in minutes on a CPU: three lengths, a quarter of the span, one passkey depth and key."""
         return dataclasses.replace(self, multipliers=(1, 4, 16), span_windows=4, passkey_depths=(0.5,), passkey_keys=1,
-                                   passkey_candidates=5)
+                                   passkey_candidates=5, mqar_instances=64)
 
 
 class SplitCache:
@@ -135,17 +136,38 @@ def _retrieval(model, tokenizer, task: str, build, lengths: list[int], settings:
     return cells, masses
 
 
+MQAR_SEED = 2_000_003  # the evaluation's MQAR instances: neither training's stream nor validation's (data.mqar)
+
+
 def evaluate(workdir: str, switch: switches.Switch, settings: Settings, splits_of, progress) -> dict:
-    """Every measurement for one checkpoint under one switch."""
+    """Every measurement for one checkpoint under one switch: MQAR accuracy by length for an MQAR run, else loss,
+    retrieval and attention analysis on held-out text."""
     mesh = _context_mesh(settings.context)
     loaded = load_run(workdir, mesh=mesh)
-    model, cfg, tokenizer = loaded.model, loaded.config, loaded.tokenizer
+    model, cfg = loaded.model, loaded.config
     switches.apply(model, cfg, switch)
     model.set_implementation(settings.implementation)
+    run = {"name": pathlib.Path(workdir).name, "workdir": str(workdir), "step": loaded.step, "variant": cfg.model.variant_name,
+           "switch": switch.label, "seed": cfg.train.seed, "train_len": cfg.train.seq_len,
+           "rope_theta": float(model.attention_layers[0].rope_theta)}
+    if cfg.data.source == "mqar":
+        progress.set_postfix_str("MQAR accuracy by length")
+        run["mqar"] = mqar.accuracy_by_length(model, data.mqar_task(cfg.data), cfg.train.seq_len, sorted(settings.multipliers),
+                                              settings.mqar_instances, MQAR_SEED)
+        progress.update(jobs_tasks(settings))
+        return run
+    return _text_measurements(run, model, cfg, loaded.tokenizer, settings, splits_of(cfg.data), mesh, progress)
+
+
+def jobs_tasks(settings: Settings) -> int:
+    """Progress steps of one run: one per length, the analysis and each retrieval cell (an MQAR run takes them at once)."""
+    return len(settings.multipliers) + 1 + 2 * len(settings.multipliers) * len(settings.passkey_depths)
+
+
+def _text_measurements(run: dict, model, cfg, tokenizer, settings: Settings, splits: data.Splits, mesh, progress) -> dict:
+    """Loss by length on the held-out span, attention analysis, passkey and training-format retrieval."""
     train_len = cfg.train.seq_len
-    splits = splits_of(cfg.data)
-    run = {"name": pathlib.Path(workdir).name, "workdir": str(workdir), "step": loaded.step, "variant": cfg.model.attention,
-           "switch": switch.label, "train_len": train_len, "rope_theta": float(model.attention_layers[0].rope_theta), "lengths": []}
+    run["lengths"] = []
     run["span_tokens"] = min(span_tokens(settings, train_len), sum(len(s) for s in splits.val))
     longest = None
     for m in sorted(settings.multipliers):  # the last one is the longest: per-position loss and analysis
@@ -213,7 +235,7 @@ def run_suite(workdirs: list[str], switch_texts: list[str], settings: Settings, 
     jobs = [(w, s) for w in workdirs for s in [switches.NONE, *parsed] if switches.applicable(configs[w], s)]
     if not jobs:
         raise UserError("nothing to evaluate: no switch applies to these checkpoints")
-    per_job = len(settings.multipliers) + 1 + 2 * len(settings.multipliers) * len(settings.passkey_depths)
+    per_job = jobs_tasks(settings)
     runs, splits_of = [], SplitCache()
     print(f"evaluating {len(jobs)} run(s) (checkpoint x switch) at {len(settings.multipliers)} lengths "
           f"({', '.join(f'{m}x' for m in settings.multipliers)}), {len(settings.passkey_depths)} passkey depth(s) x "

@@ -79,6 +79,7 @@ class Attention(nnx.Module):
     ssmax_s_init: the initial per-head `s` of SSMax. The paper gives none; 1.0 applies the
     length factor log N_i at full strength from the first step. `Transformer` passes
     1 / log(training length) by default so that SSMax starts out as softmax at that length.
+    ssmax_learn_s=False keeps s at that value (no gradient reaches it): the fixed log-length temperature control.
     Parameters are annotated with logical axes ('embed', 'heads', 'kv_heads', 'head_dim') but
     never sharded eagerly, so the layer builds with or without a mesh.
     """
@@ -99,6 +100,7 @@ class Attention(nnx.Module):
         rope_theta: float = 10_000.0,
         ssmax_s_init: float = 1.0,
         ssmax_bias: bool = False,
+        ssmax_learn_s: bool = True,
         dtype=jnp.float32,
         param_dtype=jnp.float32,
         kernel_init: Init = default_init,
@@ -127,6 +129,7 @@ class Attention(nnx.Module):
                 o_E=param(None, zeros, (e,), ("embed",), param_dtype),
             )
         self.s_H = self.b_H = nnx.data(None)
+        self.ssmax_learn_s = ssmax_learn_s
         if variant == "ssmax":
             self.s_H = param(None, jax.nn.initializers.constant(ssmax_s_init), (h,), ("heads",), param_dtype)
             if ssmax_bias:
@@ -209,7 +212,7 @@ class Attention(nnx.Module):
         """The variant's options as `attention.attend` takes them, the learned SSMax s (and b) included."""
         learned = {}
         if self.variant == "ssmax":
-            learned["s"] = self.s_H[...]
+            learned["s"] = self.s_H[...] if self.ssmax_learn_s else jax.lax.stop_gradient(self.s_H[...])
             if self.b_H is not None:
                 learned["b"] = self.b_H[...]
         return {**dict(self.options), **learned}

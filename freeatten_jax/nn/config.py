@@ -80,6 +80,8 @@ class ModelConfig:
     ssmax_s_init: float | None = option(None, help="SSMax's initial s; None: 1/log(max_len), so s log N_i starts at 1 "
                                         "at the training length", check=optional(POSITIVE))
     ssmax_bias: bool = option(False, help="a learnable per-head b in (s log N_i + b)", check=BOOL)
+    ssmax_learn_s: bool = option(True, help="False: s stays at its initial value (with s_init None and no bias: softmax with "
+                                 "the fixed temperature log N_i / log max_len, the softmax_logn control)", check=BOOL)
 
     def __post_init__(self):
         validate(ModelConfig, vars(self), "model.")
@@ -94,6 +96,13 @@ class ModelConfig:
     def replace(self, **changes) -> "ModelConfig":
         """A copy with `changes` applied (and checked)."""
         return dataclasses.replace(self, **changes)
+
+    @property
+    def variant_name(self) -> str:
+        """The variant as reports name it: `softmax_logn` for SSMax with s fixed at its initial value and no b."""
+        if self.attention == "ssmax" and not self.ssmax_learn_s and not self.ssmax_bias:
+            return "softmax_logn"
+        return self.attention
 
     @property
     def initial_ssmax_s(self) -> float:

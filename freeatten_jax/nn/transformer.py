@@ -99,7 +99,7 @@ class Block(nnx.Module):
             cfg.d_model, cfg.num_heads, rngs=rngs, num_kv_heads=cfg.num_kv_heads or None,
             variant=cfg.attention, options=dict(cfg.attention_options), implementation=cfg.implementation,
             use_bias=cfg.use_bias, rope_theta=cfg.rope_theta, ssmax_s_init=cfg.initial_ssmax_s,
-            ssmax_bias=cfg.ssmax_bias, dtype=dtype, param_dtype=pdtype, out_init=out_init,
+            ssmax_bias=cfg.ssmax_bias, ssmax_learn_s=cfg.ssmax_learn_s, dtype=dtype, param_dtype=pdtype, out_init=out_init,
         )
         self.mlp_norm = NORMS[cfg.norm](cfg.d_model, dtype, pdtype)
         self.mlp = Mlp(cfg, out_init, rngs=rngs)

@@ -37,7 +37,8 @@ _PROFILE_STEPS = (_profile_steps, "() for none, or (first, last) steps with 1 <=
 
 @dataclasses.dataclass(frozen=True)
 class DataConfig:
-    source: str = option("shakespeare", help="shakespeare (the default corpus) | text (data.path glob) | bin (llm.c token shards)",
+    source: str = option("shakespeare", help="shakespeare (the default corpus) | text (data.path glob) | bin (llm.c token shards) "
+                         "| mqar (synthetic multi-query associative recall, data.mqar_*)",
                          check=one_of(tuple(data.SOURCES)))
     path: str = option("", help="glob of text files or .bin training shards")
     val_path: str = option("", help="optional glob of .bin validation shards; else the last val_fraction of each file")
@@ -62,6 +63,12 @@ class DataConfig:
     retrieval_fraction: float = option(0.0, help="fraction of training windows replaced by synthetic passkey sequences",
                                        check=FRACTION)
     allow_changed: bool = option(False, help="resume although the data files differ from the checkpoint's", check=BOOL)
+    mqar_form: str = option("fused", help="mqar: fused (one token per key-value pair) | two_token (key, then value)",
+                            check=one_of(data.mqar.FORMS))
+    mqar_pairs: int = option(4, help="mqar: key-value pairs per sequence, each queried once at its end", check=integer(1))
+    mqar_keys: int = option(8, help="mqar: distinct keys", check=integer(1))
+    mqar_values: int = option(8, help="mqar: distinct values", check=integer(1))
+    mqar_noise: int = option(16, help="mqar: distinct noise tokens filling the gaps", check=integer(1))
 
 
 @dataclasses.dataclass(frozen=True)

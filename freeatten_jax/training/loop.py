@@ -88,7 +88,7 @@ class Evaluator:
 
     def __init__(self, cfg, splits, mesh, eval_def):
         rules = cfg.mesh.rules
-        windows_WL = data.eval_windows(splits.val, cfg.train.seq_len, cfg.train.eval_windows)
+        windows_WL = data.held_out_windows(cfg.data, splits, cfg.train.seq_len, cfg.train.eval_windows)
         batch = cfg.train.batch_size // cfg.train.grad_accum_steps  # a micro-batch: what fits in memory
         pad = -len(windows_WL) % batch
         self.tokens_NBL = np.concatenate([windows_WL, np.zeros((pad, windows_WL.shape[1]), np.int32)]).reshape(-1, batch, windows_WL.shape[1])
@@ -96,15 +96,16 @@ class Evaluator:
         self.tokens_sharding = sharding.batch_sharding(mesh, rules, self.tokens_NBL.shape[1:])
         self.weights_sharding = sharding.logical_spec(("batch",), self.weights_NB.shape[1:], mesh, rules)
         self.weights_sharding = jax.sharding.NamedSharding(mesh, self.weights_sharding)
-        self.step = jax.jit(train_step.eval_step, static_argnames=("graphdef", "eos_id"))  # inputs arrive placed
+        self.step = jax.jit(train_step.eval_step, static_argnames=("graphdef", "eos_id", "targets"))  # inputs arrive placed
         self.graphdef, self.eos_id = eval_def, data.document_eos(cfg.data)
+        self.targets = data.loss_targets(cfg.data, cfg.train.seq_len)
 
     def __call__(self, state) -> float:
         total = count = 0.0
         for tokens_BL, weights_B in zip(self.tokens_NBL, self.weights_NB):
             tokens = jax.make_array_from_callback(tokens_BL.shape, self.tokens_sharding, lambda i: tokens_BL[i])
             weights = jax.make_array_from_callback(weights_B.shape, self.weights_sharding, lambda i: weights_B[i])
-            loss_sum, n = self.step(state, tokens, weights, graphdef=self.graphdef, eos_id=self.eos_id)
+            loss_sum, n = self.step(state, tokens, weights, graphdef=self.graphdef, eos_id=self.eos_id, targets=self.targets)
             total, count = total + float(loss_sum), count + float(n)
         return total / count
 
@@ -251,6 +252,8 @@ def _check_batch(cfg: config.Config, mesh) -> None:
 def _check_data(cfg: config.Config, splits: data.Splits) -> None:
     """The vocabulary fits the model, and the data fills one training window per process and one validation window."""
     _check_vocab(cfg, splits)
+    if data.synthetic_windows(cfg.data, cfg.train.seq_len, cfg.train.seed) is not None:
+        return  # drawn per window: any number of them
     length = cfg.train.seq_len + 1
     if data.num_chunks(splits.train, length) < jax.process_count():
         tokens = sum(len(s) for s in splits.train)
@@ -266,7 +269,8 @@ def _train(cfg: config.Config, splits, mesh, workdir) -> RunMetrics:
     rules, steps, hosts = cfg.mesh.rules, cfg.train.steps, jax.process_count()
     train_iter = data.train_iterator(splits.train, cfg.train.seq_len, cfg.train.batch_size // hosts, seed=cfg.train.seed,
                                      process_index=jax.process_index(), process_count=hosts, num_workers=cfg.data.num_workers,
-                                     mix=data.retrieval_mix(cfg.data, splits.tokenizer, cfg.train.seq_len, cfg.train.seed))
+                                     mix=data.retrieval_mix(cfg.data, splits.tokenizer, cfg.train.seq_len, cfg.train.seed),
+                                     windows=data.synthetic_windows(cfg.data, cfg.train.seq_len, cfg.train.seed))
     ckpt = Checkpointer(workdir, cfg.checkpoint, data_files=integrity.files(data.files(cfg.data)))
     tx = optim.make(cfg.optim, steps)
     abstract, state_shardings = train_state.abstract_state(cfg, mesh, tx)
@@ -282,12 +286,13 @@ def _train(cfg: config.Config, splits, mesh, workdir) -> RunMetrics:
     train_def, eval_def = train_state.graphdefs(cfg.model)
     step_fn = jax.jit(  # the state and the batch arrive placed; the new state keeps the shardings
         train_step.train_step,
-        static_argnames=("graphdef", "tx", "schedule", "accum_steps", "eos_id"),
+        static_argnames=("graphdef", "tx", "schedule", "accum_steps", "eos_id", "targets"),
         out_shardings=(state_shardings, None),
         donate_argnums=0,
     )
     step_fn = functools.partial(step_fn, graphdef=train_def, tx=tx, schedule=optim.schedule(cfg.optim, steps),
-                                accum_steps=cfg.train.grad_accum_steps, eos_id=data.document_eos(cfg.data))
+                                accum_steps=cfg.train.grad_accum_steps, eos_id=data.document_eos(cfg.data),
+                                targets=data.loss_targets(cfg.data, cfg.train.seq_len))
     writer = MetricsWriter(workdir, start, cfg.source)
     stop = _StopSignal()
     try:

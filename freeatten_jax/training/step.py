@@ -2,7 +2,8 @@
 
 Glossary: B batch, L = T + 1 window (inputs tokens[:, :-1], targets tokens[:, 1:]), T length,
 A gradient-accumulation micro-batches. The graphdef is always the static keyword `graphdef`; `eos_id`
-(static, None: off) turns on document masking (freeatten_jax.data.documents).
+(static, None: off) turns on document masking (freeatten_jax.data.documents); `targets` (static, None: all)
+are the target positions the loss counts (data.loss_targets: MQAR's answers).
 """
 import jax
 import jax.numpy as jnp
@@ -12,26 +13,32 @@ from flax import nnx
 from freeatten_jax.training.loss import next_token_losses
 
 
-def _grad_step(graphdef, params, rest, tokens_BL, eos_id):
+def scored(losses_BT, targets):
+    """The losses the objective counts: those at the `targets` positions [B, len(targets)], or all [B, T]."""
+    return losses_BT if targets is None else losses_BT[:, list(targets)]
+
+
+def _grad_step(graphdef, params, rest, tokens_BL, eos_id, targets):
     """(mean loss, gradients, the model's updated non-parameter state) for one micro-batch.
 
     The model is merged here and differentiated with nnx.value_and_grad: its lifted remat cannot run
     under a bare jax.grad.
     """
     model = nnx.merge(graphdef, params, rest, copy=True)  # fresh variables at this trace level (inside scan)
-    loss_fn = lambda m: next_token_losses(m, tokens_BL, eos_id=eos_id).mean()
+    loss_fn = lambda m: scored(next_token_losses(m, tokens_BL, eos_id=eos_id), targets).mean()
     loss, grads = nnx.value_and_grad(loss_fn, argnums=nnx.DiffState(0, nnx.Param))(model)
     return loss, grads, nnx.state(model, nnx.Not(nnx.Param))
 
 
-def train_step(state, tokens_BL, *, graphdef, tx, schedule, accum_steps: int, eos_id: int | None = None):
+def train_step(state, tokens_BL, *, graphdef, tx, schedule, accum_steps: int, eos_id: int | None = None,
+               targets: tuple[int, ...] | None = None):
     """One optimiser step on the mean loss of A micro-batches of B / A windows each."""
     params = state["params"]
     tokens_ABL = tokens_BL.reshape(-1, accum_steps, tokens_BL.shape[-1]).swapaxes(0, 1)  # strided: each spans all devices
 
     def micro_step(carry, tokens_bL):
         grads_sum, loss_sum, rest = carry
-        loss, grads, rest = _grad_step(graphdef, params, rest, tokens_bL, eos_id)
+        loss, grads, rest = _grad_step(graphdef, params, rest, tokens_bL, eos_id, targets)
         return (jax.tree.map(jnp.add, grads_sum, grads), loss_sum + loss, rest), None
 
     zeros = jax.tree.map(jnp.zeros_like, params)
@@ -45,7 +52,7 @@ def train_step(state, tokens_BL, *, graphdef, tx, schedule, accum_steps: int, eo
     return new_state, metrics
 
 
-def eval_step(state, tokens_BL, weights_B, *, graphdef, eos_id: int | None = None):
+def eval_step(state, tokens_BL, weights_B, *, graphdef, eos_id: int | None = None, targets: tuple[int, ...] | None = None):
     """(sum of weighted token losses, number of weighted tokens) for a batch of validation windows."""
-    losses_BT = next_token_losses(nnx.merge(graphdef, state["params"], state["rest"]), tokens_BL, eos_id=eos_id)
+    losses_BT = scored(next_token_losses(nnx.merge(graphdef, state["params"], state["rest"]), tokens_BL, eos_id=eos_id), targets)
     return jnp.sum(losses_BT * weights_B[:, None]), jnp.sum(weights_B) * losses_BT.shape[1]
