@@ -36,7 +36,9 @@ def test_every_variant_is_a_valid_config_by_path_named_arguments_or_alias(varian
 
 
 def test_packaged_names_resolve_to_the_one_experiment_file_and_paths_stay():
-    assert "variants: softmax, ssmax, lssa, lssar, sigmoid, relu; sizes: tiny, gpt2_small, ssmax_162m" in configs.PACKAGED
+    assert "variants: softmax, ssmax, lssa, lssar, sigmoid, relu, softmax_logn; sizes: tiny, gpt2_small, ssmax_162m" in configs.PACKAGED
+    assert configs.resolve("mqar:variant=lssa") == f"{configs.ROOT / 'mqar'}.py:variant=lssa"
+    assert configs.resolve("softmax_logn:tiny") == f"{configs.ROOT / 'lm'}.py:variant=softmax_logn,size=tiny"
     assert configs.resolve("lssar:tiny") == f"{configs.ROOT / 'lm'}.py:variant=lssar,size=tiny"
     assert configs.resolve("lm:size=gpt2_small") == f"{configs.ROOT / 'lm'}.py:size=gpt2_small"
     assert configs.resolve("configs/lssar.py:tiny") == "configs/lssar.py:tiny"

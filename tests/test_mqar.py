@@ -78,3 +78,14 @@ def test_scoring_counts_each_answer_at_every_length():
     wrong = mqar_eval.accuracy_by_length(_Recall(task, wrong=True), task, 32, (1,), instances=50, seed=0)[0]
     assert 0.15 < wrong["accuracy"] < 0.45  # right only for the query of the first pair (1 in 4) and value collisions
     assert len(wrong["per_instance"]) == 50 and np.mean(wrong["per_instance"]) == pytest.approx(wrong["accuracy"])
+
+
+def test_training_windows_are_fresh_instances_fixed_by_seed_and_index_and_the_loss_counts_the_answers():
+    task = mqar.Task(pairs=4)
+    windows = mqar.Windows(task, 32, seed=5)
+    assert (windows(7) == windows(7)).all() and not (windows(7) == windows(8)).all()
+    assert not (windows(7) == mqar.Windows(task, 32, seed=6)(7)).all()
+    tokens_L, mask_T = mqar.render(task, mqar.draw(task, 32, np.random.default_rng((5, 7))), 32)
+    assert (tokens_L == windows(7)).all() and mqar.answer_targets(task, 32) == tuple(np.flatnonzero(mask_T))
+    with pytest.raises(ValueError, match="more than the window"):
+        mqar.Windows(mqar.Task(pairs=8), 8, seed=0)

@@ -37,3 +37,17 @@ def test_windows_are_resampled_within_a_run():
     diff_1W = np.random.default_rng(2).normal(0.0, 0.1, size=(1, 400))
     low, high = stats.paired_difference(diff_1W, np.zeros_like(diff_1W))["ci"]
     assert 0.015 < high - low < 0.025
+
+
+def test_a_contrast_draws_the_same_seeds_for_every_term():
+    """The rise of a difference (8x minus 1x): a per-seed offset common to both lengths cancels (the same seeds are drawn
+    for both terms: independent draws would keep it); a rise only at 8x is detected."""
+    rng = np.random.default_rng(3)
+    per_seed = np.array([[-0.3], [0.0], [0.4]])
+    one_RW, eight_RW = rng.normal(0, 0.05, (3, 100)) + per_seed, rng.normal(0, 0.05, (3, 25)) + per_seed
+    flat = stats.contrast([(1, eight_RW), (-1, one_RW)])
+    assert flat["ci"][1] - flat["ci"][0] < 0.1 and flat["ci"][0] < 0 < flat["ci"][1]  # the offsets cancel: narrow
+    risen = stats.contrast([(1, eight_RW + 0.2), (-1, one_RW)])
+    assert 0.1 < risen["ci"][0] < 0.2 < risen["ci"][1] and risen["difference"] == pytest.approx(0.2, abs=0.05)
+    with pytest.raises(ValueError, match="same runs"):
+        stats.contrast([(1, eight_RW), (-1, one_RW[:2])])

@@ -5,7 +5,7 @@ import pathlib
 
 import numpy as np
 
-from freeatten_jax.evaluation import mqar_report, plots
+from freeatten_jax.evaluation import mqar_report, paired, plots
 
 
 def label(run: dict) -> str:
@@ -144,6 +144,7 @@ def markdown(runs: list[dict], settings: dict, figures: dict[str, str]) -> str:
         *comparability_warnings(runs),
         "## Checkpoints\n\n" + checkpoints,
         "## Summary by variant and switch\n\n" + grouped_tables(runs, multipliers),
+        *[part for part in [paired.markdown(runs, multipliers)] if part],
         f"## Loss vs length (mean next-token loss, nats, [95% bootstrap interval over windows])\n\n"
         f"Every length scores the same held-out span: the first {spans} validation tokens, cut into non-overlapping "
         f"windows of each length ({windows}).\n\n"

@@ -14,12 +14,30 @@ import numpy as np
 def hierarchical_means(values_RW: np.ndarray, seed: int = 0, resamples: int = 2000) -> np.ndarray:
     """[N] bootstrap means of values [R, W]: R runs drawn with replacement, then W windows with replacement
     within each drawn run (one window draw per drawn run)."""
-    values_RW = np.asarray(values_RW, np.float64)
-    runs, windows = values_RW.shape
+    return contrast_means([(1.0, values_RW)], seed, resamples)
+
+
+def contrast_means(terms: list[tuple[float, np.ndarray]], seed: int = 0, resamples: int = 2000) -> np.ndarray:
+    """[N] bootstrap values of sum_k sign_k * mean(values_k) for terms (sign_k, values_k [R, W_k]): the same R runs
+    drawn for every term (a run is one seed of every variant), then each term's windows within each drawn run."""
     rng = np.random.default_rng(seed)
-    runs_NR = rng.integers(runs, size=(resamples, runs))
-    windows_NRW = rng.integers(windows, size=(resamples, runs, windows))
-    return values_RW[runs_NR[..., None], windows_NRW].mean(axis=(1, 2))
+    runs = {np.shape(values)[0] for _, values in terms}
+    if len(runs) != 1:
+        raise ValueError(f"every term needs the same runs (seeds), got {sorted(runs)}")
+    runs_NR = rng.integers(runs.pop(), size=(resamples, np.shape(terms[0][1])[0]))
+    total_N = np.zeros(resamples)
+    for sign, values in terms:
+        values_RW = np.asarray(values, np.float64)
+        windows_NRW = rng.integers(values_RW.shape[1], size=(resamples, *values_RW.shape))
+        total_N += sign * values_RW[runs_NR[..., None], windows_NRW].mean(axis=(1, 2))
+    return total_N
+
+
+def contrast(terms: list[tuple[float, np.ndarray]], seed: int = 0, resamples: int = 2000, level: float = 0.95) -> dict:
+    """sum_k sign_k * mean(values_k) with its hierarchical bootstrap interval (contrast_means), e.g. the rise from 1x
+    to 8x of the per-window differences against a baseline: [(1, diff_8x), (-1, diff_1x)]."""
+    value = sum(sign * float(np.mean(values)) for sign, values in terms)
+    return {"difference": value, "ci": interval(contrast_means(terms, seed, resamples), level)}
 
 
 def interval(means_N: np.ndarray, level: float = 0.95) -> tuple[float, float]:

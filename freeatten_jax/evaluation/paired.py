@@ -1,0 +1,61 @@
+"""Loss comparisons against softmax in the papers' terms, paired by seed and window (evaluation.stats): the difference
+in loss at each length, each group's rise from 1x, and that rise minus softmax's, each with a 95% interval over seeds,
+then windows. Runs are paired by training seed; every run scores the same windows at each length.
+
+Glossary: R runs (seeds both groups have), W windows at one length.
+"""
+import numpy as np
+
+from freeatten_jax.evaluation import plots, stats
+
+BASELINE = ("softmax", "none")
+
+
+def per_window(rs: list[dict], seeds: list[int], multiplier: int) -> np.ndarray:
+    """[R, W] per-window losses of the runs with these seeds at one multiplier."""
+    by_seed = {r["seed"]: r for r in rs}
+    return np.asarray([next(x["per_window"] for x in by_seed[s]["lengths"] if x["multiplier"] == multiplier) for s in seeds])
+
+
+def _cell(summary: dict) -> str:
+    low, high = summary["ci"]
+    return f"{summary['difference']:+.3f} [{low:+.3f}, {high:+.3f}]"
+
+
+def _md(header: list[str], rows: list[list[str]]) -> str:
+    return "\n".join(["| " + " | ".join(header) + " |", "|" + "---|" * len(header)] + ["| " + " | ".join(r) + " |" for r in rows])
+
+
+def markdown(runs: list[dict], multipliers: list[int]) -> str:
+    """Three tables (loss minus softmax's; rise from 1x; rise minus softmax's rise, with the ratio of the means), or
+    an empty string when there is no softmax baseline or the runs carry no per-window losses."""
+    runs = [r for r in runs if all("per_window" in x for x in r["lengths"])]
+    grouped = plots.groups(runs)
+    base = grouped.get(BASELINE)
+    if not base or 1 not in multipliers:
+        return ""
+    longer = [m for m in multipliers if m != 1]
+    names = {g: plots.group_name(*g, len(rs)) for g, rs in grouped.items()}
+    difference, rise, relative = [], [], []
+    for g, rs in grouped.items():
+        seeds = sorted({r["seed"] for r in rs} & {r["seed"] for r in base})
+        if not seeds:
+            continue
+        own = {m: per_window(rs, seeds, m) for m in multipliers}
+        ref = {m: per_window(base, seeds, m) for m in multipliers}
+        rise.append([names[g]] + [_cell(stats.contrast([(1, own[m]), (-1, own[1])])) for m in longer])
+        if g == BASELINE:
+            continue
+        diff = {m: own[m] - ref[m] for m in multipliers}
+        difference.append([names[g]] + [_cell(stats.contrast([(1, diff[m])])) for m in multipliers])
+        ratio = lambda m: (own[m].mean() - own[1].mean()) / (ref[m].mean() - ref[1].mean())
+        relative.append([names[g]] + [f"{_cell(stats.contrast([(1, diff[m]), (-1, diff[1])]))} ({ratio(m):.2f}x)" for m in longer])
+    lengths = [f"{m}x" for m in multipliers]
+    return "\n\n".join([
+        "## Paired against softmax (seeds both have; 95% interval: seeds, then windows, resampled)",
+        "Loss minus softmax's at the same length (nats per token; per byte for the byte tokenizer)\n\n"
+        + _md(["variant", *lengths], difference),
+        "Rise from 1x: loss at the length minus loss at 1x (nats per token)\n\n" + _md(["variant", *lengths[1:]], rise),
+        "Rise minus softmax's rise, the papers' comparison (nats per token), and (the rise as a multiple of softmax's)\n\n"
+        + _md(["variant", *lengths[1:]], relative),
+    ])

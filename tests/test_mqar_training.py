@@ -1,0 +1,112 @@
+"""MQAR through the application: `--config=mqar:...` trains on answers only and `freeatten-eval` scores its accuracy
+by length into mqar.csv / mqar.md; the softmax_logn control keeps its temperature fixed."""
+import csv
+
+import jax
+import numpy as np
+import pytest
+from flax import nnx
+
+from freeatten_jax import data
+from freeatten_jax.configs import mqar as mqar_config
+from freeatten_jax.data import mqar
+from freeatten_jax.errors import ConfigError
+from freeatten_jax.evaluation import mqar_report, stats, suite
+from freeatten_jax.training import config, optim, state as train_state, step as train_step
+from freeatten_jax.training.loss import next_token_losses
+from freeatten_jax.training.metrics import read_metrics
+
+
+def _cfg(variant="softmax", **overrides):
+    cfg = mqar_config.get_config(f"variant={variant}")
+    cfg.update_from_flattened_dict({"model.num_layers": 1, "model.d_model": 32, "model.num_heads": 2, "model.mlp_dim": 64,
+                                    "train.seq_len": 24, "train.batch_size": 8, "train.steps": 4, "train.eval_every": 2,
+                                    "train.log_every": 1, "train.eval_windows": 8, "train.checkpoint_every": 4,
+                                    "optim.warmup_steps": 1, "mesh.shape": (1, 1, 1), **overrides})
+    return cfg
+
+
+def test_named_arguments_and_the_control():
+    cfg = config.parse(mqar_config.get_config("variant=lssar,form=two_token"))
+    assert (cfg.model.attention, cfg.data.source, cfg.data.mqar_form, cfg.model.num_layers) == ("lssar", "mqar", "two_token", 2)
+    assert cfg.model.vocab_size == mqar.Task(form="two_token").vocab_size
+    control = config.parse(mqar_config.get_config("variant=softmax_logn"))
+    assert control.model.attention == "ssmax" and not control.model.ssmax_learn_s and control.model.variant_name == "softmax_logn"
+    assert config.parse(mqar_config.get_config("variant=ssmax")).model.variant_name == "ssmax"
+    with pytest.raises(ConfigError, match="'size' is not a named argument"):
+        mqar_config.get_config("size=tiny")
+    with pytest.raises(data.DataError, match="pairs must be in"):
+        config.parse(_cfg(**{"data.mqar_pairs": 9}))
+
+
+def test_the_training_loss_is_the_mean_over_the_answers_only():
+    cfg = config.parse(_cfg())
+    tx = optim.make(cfg.optim, cfg.train.steps)
+    mesh = jax.sharding.Mesh(np.array(jax.devices()[:1]).reshape(1, 1, 1, 1), ("data", "fsdp", "tensor", "context"))
+    _, shardings = train_state.abstract_state(cfg, mesh, tx)
+    state = train_state.create(cfg, mesh, tx, shardings)
+    train_def, eval_def = train_state.graphdefs(cfg.model)
+    windows = data.synthetic_windows(cfg.data, 24, seed=0)
+    tokens_BL = np.stack([windows(i) for i in range(8)])
+    targets = data.loss_targets(cfg.data, 24)
+    assert len(targets) == 4 and targets[-1] == 23
+    _, metrics = train_step.train_step(state, tokens_BL, graphdef=train_def, tx=tx, schedule=optim.schedule(cfg.optim, 4),
+                                       accum_steps=1, targets=targets)
+    losses_BT = np.asarray(next_token_losses(nnx.merge(eval_def, state["params"], state["rest"]), tokens_BL))
+    np.testing.assert_allclose(metrics["loss"], losses_BT[:, list(targets)].mean(), rtol=1e-5)
+    assert abs(losses_BT.mean() - losses_BT[:, list(targets)].mean()) > 1e-3  # the two differ: the test can tell
+    total, count = train_step.eval_step(state, tokens_BL, np.ones(8, np.float32), graphdef=eval_def, targets=targets)
+    np.testing.assert_allclose(total / count, losses_BT[:, list(targets)].mean(), rtol=1e-5)
+
+
+@pytest.fixture(scope="module")
+def mqar_runs(trained_run):
+    """Tiny MQAR runs: softmax seeds 0 and 1, and the softmax_logn control seed 0."""
+    return {name: str(trained_run(f"mqar-{name}", _cfg(variant, **{"train.seed": seed})))
+            for name, variant, seed in (("softmax-0", "softmax", 0), ("softmax-1", "softmax", 1), ("logn-0", "softmax_logn", 0))}
+
+
+def test_training_resumes_the_stream_and_the_control_keeps_s(mqar_runs):
+    from freeatten_jax.training.run import load_run
+
+    rows = read_metrics(mqar_runs["logn-0"])
+    assert [r["step"] for r in rows] == [1, 2, 3, 4] and all(np.isfinite(r["val_loss"]) for r in rows if "val_loss" in r)
+    model = load_run(mqar_runs["logn-0"]).model
+    s = np.asarray(model.attention_layers[0].s_H[...])
+    np.testing.assert_array_equal(s, np.full_like(s, 1 / np.log(24)))  # four Adam steps left it where it started
+
+
+def test_eval_scores_accuracy_by_length_into_mqar_csv(mqar_runs, tmp_path):
+    settings = suite.Settings(multipliers=(1, 2), mqar_instances=16)
+    runs = suite.run_suite(list(mqar_runs.values()), [], settings, str(tmp_path))
+    with (tmp_path / "mqar.csv").open() as f:
+        rows = list(csv.DictReader(f))
+    assert list(rows[0]) == ["variant", "switch", "seed", "train_len", "length", "accuracy", "queries"]
+    assert [(r["variant"], r["seed"], r["length"], r["queries"]) for r in rows] == [
+        (v, s, n, "64") for v, s in (("softmax", "0"), ("softmax", "1"), ("softmax_logn", "0")) for n in ("24", "48")]
+    for run in runs:
+        for x in run["mqar"]:
+            assert x["accuracy"] == pytest.approx(np.mean(x["per_instance"])) and len(x["per_instance"]) == 16
+    text = (tmp_path / "mqar.md").read_text()
+    assert "| softmax (2 runs) |" in text and "| softmax_logn |" in text and (tmp_path / "mqar.png").exists()
+    assert not (tmp_path / "report.md").exists()  # no text runs: no text report
+
+
+def _run(variant, seed, per_instance_MW):
+    return {"variant": variant, "switch": "none", "seed": seed, "train_len": 8, "name": f"{variant}-{seed}", "step": 1,
+            "mqar": [{"length": 8 * m, "multiplier": m, "accuracy": float(np.mean(x)), "queries": 4 * len(x), "per_instance": list(x)}
+                     for m, x in zip((1, 4), per_instance_MW)]}
+
+
+def test_the_report_pairs_each_variant_with_softmax_by_seed_and_instance():
+    rng = np.random.default_rng(0)
+    base = [rng.integers(0, 5, size=(2, 200)) / 4 for _ in range(3)]
+    same = [_run("softmax", s, b) for s, b in enumerate(base)] + [_run("lssa", s, b) for s, b in enumerate(base)]
+    text = mqar_report.markdown(same)
+    assert "| lssa (3 runs) | +0.000 [+0.000, +0.000] | +0.000 [+0.000, +0.000] |" in text
+    better = [_run("lssar", s, np.clip(b + [[0.0], [0.25]], 0, 1)) for s, b in enumerate(base)]
+    row = [line for line in mqar_report.markdown(same[:3] + better).splitlines() if line.startswith("| lssar")][-1]  # differences
+    one_x, four_x = row.strip("| ").split(" | ")[1:3]
+    assert one_x == "+0.000 [+0.000, +0.000]" and float(four_x.split(" [")[1].split(",")[0]) > 0  # 4x: detected
+    expected = stats.paired_difference(mqar_report.per_instance(better, 4), mqar_report.per_instance(same[:3], 4))
+    assert four_x == f"{expected['difference']:+.3f} [{expected['ci'][0]:+.3f}, {expected['ci'][1]:+.3f}]"
