@@ -64,6 +64,9 @@ def test_spike_rule_stops_after_k_times_the_median_for_m_steps_and_ignores_short
     assert not any(off.observe(s, x) for s, x in enumerate([3.0] * 10 + [1e9], 1))
     early = divergence.SpikeRule(factor=5, steps=1)  # fewer losses than WARMUP: no threshold yet
     assert not any(early.observe(s, x) for s, x in enumerate([3.0] * (divergence.WARMUP - 1) + [1e9], 1))
+    solved = divergence.SpikeRule(factor=5, steps=1)  # near 0, a spike must also rise MIN_RISE nats above the median
+    assert not any(solved.observe(s, x) for s, x in enumerate([0.003] * 10 + [0.04, 0.9], 1))
+    assert solved.threshold() == pytest.approx(0.003 + divergence.MIN_RISE) and solved.observe(13, 1.1) and solved.diverged
 
 
 def test_read_errors_are_unavailable_and_bad_content_is_not():

@@ -1,10 +1,12 @@
-"""The loss-spike rule: a run diverges when its loss stays above `factor` x the running median of recent losses
-for `steps` steps in a row (finite blow-ups: NaN/Inf are caught apart). Spiking losses stay out of the median."""
+"""The loss-spike rule: a run diverges when its loss stays above `factor` x the running median of recent losses, and
+at least MIN_RISE nats above it, for `steps` steps in a row (finite blow-ups: NaN/Inf are caught apart). Spiking
+losses stay out of the median. The floor keeps a solved task's losses near 0 (MQAR: 0.003 -> 0.04) from counting."""
 import collections
 import statistics
 
 WINDOW = 100  # losses in the running median
 WARMUP = 5  # losses seen before the rule applies (a resume seeds them from metrics.jsonl)
+MIN_RISE = 1.0  # nats: a spike is also this far above the median
 
 
 class SpikeRule:
@@ -17,7 +19,8 @@ class SpikeRule:
     def threshold(self) -> float:
         if not self.factor or len(self.history) < WARMUP:
             return float("inf")
-        return self.factor * statistics.median(self.history)
+        median = statistics.median(self.history)
+        return max(self.factor * median, median + MIN_RISE)
 
     def observe(self, step: int, loss: float) -> bool:
         """Records a step's loss; True when it is above the threshold (the step's checkpoint is not confirmed)."""
