@@ -20,7 +20,7 @@ from freeatten_jax.training.metrics import read_metrics
 def _cfg(variant="softmax", **overrides):
     cfg = mqar_config.get_config(f"variant={variant}")
     cfg.update_from_flattened_dict({"model.num_layers": 1, "model.d_model": 32, "model.num_heads": 2, "model.mlp_dim": 64,
-                                    "train.seq_len": 24, "train.batch_size": 8, "train.steps": 4, "train.eval_every": 2, "optim.schedule": "cosine",
+                                    "train.seq_len": 24, "train.batch_size": 8, "train.steps": 4, "train.eval_every": 2,
                                     "train.log_every": 1, "train.eval_windows": 8, "train.checkpoint_every": 4,
                                     "optim.warmup_steps": 1, "mesh.shape": (1, 1, 1), **overrides})
     return cfg
