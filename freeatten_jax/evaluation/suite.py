@@ -41,7 +41,7 @@ class Settings:
     mqar_instances: int = 256  # MQAR runs: instances per length (x pairs queries), the same pairs at every length
 
     def quick(self) -> "Settings":
-        """A first look in minutes on a CPU: three lengths, a quarter of the span, one passkey depth and key."""
+        """A first look in minutes on a CPU: three lengths, a quarter of the span, one passkey depth and key, 64 MQAR instances."""
         return dataclasses.replace(self, multipliers=(1, 4, 16), span_windows=4, passkey_depths=(0.5,), passkey_keys=1,
                                    passkey_candidates=5, mqar_instances=64)
 
@@ -154,12 +154,12 @@ def evaluate(workdir: str, switch: switches.Switch, settings: Settings, splits_o
         progress.set_postfix_str("MQAR accuracy by length")
         run["mqar"] = mqar.accuracy_by_length(model, data.mqar_task(cfg.data), cfg.train.seq_len, sorted(settings.multipliers),
                                               settings.mqar_instances, MQAR_SEED)
-        progress.update(jobs_tasks(settings))
+        progress.update(tasks_per_run(settings))
         return run
     return _text_measurements(run, model, cfg, loaded.tokenizer, settings, splits_of(cfg.data), mesh, progress)
 
 
-def jobs_tasks(settings: Settings) -> int:
+def tasks_per_run(settings: Settings) -> int:
     """Progress steps of one run: one per length, the analysis and each retrieval cell (an MQAR run takes them at once)."""
     return len(settings.multipliers) + 1 + 2 * len(settings.multipliers) * len(settings.passkey_depths)
 
@@ -235,7 +235,7 @@ def run_suite(workdirs: list[str], switch_texts: list[str], settings: Settings, 
     jobs = [(w, s) for w in workdirs for s in [switches.NONE, *parsed] if switches.applicable(configs[w], s)]
     if not jobs:
         raise UserError("nothing to evaluate: no switch applies to these checkpoints")
-    per_job = jobs_tasks(settings)
+    per_job = tasks_per_run(settings)
     runs, splits_of = [], SplitCache()
     print(f"evaluating {len(jobs)} run(s) (checkpoint x switch) at {len(settings.multipliers)} lengths "
           f"({', '.join(f'{m}x' for m in settings.multipliers)}), {len(settings.passkey_depths)} passkey depth(s) x "
