@@ -153,7 +153,8 @@ def test_eval_windows_are_non_overlapping_and_in_order(tmp_path):
 
 def test_validation_windows_come_from_the_held_out_tail(tmp_path):
     (tmp_path / "a.txt").write_text("x" * 900 + "y" * 100)
-    w = data.validation_windows(_cfg(path=str(tmp_path / "a.txt")), 9)
+    cfg = _cfg(path=str(tmp_path / "a.txt"))
+    w = data.held_out_windows(cfg, data.load_splits(cfg), 9)
     assert w.shape == (10, 10) and (w == ord("y")).all()
 
 

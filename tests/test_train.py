@@ -63,7 +63,8 @@ def test_load_params_rebuilds_the_trained_model_for_eval(text_glob, tmp_path):
     metrics = loop.train_and_evaluate(cfg, tmp_path)
     model, saved_cfg, step = checkpoint.load_params(tmp_path)
     assert step == 3 and saved_cfg.model.attention == "lssa" and saved_cfg.model.vocab_size == 256
-    windows = data.validation_windows(saved_cfg.data, saved_cfg.train.seq_len, saved_cfg.train.eval_windows)
+    windows = data.held_out_windows(saved_cfg.data, data.load_splits(saved_cfg.data), saved_cfg.train.seq_len,
+                                    saved_cfg.train.eval_windows)
     logits = model(windows[:, :-1])
     loss = -jax.nn.log_softmax(logits)[np.arange(len(windows))[:, None], np.arange(16), windows[:, 1:]].mean()
     np.testing.assert_allclose(float(loss), metrics[-1]["val_loss"], rtol=1e-5)

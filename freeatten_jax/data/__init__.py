@@ -8,11 +8,6 @@ from freeatten_jax.data.sources import (DOCUMENT_MASKING, SOURCES, DataError, Sp
 from freeatten_jax.data.tokenizer import TOKENIZERS, save_to_run
 
 
-def validation_windows(cfg_data, length: int, max_windows: int | None = None):
-    """Held-out int32 windows [W, length + 1] of the configured data (the same ones training evaluates on)."""
-    return eval_windows(load_splits(cfg_data).val, length, max_windows)
-
-
 def retrieval_mix(cfg_data, tokenizer, seq_len: int, seed: int):
     """The training stream's retrieval mix (data.retrieval_fraction of the windows), or None."""
     from freeatten_jax.data.retrieval import Mix
