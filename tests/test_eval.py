@@ -205,6 +205,20 @@ def test_loss_plot_has_interval_band_training_length_mark_and_a_minimum_span():
     assert plots.y_limits([0.0], [2.0], 0.5) == pytest.approx((-0.1, 2.1))  # wide data: 5% padding, no forced span
 
 
+def test_loss_band_is_the_interval_over_seeds_then_windows_when_runs_carry_per_window_losses():
+    from freeatten_jax.evaluation import plots, stats
+
+    runs = [_fake_run("lssar", "none", seed) for seed in (0, 1, 2)]
+    rng = np.random.default_rng(0)
+    for r in runs:
+        for x in r["lengths"]:
+            x["per_window"] = (x["loss"] + rng.normal(0, 0.3, 8)).tolist()
+    (band,) = plots.draw_loss_vs_length(runs).axes[0].collections
+    ys = np.concatenate([path.vertices[:, 1] for path in band.get_paths()])
+    expected = [stats.mean_with_interval([r["lengths"][i]["per_window"] for r in runs])["ci"] for i in range(2)]
+    assert ys.min() == pytest.approx(min(low for low, _ in expected)) and ys.max() == pytest.approx(max(h for _, h in expected))
+
+
 def test_retrieval_plot_is_a_depth_by_length_heatmap_when_the_grid_has_cells():
     from freeatten_jax.evaluation import plots
 

@@ -1,8 +1,8 @@
 """PNG plots of the suite's results (matplotlib, no display needed).
 
-Runs of one variant under one switch (e.g. several seeds) form one line: their mean. Loss bands span
-the runs' 95% bootstrap intervals (lowest low to highest high, as the summary tables); other bands span
-the runs' minimum to maximum. One colour per variant, one line style per eval-time switch; a dotted
+Runs of one variant under one switch (e.g. several seeds) form one line: their mean. The loss band is the
+95% interval of the mean over seeds, then windows (evaluation.stats); other bands span the runs' minimum
+to maximum. One colour per variant, one line style per eval-time switch; a dotted
 vertical line marks the training length. Each `draw_*` returns the figure so that tests can read it.
 """
 import pathlib
@@ -13,6 +13,8 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
+
+from freeatten_jax.evaluation import stats  # noqa: E402
 
 COLOURS = {"softmax": "tab:blue", "ssmax": "tab:orange", "lssa": "tab:green", "lssar": "tab:red", "sigmoid": "tab:purple",
            "relu": "tab:brown", "softmax_logn": "tab:cyan"}
@@ -92,9 +94,13 @@ def draw_loss_vs_length(runs: list[dict]):
     style, lows, highs = _style(runs), [], []
     for (variant, switch), rs in groups(runs).items():
         x = [p["length"] for p in rs[0]["lengths"]]
-        mean_X, low_X, high_X = _nan_stats([[p["loss"] for p in r["lengths"]] for r in rs],
-                                           [[p["loss_ci"][0] for p in r["lengths"]] for r in rs],
-                                           [[p["loss_ci"][1] for p in r["lengths"]] for r in rs])
+        if all("per_window" in p for r in rs for p in r["lengths"]):  # the 95% interval over seeds, then windows
+            summaries = [stats.mean_with_interval([r["lengths"][i]["per_window"] for r in rs]) for i in range(len(x))]
+            mean_X, low_X, high_X = (np.asarray(v) for v in zip(*[(m["mean"], *m["ci"]) for m in summaries]))
+        else:  # results saved before per-window losses were: the envelope of the runs' intervals
+            mean_X, low_X, high_X = _nan_stats([[p["loss"] for p in r["lengths"]] for r in rs],
+                                               [[p["loss_ci"][0] for p in r["lengths"]] for r in rs],
+                                               [[p["loss_ci"][1] for p in r["lengths"]] for r in rs])
         _line(ax, x, mean_X, low_X, high_X, style(variant, switch), group_name(variant, switch, len(rs)))
         lows.append(low_X), highs.append(high_X)
     _mark_train_len(ax, {r["train_len"] for r in runs})
