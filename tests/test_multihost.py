@@ -14,7 +14,7 @@ from helpers import tiny_config
 
 from freeatten_jax import data
 from freeatten_jax.errors import EXIT_PEER_LOST
-from freeatten_jax.training import loop
+from freeatten_jax.training import distributed, loop
 from freeatten_jax.training.metrics import read_metrics
 
 STEPS = {"train.checkpoint_every": 3, "optim.schedule": "constant", "train.eval_every": 100, "train.steps": 6, "mesh.shape": (-1, 1, 1)}
@@ -72,6 +72,13 @@ def test_each_process_reads_only_its_own_windows():
     halves = [data.train_dataset(sequences, 15, 4, seed=3, process_index=h, process_count=2)[0] for h in (0, 1)]
     np.testing.assert_array_equal(halves[0], whole[0::2])
     np.testing.assert_array_equal(halves[1], whole[1::2])
+
+
+def test_jax_heartbeat_cannot_beat_peer_watch():
+    """jax's service flags a dead process from half its heartbeat timeout on (clients beat every half) and then aborts
+    the others (SIGABRT); PeerWatch must have stopped them first, in one line: by peer_timeout_s + 2 polls of 1 s."""
+    for peer_timeout_s in (1, 5, 60, 600):
+        assert distributed.heartbeat_timeout_s(peer_timeout_s) / 2 >= peer_timeout_s + 2 + 3  # 3 s to spare
 
 
 @pytest.mark.slow

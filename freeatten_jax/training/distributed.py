@@ -2,8 +2,13 @@
 
 `Cluster` holds the command line's --coordinator_address / --num_processes / --process_id; fields left None are
 auto-detected by jax.distributed.initialize on TPU/GPU clusters. On CPU the processes talk over gloo.
-`PeerWatch` stops a process whose peer died (a collective would wait for it forever) within `peer_timeout_s`, in
-one line; jax's own heartbeat (twice that) is the backstop, which aborts with a stack trace.
+`PeerWatch` stops a process whose peer died (a collective would wait for it forever) within `peer_timeout_s`, in one
+line. jax's own heartbeat is only the backstop, for a process whose PeerWatch cannot run: it aborts (SIGABRT,
+"Terminating process because the JAX distributed service detected fatal errors", a stack trace), so it must not come
+first. Its clients beat every heartbeat timeout / 2, so its service flags a dead process between half the timeout
+and the whole of it after the death: `heartbeat_timeout_s` keeps that half well above PeerWatch's peer_timeout_s + 2
+polls. (jax's missed-heartbeat hook cannot print our line instead: a Python callback there dies in std::bad_cast in
+jaxlib 0.10.)
 """
 import dataclasses
 import os
@@ -61,8 +66,14 @@ def initialize_distributed(environ=os.environ, cluster: Cluster | None = None) -
         return False
     jax.config.update("jax_cpu_collectives_implementation", "gloo")  # CPU processes (tests, one-machine runs)
     jax.distributed.initialize(cluster.coordinator_address, cluster.num_processes, cluster.process_id,
-                               heartbeat_timeout_seconds=2 * cluster.peer_timeout_s)
+                               heartbeat_timeout_seconds=heartbeat_timeout_s(cluster.peer_timeout_s))
     return True
+
+
+def heartbeat_timeout_s(peer_timeout_s: int) -> int:
+    """jax's heartbeat timeout for a run whose PeerWatch waits `peer_timeout_s`: its service flags a dead process no
+    sooner than half of it, 2 x peer_timeout_s + 5 s, well after PeerWatch (peer_timeout_s + 2 polls) has stopped."""
+    return 4 * peer_timeout_s + 10
 
 
 class PeerWatch:
