@@ -1,4 +1,5 @@
-# `make test` is the project's test command (`.ci/run` calls it); `make demo` is the quickstart.
+# `make test` is the project's test command and `make lint` its style check (`.ci/run` calls both); `make demo` is the
+# quickstart.
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
@@ -9,7 +10,7 @@ DEMO_REPORT := reports/demo
 DEMO_TRAIN_FLAGS := --config.train.steps=200 --config.train.eval_every=100 --config.train.checkpoint_every=100
 DEMO_EVAL_FLAGS := --switch=p=15 --eval_tokens=8200 --passkey_keys=2
 
-.PHONY: install test demo compile-check
+.PHONY: install test lint format demo compile-check
 
 $(VENV)/.installed: pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -20,6 +21,14 @@ install: $(VENV)/.installed
 
 test: $(VENV)/.installed
 	$(PY) -m pytest -q -n 2 --dist worksteal --durations=15
+
+lint: $(VENV)/.installed
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+format: $(VENV)/.installed
+	$(VENV)/bin/ruff check --fix .
+	$(VENV)/bin/ruff format .
 
 # Each run resumes from its last checkpoint if interrupted; a finished run is marked and not redone.
 $(DEMO_RUNS)/%/finished: | $(VENV)/.installed

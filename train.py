@@ -1,4 +1,5 @@
 """Train from the repository: `python train.py --config=configs/lssar.py:tiny --workdir=runs/x` (= `freeatten-train`)."""
+
 from freeatten_jax.training.cli import main
 
 if __name__ == "__main__":

@@ -16,6 +16,7 @@ forward+backward) as a fraction of that peak, and the issue-10 targets are print
   python benchmarks/attention.py --lengths 8192 --heads 16 --head-dim 128 --variants lssa,lssar \
       --implementations pallas,blockwise --packed 4      # the issue-10 device table (GPU)
 """
+
 import argparse
 import datetime
 import os
@@ -117,7 +118,7 @@ def run_table(args) -> list[str]:
     dtype, baseline_impl = (jnp.bfloat16, "cudnn") if gpu else (jnp.float32, "xla")
     rates = machine_rates(args.repeats)
     peak = args.peak_tflops * 1e12 if args.peak_tflops else None
-    header = "| T | variant | implementation | fwd ms | fwd x base | fwd+bwd ms | fwd+bwd x base | temp MB (fwd+bwd) | temp / base | floor ms | % of floor |"
+    header = "| T | variant | implementation | fwd ms | fwd x base | fwd+bwd ms | fwd+bwd x base | temp MB (fwd+bwd) | temp / base | floor ms | % of floor |"  # noqa: E501
     header += " fwd+bwd % of peak |" if peak else ""
     lines = ["Rates for the floor: " + ", ".join(f"{k} {v / 1e9:.3g} G/s" for k, v in rates.items()), "", header]
     lines.append("|" + "---|" * (header.count("|") - 1))
@@ -202,22 +203,30 @@ def machine_description() -> str:
 def rss_child(t: int, block_q: int, block_k: int) -> None:
     """Forward+backward of blockwise LSSAR at length t in this process; prints peak resident MB and seconds."""
     q, k, v, g = _inputs(t, jnp.float32)
-    attend = lambda q, k, v: attention.attend(q, k, v, variant="lssar", implementation="blockwise", block_q=block_q, block_k=block_k)  # noqa: E731
+    attend = lambda q, k, v: attention.attend(
+        q, k, v, variant="lssar", implementation="blockwise", block_q=block_q, block_k=block_k
+    )  # noqa: E731
     _, fb = _compiled_pair(attend, q, k, v, g)
     start = time.perf_counter()
     grads = jax.block_until_ready(fb(q, k, v, g))
     finite = all(bool(jnp.all(jnp.isfinite(x))) for x in grads)
     seconds = time.perf_counter() - start
     peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    print(f"RSS {peak_mb:.0f} MB, {seconds:.1f} s, temp {fb.memory_analysis().temp_size_in_bytes / 2**20:.0f} MB, finite {finite}")
+    print(
+        f"RSS {peak_mb:.0f} MB, {seconds:.1f} s, temp {fb.memory_analysis().temp_size_in_bytes / 2**20:.0f} MB, finite {finite}"
+    )
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--lengths", type=lambda s: [int(x) for x in s.split(",")], default=None)
     parser.add_argument("--variants", type=lambda s: s.split(","), default=list(attention.VARIANTS))
-    parser.add_argument("--implementations", type=lambda s: s.split(","), default=None,
-                        help="default: reference,blockwise (and pallas off the CPU, where it would run interpreted)")
+    parser.add_argument(
+        "--implementations",
+        type=lambda s: s.split(","),
+        default=None,
+        help="default: reference,blockwise (and pallas off the CPU, where it would run interpreted)",
+    )
     parser.add_argument("--heads", type=int, default=HEADS)
     parser.add_argument("--head-dim", type=int, default=HEAD_DIM)
     parser.add_argument("--packed", type=int, default=0, help="also softmax over this many packed documents")

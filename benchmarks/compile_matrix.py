@@ -9,6 +9,7 @@ peak memory per device, or the one-line overflow. Then the gpt2_small lssar trai
 implementation="pallas" on each --steps target's data mesh (T = 1024, 8 sequences per device) and the
 batch its kernels see: the per-device 8, not the global batch. Exits 1 if any case fails.
 """
+
 import argparse
 import math
 import os
@@ -41,12 +42,20 @@ def main(argv=None) -> int:
                     result, peak, kernels = "ok", f"{report.peak / 2**30:.2f} GiB", str(report.kernels)
                 except DoesNotFit as e:
                     failed, result, peak, kernels = failed + 1, f"error: {e}", "", ""
-                print(f"| {target} | {length} | {variant} | {result} | {peak} | {kernels} | {time.time() - start:.0f} |", flush=True)
-    print("\n| target | gpt2_small lssar pallas step, T = 1024 | global batch | batch the kernels see | peak per device | kernels | compile s |")
+                print(
+                    f"| {target} | {length} | {variant} | {result} | {peak} | {kernels} | {time.time() - start:.0f} |", flush=True
+                )
+    print(
+        "\n| target | gpt2_small lssar pallas step, T = 1024 | global batch | batch the kernels see | peak per device | kernels | compile s |"  # noqa: E501
+    )
     print("|---|---|---|---|---|---|---|")
     for target in filter(None, args.steps.split(",")):
         cfg = base.get_config("lssar", "gpt2_small")
-        cfg.model.implementation, cfg.model.vocab_size, cfg.data.source = "pallas", 50257, "shakespeare"  # GPT-2's vocabulary, no shards needed
+        cfg.model.implementation, cfg.model.vocab_size, cfg.data.source = (
+            "pallas",
+            50257,
+            "shakespeare",
+        )  # GPT-2's vocabulary, no shards needed
         cfg.train.batch_size, cfg.train.grad_accum_steps = 8 * len(targets.devices(target)), 1
         start = time.time()
         try:
@@ -56,7 +65,10 @@ def main(argv=None) -> int:
             failed += seen != [8]
         except DoesNotFit as e:
             failed, result, peak, kernels, seen = failed + 1, f"error: {e}", "", "", ""
-        print(f"| {target} | {result} | {cfg.train.batch_size} | {seen} | {peak} | {kernels} | {time.time() - start:.0f} |", flush=True)
+        print(
+            f"| {target} | {result} | {cfg.train.batch_size} | {seen} | {peak} | {kernels} | {time.time() - start:.0f} |",
+            flush=True,
+        )
     return 1 if failed else 0
 
 

@@ -10,6 +10,7 @@ share the machine's cores, so time ratios are not speedups; memory ratios are wh
   python benchmarks/context_parallel.py                          # T = 8K..64K; times up to --time-up-to
   python benchmarks/context_parallel.py --lengths 16384 --variants lssa --kv-heads 1 --strategies ring,gather --time-up-to 0
 """
+
 import argparse
 import datetime
 import os
@@ -20,10 +21,12 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
-from jax.sharding import NamedSharding, PartitionSpec as P  # noqa: E402
+from jax.sharding import NamedSharding  # noqa: E402
+from jax.sharding import PartitionSpec as P
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import attention as attention_benchmark  # noqa: E402  (benchmarks/attention.py: its timing loop)
+
 from freeatten_jax import attention  # noqa: E402
 
 HEADS, HEAD_DIM = 4, 32
@@ -78,8 +81,16 @@ def run_table(args) -> list[str]:
                 seconds = _seconds(compiled, shapes, sharding, args.repeats) if t <= args.time_up_to else None
                 base = base or (temp, seconds)
                 time_cells = ["unmeasured", ""] if seconds is None else [f"{seconds * 1e3:.0f}", f"{seconds / base[1]:.2f}"]
-                cells = [str(t), variant, str(args.kv_heads), name, f"{temp / 2**20:.1f}",
-                         f"{temp / base[0]:.3f}", f"{size * temp / base[0]:.2f}", *time_cells]
+                cells = [
+                    str(t),
+                    variant,
+                    str(args.kv_heads),
+                    name,
+                    f"{temp / 2**20:.1f}",
+                    f"{temp / base[0]:.3f}",
+                    f"{size * temp / base[0]:.2f}",
+                    *time_cells,
+                ]
                 lines.append("| " + " | ".join(cells) + " |")
                 print(lines[-1], flush=True)
     return lines

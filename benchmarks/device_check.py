@@ -11,6 +11,7 @@ fastest blocks fill the GPU block table; the kernel tests on the compiled kernel
 $OUT/device_check.md (the summary, then each step's table) when $OUT is set. Needs only the standard
 library here; the steps need jax, numpy and pytest (no grain, ml_collections, tokenizers, matplotlib).
 """
+
 import argparse
 import os
 import subprocess
@@ -25,7 +26,17 @@ KERNEL_TESTS = ["tests/test_pallas.py", "tests/test_block_edges.py"]
 
 def _command(name: str, tiny: bool) -> list[str]:
     if name == "kernel tests":  # --tiny: the lowering tests only (interpret mode is slow)
-        return [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", *KERNEL_TESTS, *(["-k", "lowers"] if tiny else [])]
+        return [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-x",
+            "-p",
+            "no:cacheprovider",
+            *KERNEL_TESTS,
+            *(["-k", "lowers"] if tiny else []),
+        ]
     seconds = str(STEP_LIMITS[name] - MARGIN)
     return [sys.executable, "benchmarks/device_steps.py", name, "--seconds", seconds, *(["--tiny"] if tiny else [])]
 
@@ -48,14 +59,24 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--tiny", action="store_true", help="tiny sizes; runs anywhere, proves the script")
     args = parser.parse_args(argv)
-    env = {**os.environ, "FREEATTEN_PALLAS_INTERPRET": "0", "PYTHONUNBUFFERED": "1",
-           "PYTHONPATH": os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")]))}
+    env = {
+        **os.environ,
+        "FREEATTEN_PALLAS_INTERPRET": "0",
+        "PYTHONUNBUFFERED": "1",
+        "PYTHONPATH": os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")])),
+    }
     env.setdefault("JAX_PLATFORMS", "cpu" if args.tiny else "")  # tests/conftest.py would force the CPU
     if args.tiny:  # unoptimised CPU code compiles faster; tiny timings say nothing anyway
-        env["XLA_FLAGS"] = f"{env.get('XLA_FLAGS', '')} --xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true"
+        env["XLA_FLAGS"] = (
+            f"{env.get('XLA_FLAGS', '')} --xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true"
+        )
     results = {name: _step(name, _command(name, args.tiny), env) for name in STEP_LIMITS}
-    summary = [f"# Device check (`python benchmarks/device_check.py{' --tiny' * args.tiny}`)", "",
-               "| step | exit | seconds | limit s |", "|---|---|---|---|"]
+    summary = [
+        f"# Device check (`python benchmarks/device_check.py{' --tiny' * args.tiny}`)",
+        "",
+        "| step | exit | seconds | limit s |",
+        "|---|---|---|---|",
+    ]
     summary += [f"| {name} | {status} | {seconds:.0f} | {STEP_LIMITS[name]} |" for name, (status, seconds, _) in results.items()]
     for name, (_, _, output) in results.items():
         summary += ["", f"## {name}", "", output.strip()]

@@ -8,6 +8,7 @@ the timed rows at T=8192, H=16, D=128, bf16, against cuDNN softmax (jax.nn.dot_p
 baseline with implementation="xla"), to prove the script. Rows left when --seconds run out print as
 "not reached". Imports only jax and numpy (and freeatten_jax.attention).
 """
+
 import argparse
 import os
 import statistics
@@ -38,8 +39,20 @@ class Sizes(NamedTuple):
     baseline: str  # jax.nn.dot_product_attention's implementation
 
 
-FULL = Sizes(2048, 8192, 16, 128, 4, 5, tuple(attention.VARIANTS), tuple(attention.VARIANTS), ("pallas", "blockwise"), ("softmax", "lssa", "lssar"),
-             ((64, 64), (64, 128), (128, 64), (128, 128), (128, 32)), "cudnn")
+FULL = Sizes(
+    2048,
+    8192,
+    16,
+    128,
+    4,
+    5,
+    tuple(attention.VARIANTS),
+    tuple(attention.VARIANTS),
+    ("pallas", "blockwise"),
+    ("softmax", "lssa", "lssar"),
+    ((64, 64), (64, 128), (128, 64), (128, 128), (128, 32)),
+    "cudnn",
+)
 TINY = Sizes(64, 64, 2, 16, 2, 1, ("softmax", "lssar"), ("softmax",), ("pallas",), ("softmax",), ((16, 16), (32, 32)), "xla")
 BF16_ULP = 2.0**-8  # the correctness tolerance: twice the bf16 reference's error plus one bf16 rounding
 
@@ -52,6 +65,7 @@ def _inputs(t: int, sizes: Sizes, seed: int = 0):
 
 def _value_and_grads(attend):
     """jit of (q, k, v, g) -> (out, dq, dk, dv) of `attend` (the vjp of cotangent g)."""
+
     def run(q, k, v, g):
         out, vjp = jax.vjp(attend, q, k, v)
         return (out, *vjp(g.astype(out.dtype)))
@@ -100,8 +114,10 @@ def correctness(sizes: Sizes, clock: Clock) -> bool:
     """Pallas (default blocks, bf16) against the float32 reference, values and q/k/v gradients, per variant."""
     q, k, v, g = _inputs(sizes.check_t, sizes)
     f32 = [x.astype(jnp.float32) for x in (q, k, v, g)]
-    print(f"T={sizes.check_t}, H={sizes.heads}, D={sizes.head_dim}, bf16, default blocks; error = max |x - ref| / max |ref| "
-          f"against the float32 reference; ok: pallas error <= 2 x the bf16 reference's + {BF16_ULP}\n")
+    print(
+        f"T={sizes.check_t}, H={sizes.heads}, D={sizes.head_dim}, bf16, default blocks; error = max |x - ref| / max |ref| "
+        f"against the float32 reference; ok: pallas error <= 2 x the bf16 reference's + {BF16_ULP}\n"
+    )
     print("| variant | pallas out | pallas grads | bf16 reference out | bf16 reference grads | ok |\n|---|---|---|---|---|---|")
     passed = True
     for variant in sizes.check_variants:
@@ -109,14 +125,19 @@ def correctness(sizes: Sizes, clock: Clock) -> bool:
             print(_not_reached(6))
             passed = False
             continue
-        run = {impl: _value_and_grads(lambda q, k, v, impl=impl: attention.attend(q, k, v, variant=variant, implementation=impl))
-               for impl in ("pallas", "reference")}
+        run = {
+            impl: _value_and_grads(lambda q, k, v, impl=impl: attention.attend(q, k, v, variant=variant, implementation=impl))
+            for impl in ("pallas", "reference")
+        }
         exact = run["reference"](*f32)
         errors = {impl: [_relative_error(x, y) for x, y in zip(run[impl](q, k, v, g), exact)] for impl in run}
         (out, *grads), (ref_out, *ref_grads) = errors["pallas"], errors["reference"]
         ok = out <= 2 * ref_out + BF16_ULP and max(grads) <= 2 * max(ref_grads) + BF16_ULP
         passed &= ok
-        print(f"| {variant} | {out:.2e} | {max(grads):.2e} | {ref_out:.2e} | {max(ref_grads):.2e} | {'ok' if ok else 'FAIL'} |", flush=True)
+        print(
+            f"| {variant} | {out:.2e} | {max(grads):.2e} | {ref_out:.2e} | {max(ref_grads):.2e} | {'ok' if ok else 'FAIL'} |",
+            flush=True,
+        )
     return passed
 
 
@@ -148,12 +169,19 @@ def _fwd_bwd_flops(t: int, sizes: Sizes, documents: int = 1) -> float:
 def unpacked(sizes: Sizes, clock: Clock) -> bool:
     """Each variant's Pallas kernels (default blocks) beside the baseline softmax (cuDNN on a GPU)."""
     args = _inputs(sizes.bench_t, sizes, seed=1)
-    print(f"T={sizes.bench_t}, H={sizes.heads}, D={sizes.head_dim}, bf16, causal, one sequence; median of {sizes.repeats}; "
-          "TFLOP/s in FlashAttention's causal count (the same for every row)\n")
+    print(
+        f"T={sizes.bench_t}, H={sizes.heads}, D={sizes.head_dim}, bf16, causal, one sequence; median of {sizes.repeats}; "
+        "TFLOP/s in FlashAttention's causal count (the same for every row)\n"
+    )
     base = lambda q, k, v: jax.nn.dot_product_attention(q, k, v, is_causal=True, implementation=sizes.baseline)  # noqa: E731
     rows = [(f"softmax, {sizes.baseline}", base)]
-    rows += [(f"{variant}, pallas", lambda q, k, v, variant=variant: attention.attend(q, k, v, variant=variant, implementation="pallas"))
-             for variant in sizes.bench_variants]
+    rows += [
+        (
+            f"{variant}, pallas",
+            lambda q, k, v, variant=variant: attention.attend(q, k, v, variant=variant, implementation="pallas"),
+        )
+        for variant in sizes.bench_variants
+    ]
     _timed_rows(rows, args, sizes.baseline, sizes.repeats, clock, _fwd_bwd_flops(sizes.bench_t, sizes))
     return True
 
@@ -177,8 +205,14 @@ def packed(sizes: Sizes, clock: Clock) -> bool:
         return lambda q, k, v: attention.attend(q, k, v, variant=variant, implementation=implementation, q_segment_ids=segments)
 
     rows = [(f"softmax, {sizes.baseline}, documents as a batch", base)]
-    rows += [(f"softmax, {implementation}, packed", packed_attend(implementation)) for implementation in sizes.packed_implementations]
-    rows += [(f"{variant}, pallas, packed", packed_attend("pallas", variant)) for variant in ("lssa", "lssar") if variant in sizes.bench_variants]
+    rows += [
+        (f"softmax, {implementation}, packed", packed_attend(implementation)) for implementation in sizes.packed_implementations
+    ]
+    rows += [
+        (f"{variant}, pallas, packed", packed_attend("pallas", variant))
+        for variant in ("lssa", "lssar")
+        if variant in sizes.bench_variants
+    ]
     _timed_rows(rows, args, "the batched baseline", sizes.repeats, clock, _fwd_bwd_flops(t, sizes, n))
     if not clock.left():
         print("\npallas out err: not reached")
@@ -200,8 +234,15 @@ def sweep(sizes: Sizes, clock: Clock) -> bool:
             if not clock.left():
                 print(_not_reached(4))
                 continue
-            attend = lambda q, k, v, blocks=blocks: attention.attend(q, k, v, variant=variant, implementation="pallas",  # noqa: E731
-                                                                     block_q=blocks[0], block_k=blocks[1])
+            attend = lambda q, k, v, blocks=blocks: attention.attend(
+                q,
+                k,
+                v,
+                variant=variant,
+                implementation="pallas",  # noqa: E731
+                block_q=blocks[0],
+                block_k=blocks[1],
+            )
             try:
                 seconds = _seconds(_value_and_grads(attend), args, sizes.repeats)
             except Exception as error:  # e.g. shared memory exceeded: the row says so
@@ -209,7 +250,11 @@ def sweep(sizes: Sizes, clock: Clock) -> bool:
                 continue
             print(f"| {variant} | {blocks[0]} | {blocks[1]} | {seconds * 1e3:.4g} |", flush=True)
             fastest[variant] = min(fastest.get(variant, (seconds, blocks)), (seconds, blocks))
-    print("\nGPU_BLOCKS = " + repr({variant: blocks for variant, (_, blocks) in fastest.items()}) + "  # fastest fwd+bwd (block_q, block_k)")
+    print(
+        "\nGPU_BLOCKS = "
+        + repr({variant: blocks for variant, (_, blocks) in fastest.items()})
+        + "  # fastest fwd+bwd (block_q, block_k)"
+    )
     return True
 
 

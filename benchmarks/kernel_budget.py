@@ -12,6 +12,7 @@ score, 10·D a backward one, FlashAttention-2's count) by the time of the busies
 per-SM rates per clock: 4,096 tensor FLOP, 16 MUFU, 128 FP32, 64 other ALU, 128 issued instructions.
 It is a static upper bound (1.0 = could be tensor-bound), not a measured speed.
 """
+
 import argparse
 import collections
 import glob
@@ -25,8 +26,40 @@ import tempfile
 RATES = {"tensor": 4096, "mufu": 16, "fp32": 128, "alu": 64, "issue": 128}  # per SM per clock (H100 SXM)
 MODEL_FLOP = {"fwd": 4, "bwd": 10}  # tensor FLOP per score, in units of D
 FP32 = ("FFMA", "FMUL", "FADD")
-ALU = ("IADD", "IMAD", "IMUL", "ISETP", "FSETP", "FSEL", "SEL", "LOP", "SHF", "SHL", "SHR", "LEA", "PRMT", "F2F", "F2I", "I2F",
-       "FMNMX", "IMNMX", "VIMNMX", "MOV", "P2R", "R2P", "PLOP3", "IABS", "FCHK", "FRND", "FSWZADD", "POPC", "FLO", "BREV", "BMSK", "CS2R")
+ALU = (
+    "IADD",
+    "IMAD",
+    "IMUL",
+    "ISETP",
+    "FSETP",
+    "FSEL",
+    "SEL",
+    "LOP",
+    "SHF",
+    "SHL",
+    "SHR",
+    "LEA",
+    "PRMT",
+    "F2F",
+    "F2I",
+    "I2F",
+    "FMNMX",
+    "IMNMX",
+    "VIMNMX",
+    "MOV",
+    "P2R",
+    "R2P",
+    "PLOP3",
+    "IABS",
+    "FCHK",
+    "FRND",
+    "FSWZADD",
+    "POPC",
+    "FLO",
+    "BREV",
+    "BMSK",
+    "CS2R",
+)
 H100 = """gpu_device_info {
   threads_per_block_limit: 1024 threads_per_warp: 32 shared_memory_per_block: 49152 shared_memory_per_core: 233472
   threads_per_core_limit: 2048 core_count: 132 fpus_per_core: 128 block_dim_limit_x: 2147483647
@@ -64,7 +97,9 @@ def compile_kernels(variant: str, seq_len: int, dump: str) -> None:
 
     topology = topologies.get_topology_desc(platform="cuda", topology_name="", topology="1x1x1", target_config=H100)
     mesh = jax.sharding.Mesh(topology.devices[:1], ("device",))
-    shape = jax.ShapeDtypeStruct((1, seq_len, 2, 128), jnp.bfloat16, sharding=jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec()))
+    shape = jax.ShapeDtypeStruct(
+        (1, seq_len, 2, 128), jnp.bfloat16, sharding=jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+    )
 
     def loss(q, k, v):
         return jnp.sum(attention.attend(q, k, v, variant=variant, implementation="pallas").astype(jnp.float32))
@@ -75,7 +110,9 @@ def compile_kernels(variant: str, seq_len: int, dump: str) -> None:
 
 def ptxas(ptx: str, cubin: str):
     """(registers, spill bytes stored + loaded) from `ptxas -v`, writing the cubin."""
-    out = subprocess.run([cuda_tool("ptxas"), "-arch=sm_90a", "-v", ptx, "-o", cubin], capture_output=True, text=True, check=True).stderr
+    out = subprocess.run(
+        [cuda_tool("ptxas"), "-arch=sm_90a", "-v", ptx, "-o", cubin], capture_output=True, text=True, check=True
+    ).stderr
     registers = int(re.search(r"Used (\d+) registers", out).group(1))
     spills = sum(int(x) for x in re.findall(r"(\d+) bytes spill (?:stores|loads)", out))
     return registers, spills
@@ -152,8 +189,13 @@ def budget(cubin: str, block_q: int, block_k: int, warps: int):
 
 def clocks(per_score, flop) -> float:
     """Clocks per score on one SM: the busiest resource."""
-    return max(flop / RATES["tensor"], per_score["mufu"] / RATES["mufu"], per_score["fp32"] / RATES["fp32"],
-               per_score["alu"] / RATES["alu"], per_score["all"] / RATES["issue"])
+    return max(
+        flop / RATES["tensor"],
+        per_score["mufu"] / RATES["mufu"],
+        per_score["fp32"] / RATES["fp32"],
+        per_score["alu"] / RATES["alu"],
+        per_score["all"] / RATES["issue"],
+    )
 
 
 def main(argv=None) -> None:
@@ -168,8 +210,10 @@ def main(argv=None) -> None:
 
     block_q, block_k = pallas.LOWERINGS["cuda"].blocks()
     warps, d = pallas.TRITON_WARPS, 128
-    print(f"H100 sm_90a, T={args.seq_len}, D={d}, bf16, causal, blocks {block_q}x{block_k}, {warps} warps; per score, "
-          "the kernel's sweeps summed; interior = mask-free blocks, edge = masked ones")
+    print(
+        f"H100 sm_90a, T={args.seq_len}, D={d}, bf16, causal, blocks {block_q}x{block_k}, {warps} warps; per score, "
+        "the kernel's sweeps summed; interior = mask-free blocks, edge = masked ones"
+    )
     print("| kernel | tensor FLOP | MUFU | FP32 | other ALU | all | spill ld/st per iteration | registers, spill bytes | bound |")
     print("|---|---|---|---|---|---|---|---|---|")
     for variant in args.variants.split(","):
@@ -186,7 +230,11 @@ def main(argv=None) -> None:
             for part, (per_score, flop) in budget(ptx + ".cubin", block_q, block_k, warps).items():
                 times[part][kind] = clocks(per_score, flop)
                 model = MODEL_FLOP["fwd"] * d if kind == "fwd" else flop
-                row = [f"{flop:.0f}"] + [f"{per_score[c]:.1f}" for c in ("mufu", "fp32", "alu", "all")] + [f"{per_score['spill']:.0f}"]
+                row = (
+                    [f"{flop:.0f}"]
+                    + [f"{per_score[c]:.1f}" for c in ("mufu", "fp32", "alu", "all")]
+                    + [f"{per_score['spill']:.0f}"]
+                )
                 bound = model / RATES["tensor"] / times[part][kind]
                 print(f"| {variant} {kind} {part} | {' | '.join(row)} | {registers}, {spills} | {bound:.2f} |", flush=True)
         for part, kinds in times.items():

@@ -3,6 +3,7 @@
 Usage: python benchmarks/model_throughput.py [--size tiny] [--seq_len 256] [--batch 8] [--steps 5] [--implementation reference]
 Prints the parameter count and one row per variant: median step time, tokens/s, ratio to softmax.
 """
+
 import argparse
 import math
 import pathlib
@@ -51,8 +52,10 @@ def main():
     abstract = nnx.eval_shape(lambda: Transformer(cfg, rngs=nnx.Rngs(0)))
     params = sum(math.prod(x.shape) for x in jax.tree.leaves(nnx.state(abstract, nnx.Param)))
     tokens = args.batch * args.seq_len
-    print(f"{args.size}: {params:,} parameters; batch {args.batch} x {args.seq_len} tokens; "
-          f"{args.implementation}; {jax.devices()[0].platform} x{jax.device_count()}")
+    print(
+        f"{args.size}: {params:,} parameters; batch {args.batch} x {args.seq_len} tokens; "
+        f"{args.implementation}; {jax.devices()[0].platform} x{jax.device_count()}"
+    )
     steps = {}
     for variant in attention.VARIANTS:
         steps[variant] = compiled_step(cfg.replace(attention=variant), args.batch, args.seq_len)
@@ -65,6 +68,7 @@ def main():
     for variant, samples in times.items():
         median = statistics.median(samples)
         print(f"{variant:<8} {median * 1e3:8.1f} {tokens / median:9.0f} {baseline / median:10.2f}")
+
 
 if __name__ == "__main__":
     main()

@@ -3,6 +3,7 @@
 `freeatten_jax.load_run(workdir)` loads a trained run (needs the `train` extra; imported on first use, so
 the core install keeps working without it).
 """
+
 __version__ = "0.1.0"
 
 

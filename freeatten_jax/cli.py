@@ -1,4 +1,5 @@
 """What every console script shares: packaged config names on the command line, and user errors as one line."""
+
 import re
 import sys
 from typing import Callable

@@ -2,6 +2,7 @@
 
 A check is (predicate, allowed values as text); `validate` raises ConfigError naming the field and its allowed values.
 """
+
 import dataclasses
 import math
 import types

@@ -1,5 +1,6 @@
 """Console-script entry points. Each loads its command lazily, so that a core install (`pip install .`)
 without the extra a command needs says which extra to install in one line instead of a traceback."""
+
 import importlib
 import sys
 

@@ -1,5 +1,6 @@
 """`--help` of every command: its docstring, its own flags and, for commands with --config, the whole config tree;
 each entry with its default, type and allowed values, derived from the flag definitions and the config schema."""
+
 import dataclasses
 import sys
 
@@ -58,8 +59,9 @@ def config_tree(cfg) -> str:
             check = f.metadata.get("check")
             if value is None and check and not check[0](None):  # left open here, filled in by the application
                 check = optional(check)
-            lines.append(_entry(f"config.{section}.{f.name}", "''" if value == "" else value, type_name(f.type),
-                                check and check[1], text))
+            lines.append(
+                _entry(f"config.{section}.{f.name}", "''" if value == "" else value, type_name(f.type), check and check[1], text)
+            )
     return "\n".join(lines)
 
 
@@ -70,6 +72,9 @@ def text(module: str, argv: list[str]) -> str:
         own = [flags.FLAGS["config"], *own]
     parts = [(sys.modules[module].__doc__ or "").strip(), "Flags:", *map(_flag, own)]
     if "config" in flags.FLAGS:
-        parts += ["\nConfig fields (override any with --config.SECTION.FIELD=VALUE; --config=NAME --help shows NAME's "
-                  f"values; packaged configs: {configs.PACKAGED}):", config_tree(_loaded(argv))]
+        parts += [
+            "\nConfig fields (override any with --config.SECTION.FIELD=VALUE; --config=NAME --help shows NAME's "
+            f"values; packaged configs: {configs.PACKAGED}):",
+            config_tree(_loaded(argv)),
+        ]
     return "\n".join(parts)

@@ -4,6 +4,7 @@ Run on demand (not in CI) from the repository root: `python scripts/mutation_che
 A mutant is caught when its tests fail. Files are restored after each mutant, also on Ctrl-C or SIGTERM;
 the script refuses to start if a target file has uncommitted changes or a mutant's snippet is not found once.
 """
+
 import argparse
 import pathlib
 import signal
@@ -22,13 +23,17 @@ def _interrupt(signum, frame):
 
 def _check_targets(mutants) -> None:
     files = sorted({m.file for m in mutants})
-    dirty = subprocess.run(["git", "status", "--porcelain", "--", *files], cwd=ROOT, capture_output=True, text=True, check=True).stdout
+    dirty = subprocess.run(
+        ["git", "status", "--porcelain", "--", *files], cwd=ROOT, capture_output=True, text=True, check=True
+    ).stdout
     if dirty.strip():
         sys.exit(f"refusing to start: target files have uncommitted changes:\n{dirty}")
     for m in mutants:
         count = (ROOT / m.file).read_text().count(m.original)
         if count != 1:
-            sys.exit(f"mutant {m.name!r}: its original snippet occurs {count} times in {m.file} (must be once); update scripts/mutants.py")
+            sys.exit(
+                f"mutant {m.name!r}: its original snippet occurs {count} times in {m.file} (must be once); update scripts/mutants.py"  # noqa: E501
+            )
 
 
 def _present(tests) -> tuple[list[str], list[str]]:
@@ -84,7 +89,10 @@ def main() -> None:
         except KeyboardInterrupt:
             sys.exit(f"interrupted during {mutant.name!r}; {mutant.file} restored")
         counts[verdict] = counts.get(verdict, 0) + 1
-        print(f"[{i}/{len(mutants)}] {verdict:8} {mutant.name} ({mutant.file}, {time.perf_counter() - start:.0f} s): {detail}", flush=True)
+        print(
+            f"[{i}/{len(mutants)}] {verdict:8} {mutant.name} ({mutant.file}, {time.perf_counter() - start:.0f} s): {detail}",
+            flush=True,
+        )
     summary = ", ".join(f"{counts.get(v, 0)} {v.lower()}" for v in ("CAUGHT", "SURVIVED", "ERROR"))
     print(f"{len(mutants)} mutants: {summary}; total {time.perf_counter() - began:.0f} s")
     sys.exit(0 if counts.get("CAUGHT", 0) == len(mutants) else 1)

@@ -2,6 +2,7 @@
 
 Glossary: B batch, T queries, S keys, H query heads, K key/value heads, D head dim.
 """
+
 import numpy as np
 
 

@@ -5,18 +5,20 @@ The tests are compile-bound (tiny shapes): XLA's CPU backend compiles without LL
 no semantics (no fast-math either way), and every process of a session (pytest-xdist workers, the subprocesses of
 CLI and kill -9 tests) shares one on-disk cache, so a program compiled by one test is loaded by the next.
 """
+
 import os
 import shutil
 
-os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8 --xla_backend_optimization_level=0 "
-                                   "--xla_llvm_disable_expensive_passes=true")
+os.environ.setdefault(
+    "XLA_FLAGS",
+    "--xla_force_host_platform_device_count=8 --xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true",
+)
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
+import helpers  # noqa: E402
 import jax  # noqa: E402
 import pytest  # noqa: E402
 from absl import flags  # noqa: E402
-
-import helpers  # noqa: E402
 
 flags.FLAGS.mark_as_parsed()
 
@@ -33,8 +35,11 @@ def compilation_cache(tmp_path_factory):
     (tiny eager ops are cheaper to compile than to write; no size cap: jax would scan the folder at every write)."""
     cache = _session_root(tmp_path_factory) / "jax_cache"
     cache.mkdir(exist_ok=True)
-    settings = {"jax_compilation_cache_dir": str(cache), "jax_persistent_cache_min_compile_time_secs": 0.3,
-                "jax_persistent_cache_min_entry_size_bytes": 0}
+    settings = {
+        "jax_compilation_cache_dir": str(cache),
+        "jax_persistent_cache_min_compile_time_secs": 0.3,
+        "jax_persistent_cache_min_entry_size_bytes": 0,
+    }
     for name, value in settings.items():
         jax.config.update(name, value)
         os.environ[name.upper()] = str(value)  # subprocesses (CLI, multi-host, kill -9 tests) use it too

@@ -4,6 +4,7 @@ corpus, and a simulated preemption. Test files import from here, never from each
 Glossary: B batch, T queries, S keys, H heads, K kv heads, D head dim. The application (and filelock) is imported
 where it is used: the kernel tests also run on a device machine that has only jax, flax, optax and orbax.
 """
+
 import os
 import pathlib
 import signal
@@ -62,8 +63,19 @@ def value_and_grads(q, k, v, g, params, implementation_options, attend=attention
     return compiled_value_and_grads(q, k, v, g, params, implementation_options, attend, **options)(q, k, v, g, params)
 
 
-def compare(q, k, v, g, params, implementation_options, tolerance, check_params=True, attend=attention.attend,
-            params_tolerance=None, **options):
+def compare(
+    q,
+    k,
+    v,
+    g,
+    params,
+    implementation_options,
+    tolerance,
+    check_params=True,
+    attend=attention.attend,
+    params_tolerance=None,
+    **options,
+):
     """`attend` with implementation_options: output and gradients (of `params` too if check_params, to
     params_tolerance if given) equal the reference's; returns the output."""
     out, grads = value_and_grads(q, k, v, g, params, implementation_options, attend, **options)
@@ -114,14 +126,27 @@ def tiny_config(variant, text_glob, **overrides):
     from freeatten_jax.configs import base
 
     cfg = base.get_config(variant, "tiny")
-    cfg.update_from_flattened_dict({
-        "model.num_layers": 1, "model.d_model": 32, "model.num_heads": 2, "model.mlp_dim": 64,
-        "data.source": "text", "data.path": text_glob,
-        "train.seq_len": 16, "train.batch_size": 8, "train.steps": 6, "train.log_every": 1, "train.eval_every": 3,
-        "train.eval_windows": 16, "train.checkpoint_every": 100,
-        "optim.lr": 1e-2, "optim.warmup_steps": 2, "mesh.shape": (1, 1, 1),
-        **overrides,
-    })
+    cfg.update_from_flattened_dict(
+        {
+            "model.num_layers": 1,
+            "model.d_model": 32,
+            "model.num_heads": 2,
+            "model.mlp_dim": 64,
+            "data.source": "text",
+            "data.path": text_glob,
+            "train.seq_len": 16,
+            "train.batch_size": 8,
+            "train.steps": 6,
+            "train.log_every": 1,
+            "train.eval_every": 3,
+            "train.eval_windows": 16,
+            "train.checkpoint_every": 100,
+            "optim.lr": 1e-2,
+            "optim.warmup_steps": 2,
+            "mesh.shape": (1, 1, 1),
+            **overrides,
+        }
+    )
     return cfg
 
 

@@ -1,10 +1,11 @@
 """The reference attention against the float64 oracle: values, gradients, masks, N_i, overflow."""
+
+import attention_oracle as oracle
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-import attention_oracle as oracle
 from freeatten_jax import attention
 
 VARIANTS = list(attention.VARIANTS)
@@ -49,7 +50,9 @@ SCENARIOS = {
 
 def _options(variant, h, rng):
     """Non-default variant options so per-head and bias paths are exercised."""
-    extra = {"ssmax": {"s": rng.uniform(0.3, 1.5, size=h).astype(np.float32), "b": rng.uniform(-0.5, 0.5, size=h).astype(np.float32)}}
+    extra = {
+        "ssmax": {"s": rng.uniform(0.3, 1.5, size=h).astype(np.float32), "b": rng.uniform(-0.5, 0.5, size=h).astype(np.float32)}
+    }
     return extra.get(variant, {})
 
 
@@ -167,7 +170,13 @@ def test_causality(variant):
 def test_fully_masked_rows_are_zero_not_nan(variant):
     q, k, v, _, _ = _case(12, batch=1, t=4, s=4)
     out = attention.attend(
-        q, k, v, variant=variant, implementation="reference", q_segment_ids=np.array([0, 0, 5, 0]), kv_segment_ids=np.zeros(4, int)
+        q,
+        k,
+        v,
+        variant=variant,
+        implementation="reference",
+        q_segment_ids=np.array([0, 0, 5, 0]),
+        kv_segment_ids=np.zeros(4, int),
     )
     assert np.isfinite(out).all() and float(jnp.abs(out[:, 2]).max()) == 0.0
 
@@ -189,7 +198,9 @@ def test_lssar_long_peaked_row_is_finite(dtype):
     w = attention.attention_weights(jnp.asarray(q, dtype), jnp.asarray(k, dtype), jnp.asarray(k, dtype), variant="lssar")
     assert np.isfinite(w).all()
     np.testing.assert_allclose(w, oracle.weights(q, k, m, "lssar"), rtol=1e-3, atol=1e-6)
-    out = attention.attend(jnp.asarray(q, dtype), jnp.asarray(k, dtype), jnp.asarray(k, dtype), variant="lssar", implementation="reference")
+    out = attention.attend(
+        jnp.asarray(q, dtype), jnp.asarray(k, dtype), jnp.asarray(k, dtype), variant="lssar", implementation="reference"
+    )
     assert out.dtype == dtype and np.isfinite(np.asarray(out, np.float32)).all()
 
 
@@ -232,8 +243,11 @@ def test_errors():
         attention.attend(q, q, q, variant="flash")
     with pytest.raises(ValueError, match="unknown option"):
         attention.attend(q, q, q, variant="softmax", p=3)
-    with pytest.raises(ValueError, match=r"unknown option\(s\) \['pp'\]: variant 'lssar' takes p; implementation 'auto' takes none; "
-                                         r"every variant takes the mask options q_positions, kv_positions"):
+    with pytest.raises(
+        ValueError,
+        match=r"unknown option\(s\) \['pp'\]: variant 'lssar' takes p; implementation 'auto' takes none; "
+        r"every variant takes the mask options q_positions, kv_positions",
+    ):
         attention.attend(q, q, q, variant="lssar", pp=3)
     with pytest.raises(ValueError, match="variant 'softmax' takes scale; implementation 'blockwise' takes block_q, block_k;"):
         attention.attend(q, q, q, variant="softmax", implementation="blockwise", block=3)

@@ -122,8 +122,7 @@ def test_builds_with_or_without_mesh_and_names_every_parameter():
         inside = Attention(E, H, variant="ssmax", use_bias=True, rngs=nnx.Rngs(0))
     outside = Attention(E, H, variant="ssmax", use_bias=True, rngs=nnx.Rngs(0))
     names = {
-        "/".join(map(str, path)): v.get_metadata()["out_sharding"]
-        for path, v in nnx.to_flat_state(nnx.state(outside, nnx.Param))
+        "/".join(map(str, path)): v.get_metadata()["out_sharding"] for path, v in nnx.to_flat_state(nnx.state(outside, nnx.Param))
     }
     assert names["wq_EHD"] == ("embed", "heads", "head_dim")
     assert names["wk_EKD"] == ("embed", "kv_heads", "head_dim")

@@ -13,9 +13,9 @@ natural chunk, so it runs the cases whose lengths are multiples of 2n·BLOCK_K.
 import jax
 import jax.numpy as jnp
 import pytest
+from helpers import INTERPRET, compare, inputs, key
 
 from freeatten_jax import attention
-from helpers import INTERPRET, compare, inputs, key
 
 BLOCK_K = 8
 CONTEXT = 2
@@ -31,7 +31,11 @@ def _context_parallel(q, k, v, **options):
 SKIPPING = {
     "blockwise": (attention.attend, dict(implementation="blockwise", block_q=8, block_k=BLOCK_K), 1),
     "pallas": (attention.attend, dict(implementation="pallas", interpret=INTERPRET, block_q=8, block_k=BLOCK_K), 1),
-    "pallas_tpu_kernels": (attention.attend, dict(implementation="pallas", interpret="tpu" if INTERPRET else False, block_q=8, block_k=BLOCK_K), 1),
+    "pallas_tpu_kernels": (
+        attention.attend,
+        dict(implementation="pallas", interpret="tpu" if INTERPRET else False, block_q=8, block_k=BLOCK_K),
+        1,
+    ),
 }
 if jax.device_count() >= CONTEXT:  # the 8 forced host devices (tests/conftest.py); not one GPU (device_check.py)
     SKIPPING["context_parallel"] = (_context_parallel, {}, 2 * CONTEXT * BLOCK_K)
@@ -62,9 +66,21 @@ def _case(name: str):
         "window_interior_edge": ("lssa", 4 * BLOCK_K, 4 * BLOCK_K, False, dict(window=2 * BLOCK_K - 1)),
         # queries one position ahead of their keys: each query block's largest position is the first key of the
         # next key block (a length the ring takes, unlike the decode and prefill cases above)
-        "shifted_queries_max_on_block_start": ("lssa", 4 * BLOCK_K, 4 * BLOCK_K, True, dict(q_positions=jnp.arange(1, 4 * BLOCK_K + 1))),
+        "shifted_queries_max_on_block_start": (
+            "lssa",
+            4 * BLOCK_K,
+            4 * BLOCK_K,
+            True,
+            dict(q_positions=jnp.arange(1, 4 * BLOCK_K + 1)),
+        ),
         # one padding key inside an otherwise wholly visible block (not interior)
-        "padding_key_inside_interior": ("softmax", 4 * BLOCK_K, 4 * BLOCK_K, False, dict(kv_mask=jnp.arange(4 * BLOCK_K) != BLOCK_K + 4)),
+        "padding_key_inside_interior": (
+            "softmax",
+            4 * BLOCK_K,
+            4 * BLOCK_K,
+            False,
+            dict(kv_mask=jnp.arange(4 * BLOCK_K) != BLOCK_K + 4),
+        ),
     }[name]
 
 
@@ -83,7 +99,12 @@ CASES = [
 ]
 
 
-PAIRS = [(case, name) for case in CASES for name, (_, _, multiple) in SKIPPING.items() if not any(n % multiple for n in _case(case)[1:3])]
+PAIRS = [
+    (case, name)
+    for case in CASES
+    for name, (_, _, multiple) in SKIPPING.items()
+    if not any(n % multiple for n in _case(case)[1:3])
+]
 
 
 @pytest.mark.parametrize("case, implementation", PAIRS)

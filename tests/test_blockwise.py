@@ -4,6 +4,7 @@ Glossary: B batch, T queries, S keys, H heads, K kv heads, D head dim. Tolerance
 agree to 1e-4 relative (both paths are float32; they differ only in summation order), bfloat16
 inputs to 2e-2 relative (one bfloat16 rounding of outputs and gradients).
 """
+
 import functools
 import inspect
 
@@ -11,7 +12,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-
 from helpers import TOLERANCE, assert_close, compare, inputs, jit_call, key, variant_params
 
 from freeatten_jax import attention
@@ -110,8 +110,15 @@ def test_block_skipping_is_conservative(causal):
     kv_segments = jnp.sort(jax.random.randint(keys[1], (2, 60), 0, 4), axis=1)
     q_segments = jnp.sort(jax.random.randint(keys[2], (2, 50), 0, 4), axis=1)
     mask = attention.make_mask(
-        2, 50, 60, causal=causal, q_positions=q_positions, q_segment_ids=q_segments, kv_segment_ids=kv_segments,
-        kv_mask=jax.random.bernoulli(keys[3], 0.8, (2, 60)), window=20,
+        2,
+        50,
+        60,
+        causal=causal,
+        q_positions=q_positions,
+        q_segment_ids=q_segments,
+        kv_segment_ids=kv_segments,
+        kv_mask=jax.random.bernoulli(keys[3], 0.8, (2, 60)),
+        window=20,
     )
     maybe_IJ = jit_call(lambda mask: blockwise.make_plan(mask, blockwise.count_visible(mask, 8)[0], 8, 8, 1).maybe_IJ, mask)
     visible_TS = np.pad(np.any(mask.visible(), axis=(0, 1)), ((0, 6), (0, 4)))
@@ -124,7 +131,9 @@ def test_count_visible_and_block_skipping():
     """N_i equals the dense count; key blocks strictly above the causal diagonal are skipped."""
     segments = jnp.array([[0] * 25 + [1] * 15] * 2)
     mask = attention.make_mask(2, 40, 40, q_segment_ids=segments, kv_mask=jnp.arange(40) < 37, window=30)
-    np.testing.assert_array_equal(jit_call(lambda mask: blockwise.count_visible(mask, 8)[0], mask), jnp.sum(mask.visible(), axis=-1))
+    np.testing.assert_array_equal(
+        jit_call(lambda mask: blockwise.count_visible(mask, 8)[0], mask), jnp.sum(mask.visible(), axis=-1)
+    )
     plain = attention.make_mask(1, 64, 64)
     maybe_IJ = jit_call(lambda mask: blockwise.make_plan(mask, jnp.zeros((1, 1, 64), jnp.int32), 16, 16, 1).maybe_IJ, plain)
     np.testing.assert_array_equal(maybe_IJ, np.tril(np.ones((4, 4), bool)))
@@ -199,7 +208,10 @@ def test_fused_path_matches_reference(variant, causal):
 def test_fused_path_refuses_a_mask_that_is_not_plain():
     """fused_softmax reads no positions, segments, padding or dense mask, so it must refuse them."""
     q = jnp.zeros((1, 8, 2, 8), jnp.bfloat16)
-    for mask in (attention.make_mask(1, 8, 8, kv_mask=jnp.arange(8) < 5), attention.make_mask(1, 8, 8, mask=jnp.ones((1, 1, 8, 8), bool))):
+    for mask in (
+        attention.make_mask(1, 8, 8, kv_mask=jnp.arange(8) < 5),
+        attention.make_mask(1, 8, 8, mask=jnp.ones((1, 1, 8, 8), bool)),
+    ):
         with pytest.raises(ValueError, match="plain mask"):
             auto.fused_softmax(q, q, q, variant=attention.VARIANTS["softmax"], mask=mask, opts={}, implementation="xla")
 
@@ -208,8 +220,14 @@ def test_only_statically_plain_masks_are_fused():
     """Positions, segments, padding, a window or an offset make a mask non-plain: no fused kernel."""
     q = jax.ShapeDtypeStruct((1, 64, 12, 64), jnp.bfloat16)
     assert attention.make_mask(1, 64, 64).plain and attention.make_mask(1, 64, 64, causal=False).plain
-    for options in (dict(q_positions=jnp.arange(64)), dict(q_segment_ids=jnp.zeros(64, int)), dict(kv_mask=jnp.ones(64, bool)),
-                    dict(window=8), dict(q_offset=0), dict(mask=jnp.ones((1, 1, 64, 64), bool))):
+    for options in (
+        dict(q_positions=jnp.arange(64)),
+        dict(q_segment_ids=jnp.zeros(64, int)),
+        dict(kv_mask=jnp.ones(64, bool)),
+        dict(window=8),
+        dict(q_offset=0),
+        dict(mask=jnp.ones((1, 1, 64, 64), bool)),
+    ):
         mask = attention.make_mask(1, 64, 64, **options)
         assert not mask.plain, options
         assert auto.choose(q, q, variant=attention.VARIANTS["softmax"], mask=mask, platform="gpu") != "fused", options
@@ -220,6 +238,11 @@ def test_default_implementation_is_auto():
     assert inspect.signature(attention.attend).parameters["implementation"].default == "auto"
     q, k, v, _ = inputs(key("default"), 1, 16, 16, 2, 1, 8)
     default, reference_out = jit_call(
-        lambda q, k, v: [attention.attend(q, k, v, variant="lssa", **options) for options in ({}, {"implementation": "reference"})], q, k, v
+        lambda q, k, v: [
+            attention.attend(q, k, v, variant="lssa", **options) for options in ({}, {"implementation": "reference"})
+        ],
+        q,
+        k,
+        v,
     )
     np.testing.assert_array_equal(default, reference_out)

@@ -4,6 +4,7 @@ TPU through libtpu's deviceless topologies, H100 through the CUDA PJRT plugin an
 extra). A real compile, unlike lowering, checks VMEM, shared memory, HBM and how the partitioner treats
 the kernels. The full matrix (every variant x T x target) is `make compile-check`.
 """
+
 import pytest
 
 from freeatten_jax.compile import DoesNotFit, compile_attention, compile_train_step, targets
@@ -21,7 +22,11 @@ def test_lssar_forward_backward_compiles_at_32k(target):
 
 def _step_config(implementation: str, batch: int):
     cfg = base.get_config("lssar", "tiny")
-    cfg.model.implementation, cfg.model.num_layers, cfg.model.dtype = implementation, 1, "bfloat16"  # bf16: half the Triton compile time
+    cfg.model.implementation, cfg.model.num_layers, cfg.model.dtype = (
+        implementation,
+        1,
+        "bfloat16",
+    )  # bf16: half the Triton compile time
     cfg.train.seq_len, cfg.train.batch_size = 128, batch
     return cfg
 
@@ -55,7 +60,9 @@ def test_an_hbm_overflow_names_the_knob_of_what_was_compiled():
 
     error = RuntimeError("RESOURCE_EXHAUSTED: Ran out of memory on HBM: Used 90G of 80G hbm")
     step, alone = run.explain(error, "h100"), run.explain(error, "h100", run.ATTENTION_HBM_KNOB)
-    assert str(step) == "h100: device HBM overflow (RESOURCE_EXHAUSTED: Ran out of memory on HBM: Used 90G of 80G hbm): " + run.STEP_HBM_KNOB
+    assert (
+        str(step)
+        == "h100: device HBM overflow (RESOURCE_EXHAUSTED: Ran out of memory on HBM: Used 90G of 80G hbm): " + run.STEP_HBM_KNOB
+    )
     assert str(alone).endswith(": shorten --seq_len or lower --heads (a training step shards heads over the mesh's tensor axis)")
     assert run.explain(ValueError("unrelated"), "h100").args == ("unrelated",)
-

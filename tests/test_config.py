@@ -1,4 +1,5 @@
 """Configs: every experiment file loads and parses into typed configs; command-line overrides; clear errors."""
+
 import math
 import os
 import subprocess
@@ -36,7 +37,10 @@ def test_every_variant_is_a_valid_config_by_path_named_arguments_or_alias(varian
 
 
 def test_packaged_names_resolve_to_the_one_experiment_file_and_paths_stay():
-    assert "variants: softmax, ssmax, lssa, lssar, sigmoid, relu, softmax_logn; sizes: tiny, gpt2_small, ssmax_162m" in configs.PACKAGED
+    assert (
+        "variants: softmax, ssmax, lssa, lssar, sigmoid, relu, softmax_logn; sizes: tiny, gpt2_small, ssmax_162m"
+        in configs.PACKAGED
+    )
     assert configs.resolve("mqar:variant=lssa") == f"{configs.ROOT / 'mqar'}.py:variant=lssa"
     assert configs.resolve("softmax_logn:tiny") == f"{configs.ROOT / 'lm'}.py:variant=softmax_logn,size=tiny"
     assert configs.resolve("lssar:tiny") == f"{configs.ROOT / 'lm'}.py:variant=lssar,size=tiny"
@@ -80,9 +84,16 @@ def test_variant_files_match_the_attention_library():
 
 
 def test_command_line_overrides():
-    cfg = _parse("--config=lssar:gpt2_small", "--config.train.steps=7", "--config.mesh.shape=(1,2,4)",
-                 "--config.optim.lr=0.5", "--config.data.path=/data/*.bin", "--config.train.seq_len=128",
-                 "--config.train.profile_steps=(10,12)", "--config.train.peak_tflops=989")
+    cfg = _parse(
+        "--config=lssar:gpt2_small",
+        "--config.train.steps=7",
+        "--config.mesh.shape=(1,2,4)",
+        "--config.optim.lr=0.5",
+        "--config.data.path=/data/*.bin",
+        "--config.train.seq_len=128",
+        "--config.train.profile_steps=(10,12)",
+        "--config.train.peak_tflops=989",
+    )
     assert (cfg.train.steps, cfg.mesh.shape, cfg.optim.lr, cfg.data.path) == (7, (1, 2, 4), 0.5, "/data/*.bin")
     assert cfg.model.max_len == 128  # follows the training length
     assert cfg.model.num_layers == 12 and cfg.train.batch_size == 512
@@ -147,7 +158,11 @@ def test_train_py_reports_a_bad_variant_in_one_line(tmp_path):
     cmd = [sys.executable, "train.py", "--config=softmax:tiny", f"--workdir={tmp_path}", "--config.model.attention=nope"]
     result = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert result.returncode == 1
-    assert result.stderr.strip().splitlines()[-1].startswith("error: config.model.attention='nope' is invalid; allowed: one of 'softmax'")
+    assert (
+        result.stderr.strip()
+        .splitlines()[-1]
+        .startswith("error: config.model.attention='nope' is invalid; allowed: one of 'softmax'")
+    )
 
 
 def test_console_script_takes_a_packaged_config_from_any_directory(tmp_path):
@@ -171,20 +186,76 @@ def test_a_config_saved_before_newer_fields_existed_still_parses():
 def _old_style_json(vocab_size: int) -> dict:
     """A config as the code before None placeholders saved it with checkpoints (sentinels -1 and 0), written by hand."""
     return {
-        "model": {"vocab_size": vocab_size, "num_layers": 4, "num_heads": 4, "d_model": 128, "mlp_dim": 512, "num_kv_heads": 0,
-                  "max_len": 64, "attention": "ssmax", "attention_options": {}, "implementation": "auto", "mlp": "gelu",
-                  "norm": "layernorm", "tie_embeddings": True, "use_bias": False, "dropout": 0.0, "remat": "none",
-                  "dtype": "float32", "param_dtype": "float32", "rope_theta": 10000.0, "ssmax_s_init": -1.0, "ssmax_bias": False},
-        "mesh": {"shape": [-1, 1, 1], "rules": [[name, list(axes) if isinstance(axes, tuple) else axes]
-                                                for name, axes in sharding.DEFAULT_RULES]},
-        "data": {"source": "shakespeare", "path": "", "val_path": "", "tokenizer": "byte", "bpe_vocab_size": 4096,
-                 "val_fraction": 0.05, "cache_dir": "", "num_workers": 0, "document_masking": "on", "eos_id": -1,
-                 "encoding": "utf-8", "errors": "strict", "retrieval_fraction": 0.0, "tokenizer_path": "", "allow_changed": False},
-        "optim": {"lr": 0.003, "schedule": "cosine", "warmup_steps": 50, "min_lr_ratio": 0.1, "b1": 0.9, "b2": 0.95, "eps": 1e-08,
-                  "weight_decay": 0.1, "clip_norm": 1.0},
-        "train": {"steps": 300, "batch_size": 32, "seq_len": 64, "grad_accum_steps": 1, "seed": 0, "log_every": 25, "eval_every": 50,
-                  "eval_windows": 64, "checkpoint_every": 100, "profile_steps": [], "peak_tflops": 0.0, "spike_factor": 5.0,
-                  "spike_steps": 3},
+        "model": {
+            "vocab_size": vocab_size,
+            "num_layers": 4,
+            "num_heads": 4,
+            "d_model": 128,
+            "mlp_dim": 512,
+            "num_kv_heads": 0,
+            "max_len": 64,
+            "attention": "ssmax",
+            "attention_options": {},
+            "implementation": "auto",
+            "mlp": "gelu",
+            "norm": "layernorm",
+            "tie_embeddings": True,
+            "use_bias": False,
+            "dropout": 0.0,
+            "remat": "none",
+            "dtype": "float32",
+            "param_dtype": "float32",
+            "rope_theta": 10000.0,
+            "ssmax_s_init": -1.0,
+            "ssmax_bias": False,
+        },
+        "mesh": {
+            "shape": [-1, 1, 1],
+            "rules": [[name, list(axes) if isinstance(axes, tuple) else axes] for name, axes in sharding.DEFAULT_RULES],
+        },
+        "data": {
+            "source": "shakespeare",
+            "path": "",
+            "val_path": "",
+            "tokenizer": "byte",
+            "bpe_vocab_size": 4096,
+            "val_fraction": 0.05,
+            "cache_dir": "",
+            "num_workers": 0,
+            "document_masking": "on",
+            "eos_id": -1,
+            "encoding": "utf-8",
+            "errors": "strict",
+            "retrieval_fraction": 0.0,
+            "tokenizer_path": "",
+            "allow_changed": False,
+        },
+        "optim": {
+            "lr": 0.003,
+            "schedule": "cosine",
+            "warmup_steps": 50,
+            "min_lr_ratio": 0.1,
+            "b1": 0.9,
+            "b2": 0.95,
+            "eps": 1e-08,
+            "weight_decay": 0.1,
+            "clip_norm": 1.0,
+        },
+        "train": {
+            "steps": 300,
+            "batch_size": 32,
+            "seq_len": 64,
+            "grad_accum_steps": 1,
+            "seed": 0,
+            "log_every": 25,
+            "eval_every": 50,
+            "eval_windows": 64,
+            "checkpoint_every": 100,
+            "profile_steps": [],
+            "peak_tflops": 0.0,
+            "spike_factor": 5.0,
+            "spike_steps": 3,
+        },
         "checkpoint": {"max_to_keep": 3, "async_save": True, "allow_fresh_start": False},
     }
 

@@ -4,6 +4,7 @@ Glossary: B batch, T queries, S keys, H heads, K kv heads, D head dim, n the con
 Tolerances and comparison from tests/helpers.py: 1e-4 of the largest reference value for float32
 (summation order only), 2e-2 for bfloat16. Each (scenario, variant) is jitted once with a cheap backend compile.
 """
+
 import functools
 import math
 
@@ -11,8 +12,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from jax.sharding import PartitionSpec as P
 from helpers import TOLERANCE, assert_close, inputs, jit_call, key, variant_params
+from jax.sharding import PartitionSpec as P
 
 from freeatten_jax import attention
 from freeatten_jax.attention import context_parallel
@@ -84,8 +85,9 @@ def test_matches_reference(scenario, variant, strategy):
     mesh, axes, q, k, v, g, causal, mask_options = _scenario(scenario)
     params = variant_params(variant, q.shape[2])
     options = dict(variant=variant, causal=causal, **mask_options)
-    split = functools.partial(context_parallel.context_parallel_attend, mesh=mesh, axis_name="context", strategy=strategy,
-                              **axes, **BLOCKS, **options)
+    split = functools.partial(
+        context_parallel.context_parallel_attend, mesh=mesh, axis_name="context", strategy=strategy, **axes, **BLOCKS, **options
+    )
     whole = functools.partial(attention.attend, implementation="reference", **options)
     (out, grads), (out_ref, grads_ref) = (
         _value_and_grads(lambda q, k, v, p, f=f: f(q, k, v, **p), q, k, v, g, params) for f in (split, whole)

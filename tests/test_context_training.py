@@ -1,5 +1,6 @@
 """Context parallelism in the model, trainer and eval on 8 forced host devices: the sequence sharded over
 the mesh axis 'context' gives the same logits, losses and eval as one device, through the ring."""
+
 import dataclasses
 
 import jax
@@ -21,7 +22,9 @@ SETTINGS = suite.Settings(multipliers=(1, 16), eval_tokens=2 * (16 * 16 + 1), pa
 
 
 def _model(variant):
-    cfg = preset("tiny", num_layers=2, d_model=32, num_heads=4, num_kv_heads=2, mlp_dim=64, vocab_size=64, max_len=32, attention=variant)
+    cfg = preset(
+        "tiny", num_layers=2, d_model=32, num_heads=4, num_kv_heads=2, mlp_dim=64, vocab_size=64, max_len=32, attention=variant
+    )
     return Transformer(cfg, rngs=nnx.Rngs(0))
 
 
@@ -30,7 +33,9 @@ def ring_calls(monkeypatch):
     """Counts the layers' calls of context_parallel_attend (traced), so a silent fallback to `attend` fails."""
     calls = []
     real = attention.context_parallel_attend
-    monkeypatch.setattr(attention, "context_parallel_attend", lambda *a, **k: calls.append({**k, "q_len": a[0].shape[1]}) or real(*a, **k))
+    monkeypatch.setattr(
+        attention, "context_parallel_attend", lambda *a, **k: calls.append({**k, "q_len": a[0].shape[1]}) or real(*a, **k)
+    )
     return calls
 
 
@@ -111,6 +116,8 @@ def test_kv_cache_decoding_under_a_data_tensor_context_mesh_attends_gathered(rin
     mesh = sharding.make_mesh((2, 1, 2, 2))
     graphdef, state = nnx.split(model)
     with sharding.use_mesh(mesh, RULES):
-        logits = prefill_and_step(nnx.merge(graphdef, jax.device_put(state, sharding.state_shardings(state, mesh, RULES))), tokens)
+        logits = prefill_and_step(
+            nnx.merge(graphdef, jax.device_put(state, sharding.state_shardings(state, mesh, RULES))), tokens
+        )
     assert not ring_calls
     np.testing.assert_allclose(logits, expected, atol=1e-5)

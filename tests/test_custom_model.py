@@ -3,6 +3,7 @@ the functional API is reusable outside our Transformer.
 
 Glossary: B batch, T positions, E width, H heads, D head dim, V vocabulary.
 """
+
 import jax
 import jax.numpy as jnp
 import optax

@@ -1,4 +1,5 @@
 """Data: .bin shards, sources and splits, tokenizers, window pipeline (determinism, hosts, resume), corpus."""
+
 import pathlib
 import subprocess
 
@@ -11,7 +12,9 @@ from freeatten_jax.training.config import DataConfig
 
 
 def _cfg(**kw):
-    base = dict(source="text", path="", val_path="", tokenizer="byte", bpe_vocab_size=300, val_fraction=0.1, cache_dir="", num_workers=0)
+    base = dict(
+        source="text", path="", val_path="", tokenizer="byte", bpe_vocab_size=300, val_fraction=0.1, cache_dir="", num_workers=0
+    )
     return DataConfig(**{**base, **kw})
 
 
@@ -204,5 +207,7 @@ def test_text_is_strict_utf8_unless_an_encoding_or_errors_option_says_otherwise(
 
 def test_a_token_id_past_the_vocabulary_names_the_shard_and_offset(tmp_path):
     data.write_shard(tmp_path / "s.bin", np.r_[np.zeros(70, int), 50257, np.zeros(29, int)])
-    with pytest.raises(data.DataError, match=r"s\.bin: token id 50257 at token offset 70 \(byte 1164\) is outside the vocabulary of 50257 ids"):
+    with pytest.raises(
+        data.DataError, match=r"s\.bin: token id 50257 at token offset 70 \(byte 1164\) is outside the vocabulary of 50257 ids"
+    ):
         data.load_splits(_cfg(source="bin", path=str(tmp_path / "*.bin")))

@@ -1,4 +1,5 @@
 """benchmarks/device_check.py --tiny end to end on the CPU: its limits, its imports and its tables' values."""
+
 import importlib.util
 import os
 import re
@@ -19,8 +20,14 @@ def _module(name: str):
 def _tables(text: str) -> dict[str, list[list[str]]]:
     """Each `## step` section's table rows (header and rule dropped), cells stripped."""
     sections = dict(re.findall(r"^## (.+?)\n(.*?)(?=^## |\Z)", text, re.S | re.M))
-    return {name: [[cell.strip() for cell in line.strip("|").split("|")] for line in body.splitlines()
-                   if line.startswith("|") and not line.startswith("|---")][1:] for name, body in sections.items()}
+    return {
+        name: [
+            [cell.strip() for cell in line.strip("|").split("|")]
+            for line in body.splitlines()
+            if line.startswith("|") and not line.startswith("|---")
+        ][1:]
+        for name, body in sections.items()
+    }
 
 
 def test_the_steps_limits_add_up_to_at_most_420_seconds():
@@ -35,7 +42,9 @@ def test_tiny_mode_runs_end_to_end_without_the_packages_the_device_lacks(tmp_pat
         (blocked / name).mkdir(parents=True)
         (blocked / name / "__init__.py").write_text(f"raise ImportError('{name} is not on the device')\n")
     env = {**os.environ, "OUT": str(tmp_path), "PYTHONPATH": str(blocked), "JAX_PLATFORMS": "cpu"}
-    result = subprocess.run([sys.executable, "benchmarks/device_check.py", "--tiny"], cwd=ROOT, env=env, capture_output=True, text=True)
+    result = subprocess.run(
+        [sys.executable, "benchmarks/device_check.py", "--tiny"], cwd=ROOT, env=env, capture_output=True, text=True
+    )
     report = (tmp_path / "device_check.md").read_text()
     tables = _tables(report)
     summary = {name: int(status) for name, status, _, _ in _tables("## summary\n" + report.split("\n## ")[0])["summary"]}

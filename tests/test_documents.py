@@ -1,5 +1,6 @@
 """Document masking: segment ids and positions from EOS, the sources' separators and defaults, packed
 losses equal to per-document runs, and exact resume of a document-masked run on .bin shards."""
+
 import traceback
 
 import jax.numpy as jnp
@@ -49,8 +50,21 @@ def test_training_windows_of_a_bin_shard_get_per_document_segments_and_positions
 
 
 def _data_cfg(**kw):
-    return config.DataConfig(**{**dict(source="text", path="", val_path="", tokenizer="byte", bpe_vocab_size=300,
-                                       val_fraction=0.25, cache_dir="", num_workers=0), **kw})
+    return config.DataConfig(
+        **{
+            **dict(
+                source="text",
+                path="",
+                val_path="",
+                tokenizer="byte",
+                bpe_vocab_size=300,
+                val_fraction=0.25,
+                cache_dir="",
+                num_workers=0,
+            ),
+            **kw,
+        }
+    )
 
 
 def test_text_sources_open_each_file_with_a_new_eos_token(tmp_path):
@@ -67,12 +81,14 @@ def test_text_sources_open_each_file_with_a_new_eos_token(tmp_path):
 
 @pytest.mark.parametrize(
     "size, overrides, eos, vocab",
-    [("tiny", {}, None, 256),  # the byte-level Shakespeare demo: off
-     ("tiny", {"data.source": "bin", "data.path": "x.bin"}, EOS, 50257),  # .bin shards: on, GPT-2's EOS
-     ("gpt2_small", {"data.path": "x.bin"}, EOS, 50257),
-     ("tiny", {"data.document_masking": "on"}, 256, 257),  # a new token past the bytes
-     ("tiny", {"data.document_masking": "on", "data.tokenizer": "bpe"}, 4096, 4097),
-     ("tiny", {"data.source": "bin", "data.path": "x.bin", "data.document_masking": "off"}, None, 50257)],
+    [
+        ("tiny", {}, None, 256),  # the byte-level Shakespeare demo: off
+        ("tiny", {"data.source": "bin", "data.path": "x.bin"}, EOS, 50257),  # .bin shards: on, GPT-2's EOS
+        ("gpt2_small", {"data.path": "x.bin"}, EOS, 50257),
+        ("tiny", {"data.document_masking": "on"}, 256, 257),  # a new token past the bytes
+        ("tiny", {"data.document_masking": "on", "data.tokenizer": "bpe"}, 4096, 4097),
+        ("tiny", {"data.source": "bin", "data.path": "x.bin", "data.document_masking": "off"}, None, 50257),
+    ],
 )
 def test_document_masking_is_on_by_default_for_bin_shards_only(size, overrides, eos, vocab):
     cfg = base.get_config("lssar", size)
@@ -93,18 +109,20 @@ def test_bad_document_masking_options_are_named(field, value):
 def test_packed_losses_equal_each_document_run_alone(variant):
     """A window holding the tail of one document and two whole ones: with document masking, every token's
     loss equals that of its document run alone (N_i and RoPE restart per document); without, it does not."""
-    cfg = preset("tiny", num_layers=1, d_model=32, num_heads=4, num_kv_heads=2, mlp_dim=64, vocab_size=40, max_len=16,
-                 attention=variant)
+    cfg = preset(
+        "tiny", num_layers=1, d_model=32, num_heads=4, num_kv_heads=2, mlp_dim=64, vocab_size=40, max_len=16, attention=variant
+    )
     model = Transformer(cfg, rngs=nnx.Rngs(0))
     eos = 39
     tail, first, second = [5, 17, 3, 26], [eos, 8, 30, 1], [eos, 11, 4, 9, 13]  # the window ends with `second`
     window = jnp.array([tail + first + second])
     separate = jnp.array([tail + [eos], first + [eos], second])  # each document's window: its tokens, then the next EOS
-    losses = nnx.jit(lambda m: (next_token_losses(m, window, eos_id=eos)[0], next_token_losses(m, separate),
-                                next_token_losses(m, window)[0]))
+    losses = nnx.jit(
+        lambda m: (next_token_losses(m, window, eos_id=eos)[0], next_token_losses(m, separate), next_token_losses(m, window)[0])
+    )
     losses, alone, unmasked = losses(model)
     np.testing.assert_allclose(losses, alone.reshape(-1), rtol=1e-5, atol=1e-5)
-    assert not np.allclose(unmasked[len(tail):], alone[1:].reshape(-1), atol=1e-3)
+    assert not np.allclose(unmasked[len(tail) :], alone[1:].reshape(-1), atol=1e-3)
 
 
 @pytest.mark.slow  # three short training runs
@@ -113,6 +131,7 @@ def test_document_masked_run_on_bin_shards_resumes_exactly(tmp_path, monkeypatch
     data.write_shard(tmp_path / "train.bin", _document_stream(np.random.default_rng(0), 400))
     seen = []
     segments = documents.segments
+
     def spy(tokens, eos_id):  # which steps trace document masking, with which EOS
         callers = {frame.name for frame in traceback.extract_stack()}
         seen.append((eos_id, "train_step" in callers, "eval_step" in callers))
@@ -120,13 +139,28 @@ def test_document_masked_run_on_bin_shards_resumes_exactly(tmp_path, monkeypatch
 
     monkeypatch.setattr(documents, "segments", spy)
     cfg = base.get_config("ssmax", "tiny")
-    cfg.update_from_flattened_dict({
-        "model.num_layers": 1, "model.d_model": 32, "model.num_heads": 2, "model.mlp_dim": 64,
-        "data.source": "bin", "data.path": str(tmp_path / "train.bin"), "data.val_fraction": 0.2,
-        "train.seq_len": 16, "train.batch_size": 8, "train.steps": 6, "train.log_every": 1, "train.eval_every": 3,
-        "train.eval_windows": 8, "train.checkpoint_every": 100, "optim.schedule": "constant", "optim.warmup_steps": 2,
-        "optim.lr": 1e-2, "mesh.shape": (1, 1, 1),
-    })
+    cfg.update_from_flattened_dict(
+        {
+            "model.num_layers": 1,
+            "model.d_model": 32,
+            "model.num_heads": 2,
+            "model.mlp_dim": 64,
+            "data.source": "bin",
+            "data.path": str(tmp_path / "train.bin"),
+            "data.val_fraction": 0.2,
+            "train.seq_len": 16,
+            "train.batch_size": 8,
+            "train.steps": 6,
+            "train.log_every": 1,
+            "train.eval_every": 3,
+            "train.eval_windows": 8,
+            "train.checkpoint_every": 100,
+            "optim.schedule": "constant",
+            "optim.warmup_steps": 2,
+            "optim.lr": 1e-2,
+            "mesh.shape": (1, 1, 1),
+        }
+    )
     loop.train_and_evaluate(cfg, tmp_path / "straight")
     assert set(seen) == {(EOS, True, False), (EOS, False, True)}
     cfg.train.steps = 3
@@ -134,4 +168,6 @@ def test_document_masked_run_on_bin_shards_resumes_exactly(tmp_path, monkeypatch
     cfg.train.steps = 6
     assert [m["step"] for m in loop.train_and_evaluate(cfg, tmp_path / "resumed")] == [4, 5, 6]
     straight, resumed = read_metrics(tmp_path / "straight"), read_metrics(tmp_path / "resumed")
-    assert [(m["step"], m["loss"], m.get("val_loss")) for m in straight] == [(m["step"], m["loss"], m.get("val_loss")) for m in resumed]
+    assert [(m["step"], m["loss"], m.get("val_loss")) for m in straight] == [
+        (m["step"], m["loss"], m.get("val_loss")) for m in resumed
+    ]

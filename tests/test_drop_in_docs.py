@@ -1,4 +1,5 @@
 """docs/drop_in.md's Python snippets run as written, each in a fresh namespace."""
+
 import pathlib
 import re
 

@@ -1,4 +1,5 @@
 """The extrapolation suite end to end on tiny checkpoints trained here; freeatten-generate on them."""
+
 import csv
 import json
 import os
@@ -10,9 +11,9 @@ import numpy as np
 import pytest
 from tqdm import tqdm
 
+from freeatten_jax import data
 from freeatten_jax.configs import base
 from freeatten_jax.errors import ConfigError, UserError
-from freeatten_jax import data
 from freeatten_jax.evaluation import loss, passkey, suite, switches
 from freeatten_jax.training import config
 from freeatten_jax.training.metrics import read_metrics
@@ -46,7 +47,9 @@ def test_suite_writes_every_output(trained, tmp_path, capsys):
     workdirs = [trained["lssa"][0], trained["ssmax"][0]]
     runs = suite.run_suite(workdirs, ["p=off", "s=0.5"], SETTINGS, str(tmp_path))  # p=15: below; RoPE: test_eval_metrics
     progress = capsys.readouterr().err  # the plan, the bar naming the run and the task, then the estimate
-    assert progress.startswith("evaluating 3 run(s) (checkpoint x switch) at 3 lengths (1x, 2x, 8x), 1 passkey depth(s) x 1 key(s)")
+    assert progress.startswith(
+        "evaluating 3 run(s) (checkpoint x switch) at 3 lengths (1x, 2x, 8x), 1 passkey depth(s) x 1 key(s)"
+    )
     assert "lssa (lssa) [none]" in progress and "ssmax (ssmax) [s=0.5]" in progress and "loss at length 256" in progress
     assert "passkey at length 64" in progress and "first of 3 runs took " in progress
     labels = [(r["variant"], r["switch"]) for r in runs]
@@ -127,7 +130,7 @@ LANDMARK = (
     "important information there.\n"
     "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again. The grass\n"
     "The pass key is 40712. Remember it. 40712 is the pass key.\n"
-    "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again. The grass is green. The sky is blue. Th\n"
+    "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again. The grass is green. The sky is blue. Th\n"  # noqa: E501
     "What is the pass key? The pass key is"
 )
 
@@ -168,23 +171,48 @@ def test_passkey_scoring_is_first_integer_equality_and_rank():
 
 def _fake_run(variant, switch, seed, depths=(0.5,), step=12, train_len=32):
     rng = np.random.default_rng(seed)
-    cells = [{"length": n, "depth": d, "keys": 2, "accuracy": None if n == 32 else float(rng.integers(3)) / 2}
-             for n in (32, 64) for d in depths]
-    lengths = [{"length": n, "loss": 3.0 + 0.001 * i, "loss_ci": (2.9 + 0.001 * i, 3.2 + 0.001 * i)} for i, n in enumerate((32, 64))]
-    return {"name": f"{variant}{seed}", "variant": variant, "switch": switch, "train_len": train_len, "step": step,
-            "per_position": rng.random(64).tolist(), "lengths": lengths, "passkey": cells, "retrieval": cells,
-            "attention": {"n_from": [1, 2, 4], "entropy": rng.random((2, 2, 3)).tolist()}}
+    cells = [
+        {"length": n, "depth": d, "keys": 2, "accuracy": None if n == 32 else float(rng.integers(3)) / 2}
+        for n in (32, 64)
+        for d in depths
+    ]
+    lengths = [
+        {"length": n, "loss": 3.0 + 0.001 * i, "loss_ci": (2.9 + 0.001 * i, 3.2 + 0.001 * i)} for i, n in enumerate((32, 64))
+    ]
+    return {
+        "name": f"{variant}{seed}",
+        "variant": variant,
+        "switch": switch,
+        "train_len": train_len,
+        "step": step,
+        "per_position": rng.random(64).tolist(),
+        "lengths": lengths,
+        "passkey": cells,
+        "retrieval": cells,
+        "attention": {"n_from": [1, 2, 4], "entropy": rng.random((2, 2, 3)).tolist()},
+    }
 
 
 def test_plots_draw_one_line_per_variant_and_switch_with_seed_bands(tmp_path):
     from freeatten_jax.evaluation import plots
 
-    runs = [_fake_run(v, s, seed) for seed in (0, 1) for v, s in (("softmax", "none"), ("softmax", "rope_theta=50x"), ("lssar", "none"))]
+    runs = [
+        _fake_run(v, s, seed)
+        for seed in (0, 1)
+        for v, s in (("softmax", "none"), ("softmax", "rope_theta=50x"), ("lssar", "none"))
+    ]
     assert [(key, len(rs)) for key, rs in plots.groups(runs).items()] == [
-        (("softmax", "none"), 2), (("softmax", "rope_theta=50x"), 2), (("lssar", "none"), 2)]
+        (("softmax", "none"), 2),
+        (("softmax", "rope_theta=50x"), 2),
+        (("lssar", "none"), 2),
+    ]
     style = plots._style(runs)
     assert style("softmax", "none")["color"] == style("softmax", "rope_theta=50x")["color"] != style("lssar", "none")["color"]
-    assert style("softmax", "none")["linestyle"] == style("lssar", "none")["linestyle"] != style("softmax", "rope_theta=50x")["linestyle"]
+    assert (
+        style("softmax", "none")["linestyle"]
+        == style("lssar", "none")["linestyle"]
+        != style("softmax", "rope_theta=50x")["linestyle"]
+    )
     for name in plots.write_all(tmp_path, runs).values():
         assert (tmp_path / name).read_bytes().startswith(b"\x89PNG")
 
@@ -222,10 +250,14 @@ def test_loss_band_is_the_interval_over_seeds_then_windows_when_runs_carry_per_w
 def test_retrieval_plot_is_a_depth_by_length_heatmap_when_the_grid_has_cells():
     from freeatten_jax.evaluation import plots
 
-    runs = [_fake_run("softmax", "none", seed, depths=(0.1, 0.9)) for seed in (0, 1)] + [_fake_run("lssar", "none", 0, depths=(0.1, 0.9))]
+    runs = [_fake_run("softmax", "none", seed, depths=(0.1, 0.9)) for seed in (0, 1)] + [
+        _fake_run("lssar", "none", 0, depths=(0.1, 0.9))
+    ]
     lengths, depths, acc_DL = plots.accuracy_grid(runs[:2], "passkey")
     assert lengths == [32, 64] and depths == [0.1, 0.9] and np.isnan(acc_DL[:, 0]).all()
-    expected = [np.mean([c["accuracy"] for r in runs[:2] for c in r["passkey"] if c["length"] == 64 and c["depth"] == d]) for d in depths]
+    expected = [
+        np.mean([c["accuracy"] for r in runs[:2] for c in r["passkey"] if c["length"] == 64 and c["depth"] == d]) for d in depths
+    ]
     assert acc_DL[:, 1] == pytest.approx(expected)  # pooled over runs, weighted by keys (equal here)
     fig = plots.draw_accuracy(runs, "passkey", "Passkey")
     heatmaps = [ax for ax in fig.axes if ax.images]
@@ -245,8 +277,8 @@ def test_report_warns_when_compared_runs_differ_in_step_or_training_length():
     mixed = [_fake_run("softmax", "none", 0, step=51), _fake_run("lssar", "none", 1, step=10, train_len=64)]
     warnings_ = report.comparability_warnings(mixed)
     assert warnings_ == [
-        "Warning: the runs compared have different checkpoint steps (10: lssar1; 51: softmax0); their differences are not only the variant's.",
-        "Warning: the runs compared have different training lengths (32: softmax0; 64: lssar1); their differences are not only the variant's.",
+        "Warning: the runs compared have different checkpoint steps (10: lssar1; 51: softmax0); their differences are not only the variant's.",  # noqa: E501
+        "Warning: the runs compared have different training lengths (32: softmax0; 64: lssar1); their differences are not only the variant's.",  # noqa: E501
     ]
 
 
@@ -295,7 +327,7 @@ def test_freeatten_generate_continues_a_prompt_with_the_runs_tokenizer(trained, 
     assert type(load_from_run(workdir)) is ByteTokenizer  # training saved the run's tokenizer in its folder
     model, _, _ = checkpoint.load_params(workdir)
     prompt = ByteTokenizer().encode("the king ").astype(np.int32)
-    greedy = ByteTokenizer().decode(np.asarray(generate(model, prompt[None], 6, temperature=0.0))[0, len(prompt):])
+    greedy = ByteTokenizer().decode(np.asarray(generate(model, prompt[None], 6, temperature=0.0))[0, len(prompt) :])
     loaded = load_run(workdir)
     generate_text = lambda *args, **sampling: loaded.generate(*args, **sampling)[0]  # noqa: E731
     assert generate_text("the king ", 6, temperature=0.0) == greedy
@@ -308,12 +340,22 @@ def test_freeatten_generate_continues_a_prompt_with_the_runs_tokenizer(trained, 
     env = {**os.environ, "PYTHONPATH": os.getcwd()}
     result = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=tmp_path, env=env)
     assert result.returncode == 0 and result.stdout == "the king " + greedy + "\n", result.stderr[-2000:]
-    batched = subprocess.run([*cmd, "--num_samples=2", "--step=12"], capture_output=True, text=True, timeout=300, cwd=tmp_path, env=env)
+    batched = subprocess.run(
+        [*cmd, "--num_samples=2", "--step=12"], capture_output=True, text=True, timeout=300, cwd=tmp_path, env=env
+    )
     assert batched.stdout == f"the king {greedy}\n{'-' * 40}\nthe king {greedy}\n", batched.stderr[-2000:]
     report = batched.stderr.strip().splitlines()[-1]
-    assert report.startswith("checkpoint step 12; 2 sample(s) x up to 6 tokens: first token after ") and report.endswith(" tokens/s")
-    bad = subprocess.run([*cmd[:3], f"--workdir={tmp_path / 'none'}", "--prompt=x"], capture_output=True, text=True, timeout=300,
-                         cwd=tmp_path, env=env)
+    assert report.startswith("checkpoint step 12; 2 sample(s) x up to 6 tokens: first token after ") and report.endswith(
+        " tokens/s"
+    )
+    bad = subprocess.run(
+        [*cmd[:3], f"--workdir={tmp_path / 'none'}", "--prompt=x"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
+        env=env,
+    )
     assert bad.returncode == 1 and bad.stderr.strip().splitlines()[-1].startswith("error: no checkpoint in ")
     no_step = subprocess.run([*cmd, "--step=7"], capture_output=True, text=True, timeout=300, cwd=tmp_path, env=env)
     assert no_step.returncode == 1 and no_step.stderr.strip().splitlines()[-1].startswith("error: checkpoint step 7 in ")
@@ -346,8 +388,17 @@ def test_load_run_is_the_public_way_to_use_a_trained_model(trained, caplog):
 
 def _summary_run(variant, switch, losses, hits):
     """A run with loss (and its interval) per multiplier 1, 2 and one retrieval cell of two keys per length."""
-    lengths = [{"multiplier": m, "length": 8 * m, "loss": x, "loss_ci": [x - 0.1, x + 0.1], "loss_last_train_len": x,
-                "loss_last_train_len_ci": [x, x]} for m, x in zip((1, 2), losses)]
+    lengths = [
+        {
+            "multiplier": m,
+            "length": 8 * m,
+            "loss": x,
+            "loss_ci": [x - 0.1, x + 0.1],
+            "loss_last_train_len": x,
+            "loss_last_train_len_ci": [x, x],
+        }
+        for m, x in zip((1, 2), losses)
+    ]
     cells = [{"length": 8 * m, "accuracy": h / 2, "keys": 2, "mean_key_rank": 1.0 + h} for m, h in zip((1, 2), hits)]
     return {"variant": variant, "switch": switch, "train_len": 8, "lengths": lengths, "passkey": cells, "retrieval": cells}
 
@@ -355,8 +406,11 @@ def _summary_run(variant, switch, losses, hits):
 def test_summary_pools_seeds_per_variant_and_switch():
     from freeatten_jax.evaluation import report
 
-    runs = [_summary_run("softmax", "none", (1.0, 2.0), (2, 0)), _summary_run("softmax", "none", (2.0, 4.0), (1, 1)),
-            _summary_run("softmax", "rope_theta=50x", (1.5, 1.5), (0, 0))]
+    runs = [
+        _summary_run("softmax", "none", (1.0, 2.0), (2, 0)),
+        _summary_run("softmax", "none", (2.0, 4.0), (1, 1)),
+        _summary_run("softmax", "rope_theta=50x", (1.5, 1.5), (0, 0)),
+    ]
     text = report.grouped_tables(runs, (1, 2))
     assert "| softmax (2 runs) | 1.500 [0.900, 2.100] | 3.000 [1.900, 4.100] |" in text
     assert "| softmax [rope_theta=50x] | 1.500 [1.400, 1.600] | 1.500 [1.400, 1.600] |" in text

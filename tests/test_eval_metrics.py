@@ -4,6 +4,7 @@ switch's effect on a real model, and eval losses under document masking (passkey
 
 Glossary: B batch, T positions, H heads, K kv heads, D head dim, W windows, N visible keys (N_i = i + 1).
 """
+
 import types
 
 import jax.numpy as jnp
@@ -101,14 +102,17 @@ def _logits(model_cfg, switch=None):
     return model, model(tokens_BT)
 
 
-@pytest.mark.parametrize("switch, attention, expected", [
-    ("rope_theta=50x", "lssa", _model_cfg("lssa", rope_theta=50_000.0)),  # relative to the trained 1000, not 50
-    ("rope_theta=500", "softmax", _model_cfg("softmax", rope_theta=500.0)),  # absolute
-    ("p=15", "lssa", _model_cfg("lssar", attention_options={"p": 15.0})),
-    ("p=off", "lssar", _model_cfg("lssa")),
-    ("s=0.3", "ssmax", _model_cfg("ssmax", ssmax_s_init=0.3)),
-    ("p=3,rope_theta=2x", "lssar", _model_cfg("lssar", attention_options={"p": 3.0}, rope_theta=2000.0)),
-])
+@pytest.mark.parametrize(
+    "switch, attention, expected",
+    [
+        ("rope_theta=50x", "lssa", _model_cfg("lssa", rope_theta=50_000.0)),  # relative to the trained 1000, not 50
+        ("rope_theta=500", "softmax", _model_cfg("softmax", rope_theta=500.0)),  # absolute
+        ("p=15", "lssa", _model_cfg("lssar", attention_options={"p": 15.0})),
+        ("p=off", "lssar", _model_cfg("lssa")),
+        ("s=0.3", "ssmax", _model_cfg("ssmax", ssmax_s_init=0.3)),
+        ("p=3,rope_theta=2x", "lssar", _model_cfg("lssar", attention_options={"p": 3.0}, rope_theta=2000.0)),
+    ],
+)
 def test_each_switch_gives_the_model_it_names(switch, attention, expected):
     model, switched = _logits(_model_cfg(attention), switch)
     np.testing.assert_allclose(switched, _logits(expected)[1], atol=1e-6)
@@ -124,4 +128,3 @@ def test_eval_losses_restart_per_document_as_training_does():
     masked = loss.token_losses(model, windows_WL, eos_id=39)
     np.testing.assert_allclose(masked, next_token_losses(model, jnp.asarray(windows_WL), eos_id=39), rtol=1e-5, atol=1e-6)
     assert not np.allclose(masked, loss.token_losses(model, windows_WL), atol=1e-4)
-

@@ -4,6 +4,7 @@ workdir, a torn metrics line, an unwritable checkpoint folder; and bad inputs to
 Every test copies one trained run folder (steps 1..6, checkpoints 2, 4, 6) and compares what it resumes to with one
 uninterrupted run of 8 steps (constant learning rate: the number of steps does not change the schedule).
 """
+
 import contextlib
 import errno
 import io
@@ -25,11 +26,11 @@ from absl import flags
 from flax import nnx
 from helpers import SigtermAtBatch, tiny_config
 
-from freeatten_jax.data import shards
-from freeatten_jax.evaluation import cli as eval_cli
-from freeatten_jax.data import DataError
+from freeatten_jax.data import DataError, shards
 from freeatten_jax.errors import EXIT_PREEMPTED
-from freeatten_jax.training import checkpoint, cli as train_cli, distributed, generate_cli, lock, loop, storage
+from freeatten_jax.evaluation import cli as eval_cli
+from freeatten_jax.training import checkpoint, distributed, generate_cli, lock, loop, storage
+from freeatten_jax.training import cli as train_cli
 from freeatten_jax.training.metrics import read_metrics
 
 STEPS = {"train.checkpoint_every": 2, "optim.schedule": "constant", "train.eval_every": 100}
@@ -78,7 +79,8 @@ def test_a_blow_up_stops_in_one_line_quarantines_unconfirmed_checkpoints_and_a_s
     message = str(err.value)
     assert "\n" not in message and message.startswith("step ") and "not finite" in message
     assert message.startswith("step 8: loss ") and message.endswith(
-        f"moved unconfirmed checkpoint(s) 7 to {run6 / 'quarantine'}; a rerun starts from checkpoint step 6"), message
+        f"moved unconfirmed checkpoint(s) 7 to {run6 / 'quarantine'}; a rerun starts from checkpoint step 6"
+    ), message
     restart = 6
     assert checkpoint.Checkpointer(run6, read_only=True).all_steps() == [4, 6]  # saving 7 dropped 2 (max_to_keep 3)
     assert [p.name for p in (run6 / "quarantine").iterdir()] == ["step_7-non-finite"]
@@ -131,15 +133,20 @@ def test_an_unwritable_checkpoint_folder_fails_at_start_up_and_keeps_every_check
 
 def _files(folder: pathlib.Path) -> dict:
     """{relative path: bytes} of every file under `folder` (links as their targets' names): what a run wrote."""
-    return {str(p.relative_to(folder)): (os.readlink(p) if p.is_symlink() else p.read_bytes())
-            for p in sorted(folder.rglob("*")) if p.is_file() or p.is_symlink()}
+    return {
+        str(p.relative_to(folder)): (os.readlink(p) if p.is_symlink() else p.read_bytes())
+        for p in sorted(folder.rglob("*"))
+        if p.is_file() or p.is_symlink()
+    }
 
 
 def _config_file(tmp_path, text_glob, steps, **overrides) -> str:
     """A config file giving `_cfg(text_glob, steps, **overrides)`, for running the train command line in-process."""
     path = tmp_path / "cfg.py"
-    path.write_text(f"import sys\nsys.path.insert(0, {str(pathlib.Path(__file__).parent)!r})\nfrom test_faults import _cfg\n"
-                    f"def get_config():\n    return _cfg({text_glob!r}, {steps}, **{overrides!r})\n")
+    path.write_text(
+        f"import sys\nsys.path.insert(0, {str(pathlib.Path(__file__).parent)!r})\nfrom test_faults import _cfg\n"
+        f"def get_config():\n    return _cfg({text_glob!r}, {steps}, **{overrides!r})\n"
+    )
     return str(path)
 
 
@@ -155,7 +162,9 @@ def test_unreadable_checkpoints_stop_in_one_line_and_nothing_is_moved_or_written
     before = _files(run6)
     code, lines = run_cli(train_cli.main, f"--config={_config_file(tmp_path, text_glob, 8)}", f"--workdir={run6}")
     assert code == 1 and len(lines) == 1 and lines[0].startswith("error: cannot read checkpoint step 6 ("), lines
-    assert "Input/output error" in lines[0] and lines[0].endswith("nothing was moved or written: fix the storage or its permissions and rerun")
+    assert "Input/output error" in lines[0] and lines[0].endswith(
+        "nothing was moved or written: fix the storage or its permissions and rerun"
+    )
     assert _files(run6) == before and not (run6 / "quarantine").exists()
     for path, contents in aside.items():  # the storage is back: the same checkpoints resume exactly
         path.unlink()
@@ -200,13 +209,21 @@ def _another_steps_state(step: pathlib.Path) -> None:
     shutil.copytree(step.parent / "4" / "state", step / "state")  # a whole, readable state: of step 4, not 6
 
 
-TAMPERING = {"flipped array bytes": _flip_bytes, "edited next_index": _edit_next_index, "another step's state": _another_steps_state}
+TAMPERING = {
+    "flipped array bytes": _flip_bytes,
+    "edited next_index": _edit_next_index,
+    "another step's state": _another_steps_state,
+}
 
 
-DAMAGE = {**{name: (damage, "unreadable") for name, damage in CORRUPTIONS.items()},
-          **{name: (damage, "fingerprint-mismatch") for name, damage in TAMPERING.items()}}
-NOTICES = {"unreadable": "checkpoint 6 is unreadable (",
-           "fingerprint-mismatch": "checkpoint 6 is not what was saved: it does not match its fingerprints ("}
+DAMAGE = {
+    **{name: (damage, "unreadable") for name, damage in CORRUPTIONS.items()},
+    **{name: (damage, "fingerprint-mismatch") for name, damage in TAMPERING.items()},
+}
+NOTICES = {
+    "unreadable": "checkpoint 6 is unreadable (",
+    "fingerprint-mismatch": "checkpoint 6 is not what was saved: it does not match its fingerprints (",
+}
 
 
 @pytest.mark.parametrize("damage", DAMAGE)
@@ -249,8 +266,11 @@ def test_resuming_on_changed_data_is_refused_unless_allowed(run6, text_glob):
     try:
         path.write_bytes(original + b"\nthe king speaks.")
         before = _files(run6)
-        with pytest.raises(DataError, match=rf"^the training data changed since checkpoint step 6: {path} was {len(original)} bytes, "
-                                            rf"now {len(original) + 17}; .* --config.data.allow_changed=True"):
+        with pytest.raises(
+            DataError,
+            match=rf"^the training data changed since checkpoint step 6: {path} was {len(original)} bytes, "
+            rf"now {len(original) + 17}; .* --config.data.allow_changed=True",
+        ):
             loop.train_and_evaluate(_cfg(text_glob, 8), run6)
         assert _files(run6) == before
         allowed = loop.train_and_evaluate(_cfg(text_glob, 8, **{"data.allow_changed": True}), run6)
@@ -312,8 +332,11 @@ def test_a_full_disk_stops_the_run_at_its_failed_save_in_one_line_keeping_the_ch
     with pytest.raises(checkpoint.CheckpointWriteError) as err:
         loop.train_and_evaluate(_cfg(text_glob, 16, **quiet), workdir)
     message = str(err.value)
-    assert "\n" not in message and message.startswith(f"saving a checkpoint to {workdir / 'checkpoints'} failed (") and \
-        message.endswith("stopped; the earlier checkpoints are kept: free space or fix the storage, then rerun"), message
+    assert (
+        "\n" not in message
+        and message.startswith(f"saving a checkpoint to {workdir / 'checkpoints'} failed (")
+        and message.endswith("stopped; the earlier checkpoints are kept: free space or fix the storage, then rerun")
+    ), message
     assert saves == [8] and len(steps) <= 4  # fetched the batches of steps 7..10 at most
     assert checkpoint.Checkpointer(workdir, read_only=True).all_steps() == [2, 4, 6]
 
@@ -328,10 +351,14 @@ def test_a_save_failing_in_the_background_stops_the_run_within_two_steps(run6, t
         if started:
             raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(ocp.CheckpointManager, "save", lambda self, step, *a, **k: started.append(step) or save(self, step, *a, **k))
+    monkeypatch.setattr(
+        ocp.CheckpointManager, "save", lambda self, step, *a, **k: started.append(step) or save(self, step, *a, **k)
+    )
     monkeypatch.setattr(ocp.CheckpointManager, "check_for_errors", failed_in_the_background)
     monkeypatch.setattr(distributed, "host_local_batch_to_global", lambda *args: fetched.append(1) or fetch(*args))
-    with pytest.raises(checkpoint.CheckpointWriteError, match=r"^saving a checkpoint to .* failed \(OSError: \[Errno 28\] No space"):
+    with pytest.raises(
+        checkpoint.CheckpointWriteError, match=r"^saving a checkpoint to .* failed \(OSError: \[Errno 28\] No space"
+    ):
         loop.train_and_evaluate(_cfg(text_glob, 16, **{"train.log_every": 100, "train.checkpoint_every": 4}), run6)
     assert started == [8] and len(fetched) <= 4
 
@@ -343,7 +370,9 @@ def test_a_file_size_limit_stops_the_run_in_one_line_keeping_the_checkpoints(run
     their own as orbax gives up the save: not ours to silence.)"""
     env = {**os.environ, "PYTHONPATH": os.getcwd(), "XDG_CACHE_HOME": str(tmp_path / "cache")}  # its cut-off compilation cache
     train = [sys.executable, "train.py", f"--config={_config_file(tmp_path, text_glob, 12)}", f"--workdir={run6}"]
-    result = subprocess.run(["bash", "-c", 'ulimit -f 59 && exec "$@"', "bash", *train], capture_output=True, text=True, env=env, timeout=300)
+    result = subprocess.run(
+        ["bash", "-c", 'ulimit -f 59 && exec "$@"', "bash", *train], capture_output=True, text=True, env=env, timeout=300
+    )
     errors = [line for line in (result.stdout + result.stderr).splitlines() if line.startswith("error: ")]
     assert result.returncode == 1 and errors == result.stderr.splitlines()[-1:], result.stderr[-3000:]
     assert errors[0].startswith(f"error: saving a checkpoint to {run6 / 'checkpoints'} failed (File too large: "), errors
@@ -354,8 +383,15 @@ def test_too_little_free_space_or_a_read_only_workdir_is_refused_before_anything
     small, read_only = tmpfs("64k"), tmpfs("1m", ",ro")
     config = _config_file(tmp_path, text_glob, 8)
     code, lines = run_cli(train_cli.main, f"--config={config}", f"--workdir={small / 'run'}")
-    assert code == 1 and len(lines) == 1 and re.match(rf"error: {small / 'run'} has 0\.\d MiB free but a checkpoint of this run "
-                                                      r"takes about 0\.\d MiB; free space", lines[0]), lines
+    assert (
+        code == 1
+        and len(lines) == 1
+        and re.match(
+            rf"error: {small / 'run'} has 0\.\d MiB free but a checkpoint of this run "
+            r"takes about 0\.\d MiB; free space",
+            lines[0],
+        )
+    ), lines
     code, lines = run_cli(train_cli.main, f"--config={config}", f"--workdir={read_only / 'run'}")
     assert code == 1 and lines == [f"error: --workdir={read_only / 'run'}: {read_only} is not writable; use another --workdir"]
     assert not list(small.iterdir()) and not list(read_only.iterdir())
@@ -365,7 +401,10 @@ def test_sigterm_saves_and_exits_75(run6, text_glob, run_cli, tmp_path, monkeypa
     """A scheduler must not take a preempted run for a finished one (the resume is exact: test_train's preemption test)."""
     monkeypatch.setattr(distributed, "host_local_batch_to_global", SigtermAtBatch(1))
     code, lines = run_cli(train_cli.main, f"--config={_config_file(tmp_path, text_glob, 8)}", f"--workdir={run6}")
-    assert code == EXIT_PREEMPTED == 75 and "stopped at step 7 by a signal, checkpoint saved; rerun the same command to resume" in lines
+    assert (
+        code == EXIT_PREEMPTED == 75
+        and "stopped at step 7 by a signal, checkpoint saved; rerun the same command to resume" in lines
+    )
     assert checkpoint.Checkpointer(run6, read_only=True).latest_step() == 7
 
 
@@ -401,7 +440,9 @@ loop.train_and_evaluate(cfg, sys.argv[1])
 
 def _child(workdir, text_glob, point):
     env = {**os.environ, "PYTHONPATH": os.getcwd()}  # with the session's compilation cache (conftest)
-    return subprocess.Popen([sys.executable, "-c", _CHILD, str(workdir), text_glob, point], stdout=subprocess.PIPE, text=True, env=env)
+    return subprocess.Popen(
+        [sys.executable, "-c", _CHILD, str(workdir), text_glob, point], stdout=subprocess.PIPE, text=True, env=env
+    )
 
 
 @pytest.mark.slow
@@ -427,6 +468,7 @@ def test_kill_9_between_checkpoints_resumes_exactly_and_the_lock_named_the_kille
 
 
 # --- bad inputs: one `error:` line and a non-zero exit, from every entry point -------------------------------------
+
 
 @pytest.fixture
 def run_cli():
@@ -461,8 +503,14 @@ def _bad_data(tmp_path, kind) -> str:
     """A data glob whose file is latin-1 text, binary bytes, a shard with a token id past GPT-2's vocabulary, short or
     empty text, a 12-byte shard; or a file where a folder should be."""
     path = tmp_path / (f"{kind}.bin" if kind in ("shard", "tiny_shard") else f"{kind}.txt")
-    contents = {"latin-1": "caf\xe9 au lait\n".encode("latin-1") * 50, "binary": bytes(range(256)) * 4, "short": b"x" * 2000,
-                "empty": b"", "tiny_shard": b"\0" * 12, "file": b""}
+    contents = {
+        "latin-1": "caf\xe9 au lait\n".encode("latin-1") * 50,
+        "binary": bytes(range(256)) * 4,
+        "short": b"x" * 2000,
+        "empty": b"",
+        "tiny_shard": b"\0" * 12,
+        "file": b"",
+    }
     if kind == "shard":
         shards.write_shard(path, np.r_[np.arange(100), 60000, np.arange(100)])
     else:
@@ -473,9 +521,15 @@ def _bad_data(tmp_path, kind) -> str:
 TRAIN = ["--config=softmax:tiny", "--config.mesh.shape=(1,1,1)", "--config.train.steps=2"]
 BAD_TRAIN = {  # arguments after TRAIN and --workdir -> what the one line must contain
     "missing config file": (["--config=/no/such/config.py"], "cannot load the config file: [Errno 2] No such file"),
-    "unknown config name": (["--config=nosuch:tiny"], "packaged configs: lm:variant=V,size=S or V:S; variants: softmax, ssmax, lssa, lssar"),
+    "unknown config name": (
+        ["--config=nosuch:tiny"],
+        "packaged configs: lm:variant=V,size=S or V:S; variants: softmax, ssmax, lssa, lssar",
+    ),
     "unknown size": (["--config=lssar:huge"], "unknown model size 'huge'; valid sizes: tiny"),
-    "misspelt field": (["--config.train.stpes=3"], "--config.train.stpes: no such config field; did you mean --config.train.steps?"),
+    "misspelt field": (
+        ["--config.train.stpes=3"],
+        "--config.train.stpes: no such config field; did you mean --config.train.steps?",
+    ),
     "bad integer": (["--config.train.steps=abc"], "--config.train.steps=abc: invalid literal"),
     "zero steps": (["--config.train.steps=0"], "config.train.steps=0 is invalid; allowed: an integer >= 1"),
     "lr inf": (["--config.optim.lr=inf"], "config.optim.lr=inf is invalid; allowed: a finite number > 0"),
@@ -487,21 +541,34 @@ BAD_TRAIN = {  # arguments after TRAIN and --workdir -> what the one line must c
     "no data": (["--config.data.source=text", "--config.data.path=/no/such/*.txt"], "matches no file"),
     "latin-1 text": (["--config.data.source=text", "--config.data.path={latin-1}"], "latin-1.txt: not valid utf-8 at byte 3"),
     "binary text": (["--config.data.source=text", "--config.data.path={binary}"], "binary.txt: not valid utf-8 at byte 128"),
-    "token past the vocabulary": (["--config.data.source=bin", "--config.data.path={shard}"],
-                                  "shard.bin: token id 60000 at token offset 100 (byte 1224) is outside the vocabulary of 50257"),
+    "token past the vocabulary": (
+        ["--config.data.source=bin", "--config.data.path={shard}"],
+        "shard.bin: token id 60000 at token offset 100 (byte 1224) is outside the vocabulary of 50257",
+    ),
     "stray argument": (["extra"], "unexpected arguments: extra"),
     "lssar p -3": (["--config=lssar:tiny", "--config.model.attention_options.p=-3"], "p must be > 0 and finite, got -3.0"),
-    "lssar p 0": (["--config=lssar:tiny", "--config.model.attention_options.p=0"], "config.model.attention_options: p must be > 0"),
+    "lssar p 0": (
+        ["--config=lssar:tiny", "--config.model.attention_options.p=0"],
+        "config.model.attention_options: p must be > 0",
+    ),
     "lssar p nan": (["--config=lssar:tiny", "--config.model.attention_options.p=nan"], "p must be > 0 and finite, got nan"),
     "val_fraction 0": (["--config.data.val_fraction=0"], "config.data.val_fraction=0.0 is invalid; allowed: a number in (0, 1)"),
-    "spike factor 1": (["--config.train.spike_factor=1"], "config.train.spike_factor=1.0 is invalid; allowed: 0 (off) or a finite"),
-    "seq_len longer than the data": (["--config.data.source=text", "--config.data.path={short}", "--config.train.seq_len=4096"],
-                                     "the training data has 1900 tokens: too few for 1 window(s) of config.train.seq_len + 1 = 4097"),
+    "spike factor 1": (
+        ["--config.train.spike_factor=1"],
+        "config.train.spike_factor=1.0 is invalid; allowed: 0 (off) or a finite",
+    ),
+    "seq_len longer than the data": (
+        ["--config.data.source=text", "--config.data.path={short}", "--config.train.seq_len=4096"],
+        "the training data has 1900 tokens: too few for 1 window(s) of config.train.seq_len + 1 = 4097",
+    ),
     "empty text file": (["--config.data.source=text", "--config.data.path={empty}"], "the training data has 0 tokens"),
     "12-byte shard": (["--config.data.source=bin", "--config.data.path={tiny_shard}"], "tiny_shard.bin: not a .bin token shard"),
     "workdir is a file": (["--workdir={file}"], "is a file; give a folder (existing or to be created)"),
     "workdir under /dev/null": (["--workdir=/dev/null/run"], "--workdir=/dev/null/run: /dev/null is not a folder"),
-    "half a cluster": (["--coordinator_address=localhost:1234"], "--coordinator_address, --num_processes and --process_id go together"),
+    "half a cluster": (
+        ["--coordinator_address=localhost:1234"],
+        "--coordinator_address, --num_processes and --process_id go together",
+    ),
 }
 
 
@@ -509,7 +576,10 @@ BAD_TRAIN = {  # arguments after TRAIN and --workdir -> what the one line must c
 def test_bad_training_input_is_one_error_line(case, run_cli, tmp_path):
     args, expected = BAD_TRAIN[case]
     (tmp_path / "data").mkdir()
-    data = {kind: _bad_data(tmp_path / "data", kind) for kind in ("latin-1", "binary", "shard", "short", "empty", "tiny_shard", "file")}
+    data = {
+        kind: _bad_data(tmp_path / "data", kind)
+        for kind in ("latin-1", "binary", "shard", "short", "empty", "tiny_shard", "file")
+    }
     before = _files(tmp_path)
     config = next((a for a in args if a.startswith("--config=")), TRAIN[0])  # the case's config replaces softmax:tiny
     args = [a.format(**data) for a in args if not a.startswith("--config=")]
@@ -526,27 +596,47 @@ def _missing_a_file(run6, tmp_path):
 
 
 BAD_EVAL = {  # (main, arguments, what the line must contain); {run} is a copy of the trained run
-    "multipliers abc": (eval_cli.main, ["--workdir={run}", "--multipliers=abc"], "--multipliers=abc is invalid; allowed: integers >= 1"),
+    "multipliers abc": (
+        eval_cli.main,
+        ["--workdir={run}", "--multipliers=abc"],
+        "--multipliers=abc is invalid; allowed: integers >= 1",
+    ),
     "multipliers 0": (eval_cli.main, ["--workdir={run}", "--multipliers=0"], "--multipliers=0 is invalid"),
     "multipliers -1": (eval_cli.main, ["--workdir={run}", "--multipliers=-1"], "--multipliers=-1 is invalid"),
-    "depth 2": (eval_cli.main, ["--workdir={run}", "--passkey_depths=2"], "--passkey_depths=2 is invalid; allowed: numbers in [0, 1]"),
+    "depth 2": (
+        eval_cli.main,
+        ["--workdir={run}", "--passkey_depths=2"],
+        "--passkey_depths=2 is invalid; allowed: numbers in [0, 1]",
+    ),
     "eval, no checkpoint": (eval_cli.main, ["--workdir={empty}"], "no checkpoint in"),
     "eval, checkpoint missing a file": (eval_cli.main, ["--workdir={broken}"], "checkpoint step 6 in"),
     "generate, checkpoint missing a file": (generate_cli.main, ["--workdir={broken}", "--prompt=hi"], "checkpoint step 6 in"),
     "generate, no prompt": (generate_cli.main, ["--workdir={broken}"], "--prompt must have a value"),
     "eval, checkpoint not what was saved": (eval_cli.main, ["--workdir={tampered}"], "differs from its fingerprint"),
-    "switch p=-3": (eval_cli.main, ["--workdir={run}", "--switch=p=-3"], "--switch=p=-3 is invalid: p=-3; allowed: a number > 0 or off"),
+    "switch p=-3": (
+        eval_cli.main,
+        ["--workdir={run}", "--switch=p=-3"],
+        "--switch=p=-3 is invalid: p=-3; allowed: a number > 0 or off",
+    ),
     "switch rope_theta=0x": (eval_cli.main, ["--workdir={run}", "--switch=rope_theta=0x"], "--switch=rope_theta=0x is invalid"),
     "switch q=1": (eval_cli.main, ["--workdir={run}", "--switch=q=1"], "--switch=q=1 is invalid: unknown switch 'q'"),
-    "implementation fast": (eval_cli.main, ["--workdir={run}", "--implementation=fast"],
-                            "--implementation=fast: value should be one of <reference|blockwise|pallas|auto>"),
+    "implementation fast": (
+        eval_cli.main,
+        ["--workdir={run}", "--implementation=fast"],
+        "--implementation=fast: value should be one of <reference|blockwise|pallas|auto>",
+    ),
 }
 
 
 @pytest.mark.parametrize("case", BAD_EVAL)
 def test_bad_eval_or_generate_input_is_one_error_line(case, run_cli, run6, tmp_path):
     main, args, expected = BAD_EVAL[case]
-    paths = {"run": run6, "empty": tmp_path / "empty", "broken": _missing_a_file(run6, tmp_path), "tampered": tmp_path / "tampered"}
+    paths = {
+        "run": run6,
+        "empty": tmp_path / "empty",
+        "broken": _missing_a_file(run6, tmp_path),
+        "tampered": tmp_path / "tampered",
+    }
     shutil.copytree(run6, paths["tampered"])
     _another_steps_state(paths["tampered"] / "checkpoints" / "6")
     defaults = [f"--out={tmp_path / 'out'}"] if main is eval_cli.main else []

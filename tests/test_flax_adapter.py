@@ -4,6 +4,7 @@ Glossary: B batch, T length, E features, H heads. Flax's reference attention giv
 values on a row that sees nothing where ours gives zeros (docs/method.md §8), so rows without any visible key
 are left out of the comparisons with Flax.
 """
+
 import functools
 
 import jax
@@ -57,7 +58,9 @@ def test_linen_softmax_equals_flax(mask_name):
     ours = linen.MultiHeadDotProductAttention(num_heads=H, qkv_features=E, attention_fn=attention.flax_attention_fn("softmax"))
     params = flax_mha.init(jax.random.key(2), X_BTE, mask=mask)
     rows = _rows_seeing_something(mask)
-    np.testing.assert_allclose(ours.apply(params, X_BTE, mask=mask)[rows], flax_mha.apply(params, X_BTE, mask=mask)[rows], rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(
+        ours.apply(params, X_BTE, mask=mask)[rows], flax_mha.apply(params, X_BTE, mask=mask)[rows], rtol=1e-5, atol=1e-5
+    )
 
 
 @pytest.mark.parametrize("variant", ["softmax", "lssar"])
@@ -80,7 +83,9 @@ def test_variants_equal_attend_with_the_structured_mask(variant):
     mask = nnx.combine_masks(nnx.make_causal_mask(jnp.ones((B, T))), nnx.make_attention_mask(jnp.ones((B, T)), VALID_BT))
     want = attention.attend(q, k, v, variant=variant, kv_mask=VALID_BT, **options)
     np.testing.assert_allclose(fn(q, k, v, mask=mask), want, rtol=1e-5, atol=1e-6)
-    np.testing.assert_allclose(fn(q, k, v, is_causal=True), attention.attend(q, k, v, variant=variant, **options), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(
+        fn(q, k, v, is_causal=True), attention.attend(q, k, v, variant=variant, **options), rtol=1e-5, atol=1e-6
+    )
     assert not np.allclose(fn(q, k, v), want)  # no mask: bidirectional, as in Flax
 
 

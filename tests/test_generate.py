@@ -1,5 +1,6 @@
 """KV-cache decoding: chunked prefill + one token at a time equals the full forward pass for every
 variant (so N_i follows the absolute cache position), also with packed documents; sampling."""
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -17,8 +18,19 @@ IMPLEMENTATIONS = [name for name in IMPLEMENTATION_OPTIONS if name in attention.
 
 
 def _cfg(variant="softmax", num_layers=1, **overrides):
-    return preset("tiny", num_layers=num_layers, d_model=32, num_heads=4, num_kv_heads=2, mlp_dim=64, vocab_size=50, max_len=16,
-                  attention=variant, use_bias=True, **overrides)
+    return preset(
+        "tiny",
+        num_layers=num_layers,
+        d_model=32,
+        num_heads=4,
+        num_kv_heads=2,
+        mlp_dim=64,
+        vocab_size=50,
+        max_len=16,
+        attention=variant,
+        use_bias=True,
+        **overrides,
+    )
 
 
 def _models(implementation):
@@ -41,8 +53,9 @@ def _incremental(models, tokens, positions, segments):
     for model in models:
         cache = model.init_cache(tokens.shape[0], PROMPT + STEPS)
         part = slice(0, PROMPT)
-        logits, cache = prefill(model, tokens[:, part], cache, chunk=CHUNK, positions_BT=take(positions, part),
-                                segment_ids_BT=take(segments, part))
+        logits, cache = prefill(
+            model, tokens[:, part], cache, chunk=CHUNK, positions_BT=take(positions, part), segment_ids_BT=take(segments, part)
+        )
 
         def step(cache, xs):
             token, position, segment = xs
@@ -136,7 +149,7 @@ def test_generate_reports_each_steps_tokens_to_on_token():
     seen = []
     out = generate(model, prompt, 4, temperature=0.0, on_token=seen.append)
     assert len(seen) == 4 and all(t.shape == (prompt.shape[0],) for t in seen)
-    np.testing.assert_array_equal(np.stack(seen, axis=1), np.asarray(out)[:, prompt.shape[1]:])
+    np.testing.assert_array_equal(np.stack(seen, axis=1), np.asarray(out)[:, prompt.shape[1] :])
 
 
 def test_generate_uses_eval_mode_without_changing_the_callers_model():
@@ -155,7 +168,9 @@ def _prefill_then_default_positions(models, tokens, positions, segments):
     outputs = []
     for model in models:
         cache = model.init_cache(tokens.shape[0], PROMPT + STEPS)
-        logits, cache = prefill(model, tokens[:, :PROMPT], cache, positions_BT=positions[:, :PROMPT], segment_ids_BT=segments[:, :PROMPT])
+        logits, cache = prefill(
+            model, tokens[:, :PROMPT], cache, positions_BT=positions[:, :PROMPT], segment_ids_BT=segments[:, :PROMPT]
+        )
 
         def step(cache, token_B):
             step_logits, cache = model(token_B[:, None], cache=cache)

@@ -1,5 +1,6 @@
 """`--help` of the installed commands, run from an empty folder: exit 0, every flag and (with --config) every config
 field with its default, type and allowed values, taken from the flag definitions and the config schema."""
+
 import dataclasses
 import pathlib
 import subprocess
@@ -25,22 +26,31 @@ CASES = {  # command line -> lines the help must contain
         "  --peer_timeout=60 (int; allowed: a positive integer)",
     ],
     "freeatten-train --config=lm:variant=lssar,size=gpt2_small --config.train.steps=7 --help": [
-        "  --config.train.steps=7 (int;", "  --config.train.seq_len=1024 (int;", "  --config.model.attention=lssar (str;",
-        "  --config.model.attention_options={'p': 15.0} (dict;", "  --config.model.dtype=bfloat16 (str; allowed: one of 'float32', 'bfloat16')",
+        "  --config.train.steps=7 (int;",
+        "  --config.train.seq_len=1024 (int;",
+        "  --config.model.attention=lssar (str;",
+        "  --config.model.attention_options={'p': 15.0} (dict;",
+        "  --config.model.dtype=bfloat16 (str; allowed: one of 'float32', 'bfloat16')",
     ],
-    "freeatten-train --config=ssmax:tiny -h": ["  --config.model.attention=ssmax (str;", "      SSMax's initial s; None: 1/log(max_len)"],
+    "freeatten-train --config=ssmax:tiny -h": [
+        "  --config.model.attention=ssmax (str;",
+        "      SSMax's initial s; None: 1/log(max_len)",
+    ],
     "freeatten-eval --help": [
         "  --implementation=auto (string enum; allowed: reference, blockwise, pallas, auto)",
         "  --multipliers=[1, 2, 4, 8, 16] (comma separated list of int; allowed: integers >= 1 (lengths in training lengths)",
         "  --passkey_depths=[0.1, 0.5, 0.9] (comma separated list of float; allowed: numbers in [0, 1], e.g. 0.1,0.5)",
-        "  --workdir=None (multi string, required)", "      Training run directory (repeat for several).",
+        "  --workdir=None (multi string, required)",
+        "      Training run directory (repeat for several).",
     ],
     "freeatten-generate --help": [
-        "  --max_new_tokens=100 (int; allowed: a positive integer)", "  --top_p=None (float; allowed: a number in the range [0.0, 1.0])",
+        "  --max_new_tokens=100 (int; allowed: a positive integer)",
+        "  --top_p=None (float; allowed: a number in the range [0.0, 1.0])",
     ],
     "freeatten-compile --help": [
         "  --attention=None (string enum; allowed: softmax, ssmax, lssa, lssar, sigmoid, relu)",
-        "  --target=None (string, required)", "  --config.model.implementation=auto (str; allowed: one of 'reference',",
+        "  --target=None (string, required)",
+        "  --config.model.implementation=auto (str; allowed: one of 'reference',",
     ],
 }
 

@@ -1,5 +1,6 @@
 """Unit tests of the reliability rules: fingerprints, the loss-spike rule, read-error classification, metrics lines,
 atomic state files, shards changing under the trainer, workdir and free-space checks."""
+
 import errno
 import json
 import logging
@@ -18,8 +19,12 @@ from freeatten_jax.training import checkpoint, divergence, integrity, metrics, s
 
 def test_array_fingerprints_see_any_changed_element_and_not_the_sharding():
     rng = np.random.default_rng(0)
-    tree = {"w": rng.normal(size=(8, 12)).astype(np.float32), "b": jnp.asarray(rng.normal(size=(6,)), jnp.bfloat16),
-            "step": np.int32(7), "key": jax.random.key(3)}
+    tree = {
+        "w": rng.normal(size=(8, 12)).astype(np.float32),
+        "b": jnp.asarray(rng.normal(size=(6,)), jnp.bfloat16),
+        "step": np.int32(7),
+        "key": jax.random.key(3),
+    }
     base = integrity.arrays(tree)
     assert set(base) == {"['w']", "['b']", "['step']", "['key']"} and all(len(v) == 16 for v in base.values())
     mesh = sharding.make_mesh((2, 2, 2), jax.devices()[:8])
@@ -91,7 +96,9 @@ def test_read_errors_are_unavailable_and_bad_content_is_not():
 
 def test_bad_metrics_lines_are_dropped_with_a_notice_and_new_lines_are_appended(tmp_path, caplog):
     path = tmp_path / "metrics.jsonl"
-    path.write_bytes(b'{"step": 1, "loss": 2.0}\n{"note": "not a step"}\n[1, 2]\n\xff\xfe\x00binary\n{"step": 2, "loss": 1.0}\n{"step": 3, "lo')
+    path.write_bytes(
+        b'{"step": 1, "loss": 2.0}\n{"note": "not a step"}\n[1, 2]\n\xff\xfe\x00binary\n{"step": 2, "loss": 1.0}\n{"step": 3, "lo'
+    )
     with caplog.at_level(logging.WARNING):
         writer = metrics.MetricsWriter(tmp_path, resumed_step=2)
     notices = [r.getMessage() for r in caplog.records if "dropped line" in r.getMessage()]

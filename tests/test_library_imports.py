@@ -4,6 +4,7 @@ with the application's dependencies unimportable: `pip install .` (core) is enou
 flax itself imports optax and absl (flax needs them), so those cannot be blocked; everything of the
 application's own is (ml_collections, orbax, grain, matplotlib, tokenizers, tensorboardX, etils, tqdm).
 """
+
 import os
 import subprocess
 import sys
@@ -41,14 +42,27 @@ print("ok")
 
 def test_library_runs_without_the_application_dependencies():
     env = {**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": ""}
-    result = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True, timeout=300, env=env,
-                            cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    result = subprocess.run(
+        [sys.executable, "-c", SCRIPT],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+        cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+    )
     assert result.returncode == 0 and result.stdout.strip() == "ok", result.stderr[-3000:]
 
 
 def test_a_command_without_its_extra_names_the_extra_in_one_line():
     script = SCRIPT.split("import jax.numpy")[0] + "from freeatten_jax import scripts\nscripts.train()\n"
-    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300,
-                            cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    result = subprocess.run(
+        [sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+    )
     assert result.returncode == 1
-    assert result.stderr.strip() == "error: ml_collections is not installed; this command needs pip install 'freeatten_jax[train]'"
+    assert (
+        result.stderr.strip() == "error: ml_collections is not installed; this command needs pip install 'freeatten_jax[train]'"
+    )

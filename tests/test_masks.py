@@ -3,17 +3,18 @@
 Glossary: B batch, T queries, S keys, H heads, K kv heads, D head dim. Every comparison runs on the
 reference and the blockwise path (small blocks, so masks and padding fall on block edges).
 """
+
 import functools
 
+import attention_oracle as oracle
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from helpers import assert_close, inputs, jit_call, key, variant_params
 
-import attention_oracle as oracle
 from freeatten_jax import attention
 from freeatten_jax.attention import blockwise
-from helpers import assert_close, inputs, jit_call, key, variant_params
 
 VARIANTS = list(attention.VARIANTS)
 IMPLEMENTATIONS = {"reference": {}, "blockwise": dict(block_q=8, block_k=8)}
@@ -33,8 +34,24 @@ def _check_same(got, want, tolerance=1e-4, what=""):
 # (b, t, s, h, kv_heads, causal, structured options): edges of segments, padding, windows and
 # offsets fall on the 8-wide blocks; the last query of row 1 in the second case sees nothing.
 STRUCTURED = {
-    "packed_padded_gqa": (2, 19, 19, 4, 2, True, dict(q_segment_ids=jnp.array([[0] * 8 + [1] * 11, [0] * 16 + [1] * 3]), kv_mask=jnp.arange(19) < 16)),
-    "bidirectional_offset_window_padding": (2, 9, 24, 2, 1, False, dict(q_offset=jnp.array([8, 15]), window=8, kv_mask=jnp.arange(24) < 16)),
+    "packed_padded_gqa": (
+        2,
+        19,
+        19,
+        4,
+        2,
+        True,
+        dict(q_segment_ids=jnp.array([[0] * 8 + [1] * 11, [0] * 16 + [1] * 3]), kv_mask=jnp.arange(19) < 16),
+    ),
+    "bidirectional_offset_window_padding": (
+        2,
+        9,
+        24,
+        2,
+        1,
+        False,
+        dict(q_offset=jnp.array([8, 15]), window=8, kv_mask=jnp.arange(24) < 16),
+    ),
 }
 
 
@@ -52,7 +69,9 @@ def test_dense_mask_equals_structured_mask(variant, implementation):
             params = variant_params(variant, h)
             attend = functools.partial(attention.attend, variant=variant, **params)
             structured = functools.partial(attend, causal=causal, implementation="reference", **options)
-            from_dense = functools.partial(attend, causal=False, mask=dense, implementation=implementation, **IMPLEMENTATIONS[implementation])
+            from_dense = functools.partial(
+                attend, causal=False, mask=dense, implementation=implementation, **IMPLEMENTATIONS[implementation]
+            )
             results.append((_vjp(from_dense, q, k, v, g), _vjp(structured, q, k, v, g)))
         return results
 
@@ -76,12 +95,25 @@ def test_per_head_mask_equals_per_head_runs(variant, implementation):
         for head, window in enumerate(windows):
             kv = slice(head // (h // kv_heads), head // (h // kv_heads) + 1)
             head_params = {name: x if jnp.ndim(x) == 0 else x[head : head + 1] for name, x in params.items()}
-            out = attention.attend(q[:, :, head : head + 1], k[:, :, kv], v[:, :, kv], variant=variant, window=window, implementation="reference", **head_params)
+            out = attention.attend(
+                q[:, :, head : head + 1],
+                k[:, :, kv],
+                v[:, :, kv],
+                variant=variant,
+                window=window,
+                implementation="reference",
+                **head_params,
+            )
             outs.append(out)
         return jnp.concatenate(outs, axis=2)
 
     dense = functools.partial(
-        attention.attend, variant=variant, mask=dense_BHTS, implementation=implementation, **params, **IMPLEMENTATIONS[implementation]
+        attention.attend,
+        variant=variant,
+        mask=dense_BHTS,
+        implementation=implementation,
+        **params,
+        **IMPLEMENTATIONS[implementation],
     )
     got, want = jit_call(lambda q, k, v, g: (_vjp(dense, q, k, v, g), _vjp(per_head, q, k, v, g)), q, k, v, g)
     _check_same(got, want, what="per head")
@@ -95,10 +127,15 @@ def test_random_dense_mask_matches_oracle(variant, implementation):
     b, t, s = 2, 11, 21
     q, k, v, _ = inputs(key("random", variant), b, t, s, 2, 1, 8)
     random_B1TS = jax.random.bernoulli(key("random-mask", variant), 0.6, (b, 1, t, s)).at[1, 0, 3].set(False)
-    combined = np.asarray(random_B1TS[:, 0]) & np.asarray(attention.make_mask(b, t, s, q_offset=jnp.array([3, 10])).visible()[:, 0])
+    combined = np.asarray(random_B1TS[:, 0]) & np.asarray(
+        attention.make_mask(b, t, s, q_offset=jnp.array([3, 10])).visible()[:, 0]
+    )
     options = dict(variant=variant, mask=random_B1TS, q_offset=jnp.array([3, 10]))
     out = jit_call(
-        lambda q, k, v: attention.attend(q, k, v, implementation=implementation, **options, **IMPLEMENTATIONS[implementation]), q, k, v
+        lambda q, k, v: attention.attend(q, k, v, implementation=implementation, **options, **IMPLEMENTATIONS[implementation]),
+        q,
+        k,
+        v,
     )
     assert_close(out, oracle.attend(q, k, v, combined, variant), 1e-4, "values")
     assert float(jnp.abs(out[1, 3]).max()) == 0.0  # N_i = 0: zeros
@@ -212,11 +249,21 @@ def test_traced_options_are_not_checked_by_value():
     q, k, v, _ = inputs(key("traced"), 1, 6, 9, 2, 1, 8)
     implementation, blocks = "reference", {}
     calls = {
-        "ssmax": lambda s, b, offset: attention.attend(q, k, v, variant="ssmax", s=s, b=b, q_offset=offset, implementation=implementation, **blocks),
-        "lssar": lambda p, offset: attention.attend(q, k, v, variant="lssar", p=p, q_offset=offset, implementation=implementation, **blocks),
-        "softmax": lambda scale, offset: attention.attend(q, k, v, variant="softmax", scale=scale, q_offset=offset, implementation=implementation, **blocks),
+        "ssmax": lambda s, b, offset: attention.attend(
+            q, k, v, variant="ssmax", s=s, b=b, q_offset=offset, implementation=implementation, **blocks
+        ),
+        "lssar": lambda p, offset: attention.attend(
+            q, k, v, variant="lssar", p=p, q_offset=offset, implementation=implementation, **blocks
+        ),
+        "softmax": lambda scale, offset: attention.attend(
+            q, k, v, variant="softmax", scale=scale, q_offset=offset, implementation=implementation, **blocks
+        ),
     }
-    args = {"ssmax": (jnp.array([0.7, 1.2]), jnp.float32(0.1), jnp.int32(2)), "lssar": (jnp.float32(3.0), jnp.int32(2)), "softmax": (jnp.float32(0.2), jnp.int32(2))}
+    args = {
+        "ssmax": (jnp.array([0.7, 1.2]), jnp.float32(0.1), jnp.int32(2)),
+        "lssar": (jnp.float32(3.0), jnp.int32(2)),
+        "softmax": (jnp.float32(0.2), jnp.int32(2)),
+    }
     for name, call in calls.items():
         assert_close(jax.jit(call)(*args[name]), call(*args[name]), 1e-6, name)
     with pytest.raises(ValueError, match="s must be a scalar"):
@@ -233,5 +280,7 @@ def test_dense_mask_skips_empty_blocks():
     maybe_IJ = jit_call(lambda mask: blockwise.make_plan(mask, blockwise.count_visible(mask, 8)[0], 8, 8, 2).maybe_IJ, mask)
     np.testing.assert_array_equal(maybe_IJ, np.kron(np.eye(2, dtype=bool), np.ones((2, 2), bool)))
     attend = functools.partial(attention.attend, variant="lssa", causal=False, mask=dense_11TS)
-    outs = jit_call(lambda q, k, v: [attend(q, k, v, implementation=name, **blocks) for name, blocks in IMPLEMENTATIONS.items()], q, k, v)
+    outs = jit_call(
+        lambda q, k, v: [attend(q, k, v, implementation=name, **blocks) for name, blocks in IMPLEMENTATIONS.items()], q, k, v
+    )
     assert_close(outs[1], outs[0], 1e-5, "blockwise")

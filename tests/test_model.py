@@ -1,5 +1,6 @@
 """The transformer: parameter counts of the paper presets, config validation, packing, causality,
 dropout, remat, dtypes and the eval-time attention / RoPE switches."""
+
 import dataclasses
 import math
 
@@ -15,7 +16,9 @@ from freeatten_jax.nn.rope import apply_rope
 
 
 def _cfg(**overrides):
-    return preset("tiny", **{"num_layers": 1, "d_model": 32, "num_heads": 4, "mlp_dim": 64, "vocab_size": 50, "max_len": 16, **overrides})
+    return preset(
+        "tiny", **{"num_layers": 1, "d_model": 32, "num_heads": 4, "mlp_dim": 64, "vocab_size": 50, "max_len": 16, **overrides}
+    )
 
 
 forward = nnx.jit(lambda model, tokens: model(tokens))
@@ -42,9 +45,16 @@ def test_tied_embeddings_share_the_table():
 
 @pytest.mark.parametrize(
     "field, value, allowed",
-    [("mlp", "relu2", "'gelu', 'swiglu'"), ("attention", "flash", "'softmax'"), ("norm", "batchnorm", "'layernorm', 'rmsnorm'"),
-     ("remat", "some", "'none', 'dots', 'full'"), ("dtype", "float16", "'float32', 'bfloat16'"), ("vocab_size", 0, "an integer >= 1"),
-     ("ssmax_s_init", -1.0, "None"), ("use_bias", 1, "True or False")],
+    [
+        ("mlp", "relu2", "'gelu', 'swiglu'"),
+        ("attention", "flash", "'softmax'"),
+        ("norm", "batchnorm", "'layernorm', 'rmsnorm'"),
+        ("remat", "some", "'none', 'dots', 'full'"),
+        ("dtype", "float16", "'float32', 'bfloat16'"),
+        ("vocab_size", 0, "an integer >= 1"),
+        ("ssmax_s_init", -1.0, "None"),
+        ("use_bias", 1, "True or False"),
+    ],
 )
 def test_model_config_names_field_and_allowed_values(field, value, allowed):
     with pytest.raises(ConfigError, match=rf"model\.{field}=.* is invalid; allowed: .*{allowed}") as info:

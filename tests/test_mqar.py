@@ -1,4 +1,5 @@
 """MQAR (data.mqar, evaluation.mqar): the sequences' layout, the same pairs at every length, and the scoring."""
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -20,13 +21,17 @@ def test_sequence_holds_pairs_then_queries_with_their_answers(form):
     for i, (offset, key) in enumerate(zip(inst.offsets_P, inst.keys_P)):
         expected = [key * 8 + pairs[key]] if form == "fused" else [key, 8 + pairs[key]]
         assert tokens_L[offset : offset + task.pair_width].tolist() == expected
-    others = np.setdiff1d(np.arange(65 - task.query_tokens), np.concatenate([o + np.arange(task.pair_width) for o in inst.offsets_P]))
+    others = np.setdiff1d(
+        np.arange(65 - task.query_tokens), np.concatenate([o + np.arange(task.pair_width) for o in inst.offsets_P])
+    )
     assert (tokens_L[others] >= task.noise_start).all()  # everything else before the queries is noise
     for t in np.flatnonzero(mask_T):  # target t predicts token t + 1: the answer to the query at t
         query, answer = int(tokens_L[t]), int(tokens_L[t + 1])
         key = query - 64 if form == "fused" else query
         assert answer == (64 + 8 + pairs[key] if form == "fused" else 8 + pairs[key])
-    assert sorted(int(tokens_L[t]) for t in np.flatnonzero(mask_T)) == sorted(int(q) for q in task.query_answer(inst.keys_P, inst.values_P)[:, 0])
+    assert sorted(int(tokens_L[t]) for t in np.flatnonzero(mask_T)) == sorted(
+        int(q) for q in task.query_answer(inst.keys_P, inst.values_P)[:, 0]
+    )
 
 
 def test_longer_lengths_keep_the_pairs_and_fill_the_gap_with_noise():

@@ -1,5 +1,6 @@
 """MQAR through the application: `--config=mqar:...` trains on answers only and `freeatten-eval` scores its accuracy
 by length into mqar.csv / mqar.md; the softmax_logn control keeps its temperature fixed."""
+
 import csv
 
 import jax
@@ -12,17 +13,33 @@ from freeatten_jax.configs import mqar as mqar_config
 from freeatten_jax.data import mqar
 from freeatten_jax.errors import ConfigError
 from freeatten_jax.evaluation import mqar_report, stats, suite
-from freeatten_jax.training import config, optim, state as train_state, step as train_step
+from freeatten_jax.training import config, optim
+from freeatten_jax.training import state as train_state
+from freeatten_jax.training import step as train_step
 from freeatten_jax.training.loss import next_token_losses
 from freeatten_jax.training.metrics import read_metrics
 
 
 def _cfg(variant="softmax", **overrides):
     cfg = mqar_config.get_config(f"variant={variant}")
-    cfg.update_from_flattened_dict({"model.num_layers": 1, "model.d_model": 32, "model.num_heads": 2, "model.mlp_dim": 64,
-                                    "train.seq_len": 24, "train.batch_size": 8, "train.steps": 4, "train.eval_every": 2,
-                                    "train.log_every": 1, "train.eval_windows": 8, "train.checkpoint_every": 4,
-                                    "optim.warmup_steps": 1, "mesh.shape": (1, 1, 1), **overrides})
+    cfg.update_from_flattened_dict(
+        {
+            "model.num_layers": 1,
+            "model.d_model": 32,
+            "model.num_heads": 2,
+            "model.mlp_dim": 64,
+            "train.seq_len": 24,
+            "train.batch_size": 8,
+            "train.steps": 4,
+            "train.eval_every": 2,
+            "train.log_every": 1,
+            "train.eval_windows": 8,
+            "train.checkpoint_every": 4,
+            "optim.warmup_steps": 1,
+            "mesh.shape": (1, 1, 1),
+            **overrides,
+        }
+    )
     return cfg
 
 
@@ -50,8 +67,9 @@ def test_the_training_loss_is_the_mean_over_the_answers_only():
     tokens_BL = np.stack([windows(i) for i in range(8)])
     targets = data.loss_targets(cfg.data, 24)
     assert len(targets) == 4 and targets[-1] == 23
-    _, metrics = train_step.train_step(state, tokens_BL, graphdef=train_def, tx=tx, schedule=optim.schedule(cfg.optim, 4),
-                                       accum_steps=1, targets=targets)
+    _, metrics = train_step.train_step(
+        state, tokens_BL, graphdef=train_def, tx=tx, schedule=optim.schedule(cfg.optim, 4), accum_steps=1, targets=targets
+    )
     losses_BT = np.asarray(next_token_losses(nnx.merge(eval_def, state["params"], state["rest"]), tokens_BL))
     np.testing.assert_allclose(metrics["loss"], losses_BT[:, list(targets)].mean(), rtol=1e-5)
     assert abs(losses_BT.mean() - losses_BT[:, list(targets)].mean()) > 1e-3  # the two differ: the test can tell
@@ -62,8 +80,10 @@ def test_the_training_loss_is_the_mean_over_the_answers_only():
 @pytest.fixture(scope="module")
 def mqar_runs(trained_run):
     """Tiny MQAR runs: softmax seeds 0 and 1, and the softmax_logn control seed 0."""
-    return {name: str(trained_run(f"mqar-{name}", _cfg(variant, **{"train.seed": seed})))
-            for name, variant, seed in (("softmax-0", "softmax", 0), ("softmax-1", "softmax", 1), ("logn-0", "softmax_logn", 0))}
+    return {
+        name: str(trained_run(f"mqar-{name}", _cfg(variant, **{"train.seed": seed})))
+        for name, variant, seed in (("softmax-0", "softmax", 0), ("softmax-1", "softmax", 1), ("logn-0", "softmax_logn", 0))
+    }
 
 
 def test_training_resumes_the_stream_and_the_control_keeps_s(mqar_runs):
@@ -83,7 +103,8 @@ def test_eval_scores_accuracy_by_length_into_mqar_csv(mqar_runs, tmp_path):
         rows = list(csv.DictReader(f))
     assert list(rows[0]) == ["variant", "switch", "seed", "train_len", "length", "accuracy", "queries"]
     assert [(r["variant"], r["seed"], r["length"], r["queries"]) for r in rows] == [
-        (v, s, n, "64") for v, s in (("softmax", "0"), ("softmax", "1"), ("softmax_logn", "0")) for n in ("24", "48")]
+        (v, s, n, "64") for v, s in (("softmax", "0"), ("softmax", "1"), ("softmax_logn", "0")) for n in ("24", "48")
+    ]
     for run in runs:
         for x in run["mqar"]:
             assert x["accuracy"] == pytest.approx(np.mean(x["per_instance"])) and len(x["per_instance"]) == 16
@@ -93,9 +114,18 @@ def test_eval_scores_accuracy_by_length_into_mqar_csv(mqar_runs, tmp_path):
 
 
 def _run(variant, seed, per_instance_MW):
-    return {"variant": variant, "switch": "none", "seed": seed, "train_len": 8, "name": f"{variant}-{seed}", "step": 1,
-            "mqar": [{"length": 8 * m, "multiplier": m, "accuracy": float(np.mean(x)), "queries": 4 * len(x), "per_instance": list(x)}
-                     for m, x in zip((1, 4), per_instance_MW)]}
+    return {
+        "variant": variant,
+        "switch": "none",
+        "seed": seed,
+        "train_len": 8,
+        "name": f"{variant}-{seed}",
+        "step": 1,
+        "mqar": [
+            {"length": 8 * m, "multiplier": m, "accuracy": float(np.mean(x)), "queries": 4 * len(x), "per_instance": list(x)}
+            for m, x in zip((1, 4), per_instance_MW)
+        ],
+    }
 
 
 def test_the_report_pairs_each_variant_with_softmax_by_seed_and_instance():

@@ -1,6 +1,7 @@
 """Two JAX processes x 4 CPU devices (gloo collectives) against one process x 8 devices: the same losses, the lock
 held by process 0, each process's own data shard and iterator state, a kill -9 of one process (the other stops by
 itself, in one line), and a resume of both from the checkpoint before."""
+
 import os
 import signal
 import socket
@@ -17,7 +18,13 @@ from freeatten_jax.errors import EXIT_PEER_LOST
 from freeatten_jax.training import distributed, loop
 from freeatten_jax.training.metrics import read_metrics
 
-STEPS = {"train.checkpoint_every": 3, "optim.schedule": "constant", "train.eval_every": 100, "train.steps": 6, "mesh.shape": (-1, 1, 1)}
+STEPS = {
+    "train.checkpoint_every": 3,
+    "optim.schedule": "constant",
+    "train.eval_every": 100,
+    "train.steps": 6,
+    "mesh.shape": (-1, 1, 1),
+}
 
 _PROCESS = """
 import os, sys, time
@@ -49,7 +56,16 @@ def _launch(workdir, text_glob, port, wait_at=0):
     procs = []
     for process in (0, 1):
         log = open(workdir.parent / f"process{process}-{port}.log", "w")
-        args = [sys.executable, "-c", _PROCESS, str(workdir), text_glob, str(port), str(process), str(wait_at if process == 1 else 0)]
+        args = [
+            sys.executable,
+            "-c",
+            _PROCESS,
+            str(workdir),
+            text_glob,
+            str(port),
+            str(process),
+            str(wait_at if process == 1 else 0),
+        ]
         procs.append((subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, env=env), log.name))
     return procs
 
@@ -95,10 +111,14 @@ def test_two_processes_match_one_and_survive_a_kill_9_of_one_then_resume(text_gl
         p1.send_signal(signal.SIGKILL)
         assert p0.wait(timeout=60) == EXIT_PEER_LOST  # by itself, within peer_timeout_s (5 s) plus a poll
         errors = [line for line in _lines(log0) if line.startswith("error: ")]
-        assert errors == [f"error: process 1 of 2 has not been heard from for 5 s: it died or hangs; stopping this process too "
-                          f"(exit {EXIT_PEER_LOST}): restart every process to resume from the last checkpoint"], _lines(log0)[-20:]
-        assert sorted(p.name for p in (workdir / "checkpoints" / "3" / "data").glob("process_*")) == ["process_0-of-2.json",
-                                                                                                    "process_1-of-2.json"]
+        assert errors == [
+            f"error: process 1 of 2 has not been heard from for 5 s: it died or hangs; stopping this process too "
+            f"(exit {EXIT_PEER_LOST}): restart every process to resume from the last checkpoint"
+        ], _lines(log0)[-20:]
+        assert sorted(p.name for p in (workdir / "checkpoints" / "3" / "data").glob("process_*")) == [
+            "process_0-of-2.json",
+            "process_1-of-2.json",
+        ]
     finally:
         for p, _ in procs:
             if p.poll() is None:

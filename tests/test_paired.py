@@ -1,13 +1,18 @@
 """The report's comparisons against softmax (evaluation.paired): differences, rises and rises relative to softmax's,
 paired by seed and window."""
+
 import numpy as np
 
 from freeatten_jax.evaluation import paired
 
 
 def _run(variant, seed, losses_by_multiplier):
-    return {"variant": variant, "switch": "none", "seed": seed,
-            "lengths": [{"multiplier": m, "per_window": list(w)} for m, w in losses_by_multiplier.items()]}
+    return {
+        "variant": variant,
+        "switch": "none",
+        "seed": seed,
+        "lengths": [{"multiplier": m, "per_window": list(w)} for m, w in losses_by_multiplier.items()],
+    }
 
 
 def _rows(text: str, variant: str) -> list[list[str]]:

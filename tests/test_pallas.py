@@ -8,6 +8,7 @@ bfloat16 gets 0.15: its power p = 15 amplifies score errors; moving q by a rando
 rounding) moves the reference itself by 2% (output) and 5% (dq), the kernels' extra rounding of q'
 and k' by 3% and 9% (measured on the kv_cache_offset_bfloat16 case).
 """
+
 import contextlib
 import functools
 import re
@@ -16,7 +17,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-
 from helpers import INTERPRET, assert_close, compare, compiled_value_and_grads, inputs, jit_call, key, variant_params
 
 from freeatten_jax import attention
@@ -134,10 +134,15 @@ def test_block_skipping_is_conservative():
     padding, window); and something is skipped."""
     rngs = jax.random.split(key("skip"), 4)
     mask = attention.make_mask(
-        2, 50, 60, causal=True, q_positions=jax.random.randint(rngs[0], (2, 50), 0, 60),
+        2,
+        50,
+        60,
+        causal=True,
+        q_positions=jax.random.randint(rngs[0], (2, 50), 0, 60),
         q_segment_ids=jnp.sort(jax.random.randint(rngs[1], (2, 50), 0, 4), axis=1),
         kv_segment_ids=jnp.sort(jax.random.randint(rngs[2], (2, 60), 0, 4), axis=1),
-        kv_mask=jax.random.bernoulli(rngs[3], 0.8, (2, 60)), window=20,
+        kv_mask=jax.random.bernoulli(rngs[3], 0.8, (2, 60)),
+        window=20,
     )
     plan = jit_call(lambda mask: pallas_plan.plan(mask, jnp.zeros((2, 50), jnp.int32), 8, 8), mask)
     visible_BIJ = np.pad(np.asarray(mask.visible()[:, 0]), ((0, 0), (0, 6), (0, 4))).reshape(2, 7, 8, 8, 8).any(axis=(2, 4))
@@ -247,7 +252,11 @@ def test_kernels_run_per_shard_inside_a_mesh():
         run = functools.partial(attention.attend, variant="lssar", causal=causal, **mask_options, **PALLAS)
         jaxpr = jax.make_jaxpr(lambda q, k, v, g: jax.vjp(run, q, k, v)[1](g))(q, k, v, g)
         calls = list(_pallas_calls(jaxpr.jaxpr))
-        assert sorted(eqn.params["name"] for eqn, _ in calls) == ["freeatten_reweight_dkv", "freeatten_reweight_dq", "freeatten_reweight_fwd"]
+        assert sorted(eqn.params["name"] for eqn, _ in calls) == [
+            "freeatten_reweight_dkv",
+            "freeatten_reweight_dq",
+            "freeatten_reweight_fwd",
+        ]
         for eqn, inside in calls:
             assert inside, eqn.params["name"]
             assert _q_shape(eqn)[:2] == (1, 2), eqn.params["name"]  # q: [B / 4, H / 2, Tp, D]
@@ -263,8 +272,15 @@ def test_layer_runs_kernels_per_shard_under_use_mesh():
     from freeatten_jax.nn import sharding
     from freeatten_jax.nn.attention_layer import Attention
 
-    layer = Attention(32, 4, num_kv_heads=2, variant="lssa", rngs=nnx.Rngs(0), implementation="pallas",
-                      implementation_options=dict(interpret=INTERPRET, block_q=8, block_k=8))
+    layer = Attention(
+        32,
+        4,
+        num_kv_heads=2,
+        variant="lssa",
+        rngs=nnx.Rngs(0),
+        implementation="pallas",
+        implementation_options=dict(interpret=INTERPRET, block_q=8, block_k=8),
+    )
     x_BTE = jax.random.normal(key("layer-mesh"), (4, 20, 32))
     with sharding.use_mesh(sharding.make_mesh((2, 2, 2)), sharding.DEFAULT_RULES):
         jaxpr = jax.make_jaxpr(lambda x: layer(x))(x_BTE)

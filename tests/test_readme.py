@@ -1,5 +1,6 @@
 """The README's examples run as written: the quickstart's commands (the installed entry points, in a temporary folder)
 and its Python on the run they trained, then every other Python example."""
+
 import json
 import os
 import pathlib

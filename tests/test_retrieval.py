@@ -1,5 +1,6 @@
 """The retrieval mix: synthetic passkey windows in the training stream (documented fraction, seeded,
 resumable) and the same sequences at evaluation lengths."""
+
 import numpy as np
 import pytest
 

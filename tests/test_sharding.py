@@ -1,5 +1,6 @@
 """Sharding by configuration: the mesh, logical rules, sharded == single-device for every variant,
 parameters and optimizer state placed as intended, activation constraints, multi-process detection."""
+
 import re
 
 import jax
@@ -20,7 +21,9 @@ POSITIONS = jnp.array([list(range(6)) + list(range(10))] * 8)
 
 
 def _cfg(variant="softmax"):
-    return preset("tiny", num_layers=1, d_model=32, num_heads=4, num_kv_heads=2, mlp_dim=64, vocab_size=64, max_len=16, attention=variant)
+    return preset(
+        "tiny", num_layers=1, d_model=32, num_heads=4, num_kv_heads=2, mlp_dim=64, vocab_size=64, max_len=16, attention=variant
+    )
 
 
 def _mesh(shape):
@@ -147,7 +150,9 @@ def test_parameters_and_optimizer_state_carry_intended_shardings():
     assert {s.data.shape for s in wq.addressable_shards} == {(16, 1, 8)}  # 32/2 embed, 4/4 heads
 
     single = Transformer(_cfg("ssmax"), rngs=nnx.Rngs(0))  # build_sharded initialises the same values
-    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-6), nnx.state(model, nnx.Param), nnx.state(single, nnx.Param))
+    jax.tree.map(
+        lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-6), nnx.state(model, nnx.Param), nnx.state(single, nnx.Param)
+    )
 
     optimizer = nnx.Optimizer(model, optax.adamw(1e-2), wrt=nnx.Param)
     shardings = sharding.state_shardings(nnx.state(optimizer), mesh, RULES)
@@ -201,9 +206,15 @@ def test_activations_are_constrained_only_under_use_mesh():
 
 @pytest.mark.parametrize(
     "environ, multi",
-    [({}, False), ({"SLURM_NTASKS": "1"}, False), ({"SLURM_NTASKS": "4"}, True),
-     ({"TPU_WORKER_HOSTNAMES": "h0,h1"}, True), ({"TPU_WORKER_HOSTNAMES": "h0"}, False),
-     ({"JAX_COORDINATOR_ADDRESS": "10.0.0.1:1234"}, True), ({"OMPI_COMM_WORLD_SIZE": "2"}, True)],
+    [
+        ({}, False),
+        ({"SLURM_NTASKS": "1"}, False),
+        ({"SLURM_NTASKS": "4"}, True),
+        ({"TPU_WORKER_HOSTNAMES": "h0,h1"}, True),
+        ({"TPU_WORKER_HOSTNAMES": "h0"}, False),
+        ({"JAX_COORDINATOR_ADDRESS": "10.0.0.1:1234"}, True),
+        ({"OMPI_COMM_WORLD_SIZE": "2"}, True),
+    ],
 )
 def test_multi_process_detection(environ, multi, monkeypatch):
     calls = []

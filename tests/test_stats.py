@@ -1,4 +1,5 @@
 """Paired hierarchical bootstrap (evaluation.stats): zero-centred for identical runs, detects a shift."""
+
 import numpy as np
 import pytest
 

@@ -3,6 +3,7 @@
 The `gs` protocol is served by an in-memory fsspec filesystem, so these paths are real non-POSIX
 epath paths exercised end to end (listing, writing, reading), not strings.
 """
+
 import numpy as np
 import pytest
 from etils import epath
@@ -64,8 +65,16 @@ def test_metrics_and_tensorboard_written_to_cloud_storage_and_truncated_on_resum
 def test_text_data_and_its_bpe_tokenizer_on_cloud_storage(gcs):
     text = "the king and the queen speak of love and night\n" * 60
     gcs.pipe("bucket/data/a.txt", text.encode())
-    cfg = DataConfig(source="text", path="gs://bucket/data/*.txt", val_path="", tokenizer="bpe", bpe_vocab_size=300,
-                     val_fraction=0.1, cache_dir="", num_workers=0)
+    cfg = DataConfig(
+        source="text",
+        path="gs://bucket/data/*.txt",
+        val_path="",
+        tokenizer="bpe",
+        bpe_vocab_size=300,
+        val_fraction=0.1,
+        cache_dir="",
+        num_workers=0,
+    )
     splits = data.load_splits(cfg)
     assert gcs.exists("bucket/data/bpe-300.json")  # trained and saved beside the data, on the bucket
     assert splits.tokenizer.decode(splits.train[0]) + splits.tokenizer.decode(splits.val[0]) == text

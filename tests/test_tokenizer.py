@@ -1,5 +1,6 @@
 """Every run carries its tokenizer: byte, locally trained BPE, or a Hugging Face tokenizer.json file
 (data.tokenizer_path, for .bin shards), saved in the run folder and loaded back identically."""
+
 import numpy as np
 import pytest
 from tokenizers import Tokenizer, models, pre_tokenizers
@@ -67,4 +68,3 @@ def test_the_tokenizer_module_is_not_shadowed_by_a_function():
     from freeatten_jax.data import tokenizer
 
     assert isinstance(tokenizer, types.ModuleType) and data_package.tokenizer is tokenizer and tokenizer.ByteTokenizer
-

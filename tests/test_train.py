@@ -1,4 +1,5 @@
 """Training: resume equivalence, SIGTERM save, NaN stop, every variant learns, accumulation, meshes, CLI."""
+
 import dataclasses
 import functools
 import json
@@ -10,13 +11,14 @@ import jax
 import numpy as np
 import pytest
 from flax import nnx
-
 from helpers import SigtermAtBatch, tiny_config
 
 from freeatten_jax import data
 from freeatten_jax.errors import ConfigError
 from freeatten_jax.nn import sharding
-from freeatten_jax.training import checkpoint, config, distributed, loop, optim, state as train_state, step as train_step
+from freeatten_jax.training import checkpoint, config, distributed, loop, optim
+from freeatten_jax.training import state as train_state
+from freeatten_jax.training import step as train_step
 from freeatten_jax.training.metrics import read_metrics
 
 
@@ -41,9 +43,20 @@ def test_preempted_and_resumed_run_matches_an_uninterrupted_one(variant, text_gl
 def test_nan_stops_with_a_clear_message_and_keeps_the_last_good_checkpoint(text_glob, tmp_path):
     cfg = tiny_config("softmax", text_glob, **{"train.steps": 4, "train.checkpoint_every": 2})
     loop.train_and_evaluate(cfg, tmp_path)
-    cfg = tiny_config("softmax", text_glob, **{"train.steps": 8, "train.checkpoint_every": 2, "optim.lr": 1e38,
-                                               "optim.warmup_steps": 0, "optim.schedule": "constant"})
-    with pytest.raises(loop.NonFiniteLossError, match=r"not finite; stopped without saving; .*a rerun starts from checkpoint step 4$"):
+    cfg = tiny_config(
+        "softmax",
+        text_glob,
+        **{
+            "train.steps": 8,
+            "train.checkpoint_every": 2,
+            "optim.lr": 1e38,
+            "optim.warmup_steps": 0,
+            "optim.schedule": "constant",
+        },
+    )
+    with pytest.raises(
+        loop.NonFiniteLossError, match=r"not finite; stopped without saving; .*a rerun starts from checkpoint step 4$"
+    ):
         loop.train_and_evaluate(cfg, tmp_path)
     assert checkpoint.Checkpointer(tmp_path).latest_step() == 4
     model, _, step = checkpoint.load_params(tmp_path)
@@ -63,8 +76,9 @@ def test_load_params_rebuilds_the_trained_model_for_eval(text_glob, tmp_path):
     metrics = loop.train_and_evaluate(cfg, tmp_path)
     model, saved_cfg, step = checkpoint.load_params(tmp_path)
     assert step == 3 and saved_cfg.model.attention == "lssa" and saved_cfg.model.vocab_size == 256
-    windows = data.held_out_windows(saved_cfg.data, data.load_splits(saved_cfg.data), saved_cfg.train.seq_len,
-                                    saved_cfg.train.eval_windows)
+    windows = data.held_out_windows(
+        saved_cfg.data, data.load_splits(saved_cfg.data), saved_cfg.train.seq_len, saved_cfg.train.eval_windows
+    )
     logits = model(windows[:, :-1])
     loss = -jax.nn.log_softmax(logits)[np.arange(len(windows))[:, None], np.arange(16), windows[:, 1:]].mean()
     np.testing.assert_allclose(float(loss), metrics[-1]["val_loss"], rtol=1e-5)
@@ -92,7 +106,9 @@ def test_gradient_accumulation_matches_one_big_batch(text_glob):
     np.testing.assert_allclose(m1["grad_norm"], m4["grad_norm"], rtol=1e-4)
     moved = jax.tree.leaves(jax.tree.map(lambda a, b: float(np.abs(np.asarray(a) - b).max()), s1["params"], initial))
     assert max(moved) > 1e-3
-    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5), s1["params"], s4["params"])  # 1e-3 of a step
+    jax.tree.map(
+        lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5), s1["params"], s4["params"]
+    )  # 1e-3 of a step
 
 
 def test_resuming_with_a_different_model_or_data_stream_is_refused(text_glob, tmp_path):
@@ -111,8 +127,18 @@ def test_resume_check_refuses_each_fixed_field_and_allows_the_others(text_glob):
     fixed = [k for k in fields if k.split(".")[0] in ("model", "data") and k != "data.allow_changed"]
     fixed += ["train.seq_len", "train.batch_size", "train.seed"]
     assert len(fixed) > 20 and "data.path" in fixed and "model.attention" in fixed
-    free = ["train.steps", "train.log_every", "train.eval_every", "train.checkpoint_every", "optim.lr", "optim.warmup_steps",
-            "checkpoint.max_to_keep", "mesh.shape", "data.allow_changed", "train.spike_factor"]
+    free = [
+        "train.steps",
+        "train.log_every",
+        "train.eval_every",
+        "train.checkpoint_every",
+        "optim.lr",
+        "optim.warmup_steps",
+        "checkpoint.max_to_keep",
+        "mesh.shape",
+        "data.allow_changed",
+        "train.spike_factor",
+    ]
 
     def changed(field):
         source = json.loads(json.dumps(cfg.source))
@@ -122,7 +148,9 @@ def test_resume_check_refuses_each_fixed_field_and_allows_the_others(text_glob):
         return dataclasses.replace(cfg, source=source)
 
     for field in fixed:
-        with pytest.raises(ConfigError, match=rf"^config\.{re.escape(field)} is .* checkpoint at step 2 in wd used .*\(1 such field"):
+        with pytest.raises(
+            ConfigError, match=rf"^config\.{re.escape(field)} is .* checkpoint at step 2 in wd used .*\(1 such field"
+        ):
             loop._check_resumable(cfg.source, changed(field), 2, "wd")
     for field in free:
         loop._check_resumable(cfg.source, changed(field), 2, "wd")
@@ -140,11 +168,25 @@ def test_sharded_mesh_gives_the_same_losses(text_glob, tmp_path):
 
 
 def test_train_py_command_line_writes_metrics_and_resumes(text_glob, tmp_path):
-    args = [sys.executable, "train.py", "--config=lm:variant=lssar,size=tiny", f"--workdir={tmp_path}",
-            "--config.model.num_layers=1", "--config.model.d_model=32", "--config.model.num_heads=2", "--config.model.mlp_dim=64",
-            "--config.data.source=text", f"--config.data.path={text_glob}", "--config.train.seq_len=16",
-            "--config.train.batch_size=8", "--config.train.log_every=2", "--config.train.eval_every=4",
-            "--config.train.checkpoint_every=2", "--config.mesh.shape=(1,1,1)", f"--config.data.cache_dir={tmp_path / 'cache'}"]
+    args = [
+        sys.executable,
+        "train.py",
+        "--config=lm:variant=lssar,size=tiny",
+        f"--workdir={tmp_path}",
+        "--config.model.num_layers=1",
+        "--config.model.d_model=32",
+        "--config.model.num_heads=2",
+        "--config.model.mlp_dim=64",
+        "--config.data.source=text",
+        f"--config.data.path={text_glob}",
+        "--config.train.seq_len=16",
+        "--config.train.batch_size=8",
+        "--config.train.log_every=2",
+        "--config.train.eval_every=4",
+        "--config.train.checkpoint_every=2",
+        "--config.mesh.shape=(1,1,1)",
+        f"--config.data.cache_dir={tmp_path / 'cache'}",
+    ]
     first = subprocess.run([*args, "--config.train.steps=4"], capture_output=True, text=True, timeout=300)
     assert first.returncode == 0, first.stderr[-2000:]
     assert "step 4/4 | loss" in first.stdout and "tok/s" in first.stdout and "ETA" in first.stdout
@@ -197,10 +239,13 @@ def test_a_short_run_says_its_first_step_and_what_its_schedule_misses(text_glob,
     cfg = tiny_config("softmax", text_glob, **{"train.steps": 3, "train.log_every": 25, "optim.warmup_steps": 50})
     loop.train_and_evaluate(cfg, str(tmp_path / "run"))
     lines = capsys.readouterr().out.splitlines()
-    assert "warning: optim.warmup_steps=50 >= train.steps=3: the learning rate peaks at 0.0004 at the last step and never " \
-           "reaches optim.lr=0.01" in lines
+    assert (
+        "warning: optim.warmup_steps=50 >= train.steps=3: the learning rate peaks at 0.0004 at the last step and never "
+        "reaches optim.lr=0.01" in lines
+    )
     assert "warning: train.log_every=25 > train.steps=3: only the first and the last step are logged" in lines
     first = [line for line in lines if line.startswith("step 1/3 | loss ")]
-    assert len(first) == 1 and re.fullmatch(r"step 1/3 \| loss \d+\.\d{4} \| first step in \d+\.\d s \(compilation included\)", first[0])
+    assert len(first) == 1 and re.fullmatch(
+        r"step 1/3 \| loss \d+\.\d{4} \| first step in \d+\.\d s \(compilation included\)", first[0]
+    )
     assert optim.warnings(config.parse(tiny_config("softmax", text_glob)).optim, 6) == []  # warm-up 2 of 6 steps: silent
-

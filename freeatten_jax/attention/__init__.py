@@ -3,6 +3,7 @@
 Glossary: B batch, T queries, S keys, H query heads, K key/value heads, D head dim.
 `variant` names what is computed (VARIANTS); `implementation` names how (IMPLEMENTATIONS).
 """
+
 import inspect
 
 import jax
@@ -20,8 +21,17 @@ IMPLEMENTATIONS = {
     "auto": auto.attend,
 }
 
-__all__ = ["attend", "attention_weights", "flax_attention_fn", "make_mask", "Mask", "Variant", "VARIANTS", "IMPLEMENTATIONS",
-           "context_parallel_attend"]
+__all__ = [
+    "attend",
+    "attention_weights",
+    "flax_attention_fn",
+    "make_mask",
+    "Mask",
+    "Variant",
+    "VARIANTS",
+    "IMPLEMENTATIONS",
+    "context_parallel_attend",
+]
 
 
 def attend(q, k, v, *, variant: str, causal: bool = True, implementation: str = "auto", **options) -> jax.Array:
@@ -60,7 +70,9 @@ def _check_unknown(variant: str, implementation: str, rest: dict) -> None:
     when `rest`, the options neither the variant nor the mask took, holds one the implementation does not take."""
     accepted = implementation_options(implementation)
     if unknown := set(rest) - set(accepted):
-        raise ValueError(f"unknown option(s) {sorted(unknown)}: variant {variant!r} takes "
-                         f"{', '.join(get_variant(variant).defaults) or 'none'}; implementation {implementation!r} takes "
-                         f"{', '.join(accepted) or 'none'}; every variant takes the mask options "
-                         f"{', '.join(arguments.MASK_OPTIONS)}")
+        raise ValueError(
+            f"unknown option(s) {sorted(unknown)}: variant {variant!r} takes "
+            f"{', '.join(get_variant(variant).defaults) or 'none'}; implementation {implementation!r} takes "
+            f"{', '.join(accepted) or 'none'}; every variant takes the mask options "
+            f"{', '.join(arguments.MASK_OPTIONS)}"
+        )

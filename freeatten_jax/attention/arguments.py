@@ -3,6 +3,7 @@
 Glossary: B batch, T queries, S keys, H query heads, K key/value heads, D head dim.
 Shared by every entry point (`attend`, `attention_weights`, `context_parallel_attend`).
 """
+
 from typing import Any
 
 import jax
@@ -60,7 +61,9 @@ def make_mask(
         q_positions=_batch_rows(q_positions, batch, q_len, "q_positions", jnp.int32),
         kv_positions=_batch_rows(kv_positions, batch, kv_len, "kv_positions", jnp.int32),
         q_segment_ids=_batch_rows(zeros_q if q_segment_ids is None else q_segment_ids, batch, q_len, "q_segment_ids", jnp.int32),
-        kv_segment_ids=_batch_rows(zeros_kv if kv_segment_ids is None else kv_segment_ids, batch, kv_len, "kv_segment_ids", jnp.int32),
+        kv_segment_ids=_batch_rows(
+            zeros_kv if kv_segment_ids is None else kv_segment_ids, batch, kv_len, "kv_segment_ids", jnp.int32
+        ),
         kv_valid=_batch_rows(jnp.ones((kv_len,), bool) if kv_mask is None else kv_mask, batch, kv_len, "kv_mask", bool),
         causal=causal,
         window=None if window is None else int(window),

@@ -14,6 +14,7 @@ The Pallas kernels are never picked: no GPU or TPU measurement exists yet (and o
 interpret mode, for tests). Where the platforms' choices differ, jax.lax.platform_dependent decides,
 so lowering for another platform (`lowering_platforms=`) gets that platform's choice.
 """
+
 import functools
 
 import jax
@@ -39,12 +40,16 @@ def fused_softmax(q_BTHD, k_BSKD, v_BSKD, *, variant: Variant, mask: Mask, opts,
     N_i is i + 1 (causal) or T (bidirectional). Under a plain mask every key is seen by some query,
     so no key is hidden from its whole batch row (docs/method.md §8 holds as for the other paths)."""
     if not mask.plain:
-        raise ValueError("fused_softmax needs a plain mask: q_len == kv_len, default positions, no segments, padding, window or dense mask")
+        raise ValueError(
+            "fused_softmax needs a plain mask: q_len == kv_len, default positions, no segments, padding, window or dense mask"
+        )
     (b, t), dtype = q_BTHD.shape[:2], q_BTHD.dtype
     n_B1T = jnp.arange(1, t + 1)[None, None] if mask.causal else jnp.full((1, 1, t), t)
     qp_BTHD, kp_BSKD = variant.prepare(q_BTHD, k_BSKD, jnp.broadcast_to(n_B1T, (b, 1, t)), opts)
     qp_BTHD, kp_BSKD, v_BSKD = (x.astype(dtype) for x in (qp_BTHD, kp_BSKD, v_BSKD))
-    out_BTHD = jax.nn.dot_product_attention(qp_BTHD, kp_BSKD, v_BSKD, scale=1.0, is_causal=mask.causal, implementation=implementation)
+    out_BTHD = jax.nn.dot_product_attention(
+        qp_BTHD, kp_BSKD, v_BSKD, scale=1.0, is_causal=mask.causal, implementation=implementation
+    )
     return out_BTHD.astype(dtype)
 
 
@@ -89,4 +94,6 @@ def attend(q_BTHD, k_BSKD, v_BSKD, *, variant: Variant, mask: Mask, opts, **unkn
     choices = {name: pick(platform) for name, platform in PLATFORMS.items()}
     if len(set(choices.values())) == 1:
         return implementations[choices["cpu"]](*args, **kwargs)
-    return jax.lax.platform_dependent(*args, **{name: functools.partial(implementations[c], **kwargs) for name, c in choices.items()})
+    return jax.lax.platform_dependent(
+        *args, **{name: functools.partial(implementations[c], **kwargs) for name, c in choices.items()}
+    )

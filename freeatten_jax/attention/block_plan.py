@@ -6,6 +6,7 @@ A pair may be skipped only when positions, segments, padding or the window rule 
 pair in it (maybe_visible); a pair is interior, free of any mask, only when every pair in it is visible
 (fully_visible: one segment, no padding, wholly below the causal diagonal, inside the window).
 """
+
 import jax
 import jax.numpy as jnp
 

@@ -8,6 +8,7 @@ statistics are saved. `prepare` runs outside the custom VJP, so autodiff carries
 Public pieces (ring.py builds its ring attention from them): block_sizes, query_blocks, key_blocks,
 swap_last, count_visible, make_plan, block_scores, block_visible, take, forward, backward, make_core.
 """
+
 import dataclasses
 import functools
 import math

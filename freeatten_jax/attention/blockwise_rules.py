@@ -7,6 +7,7 @@ the family's passes through `sweep(init, step, finish, rows_I)`, whose step(carr
 finish(carry, n) see each query block's N_i and statistics; `grad_block(s, vis, n, rows, dp, cfg)` and
 `power_grad_block` (LSSAR's dL/dp share; None for the others) are the family's, given that block's N_i.
 """
+
 from typing import Any, Callable, NamedTuple
 
 import jax
@@ -40,9 +41,12 @@ class Rule(NamedTuple):
         """The output [I, ...] and every statistic, one `sweep` per pass (each pass sees the earlier ones')."""
         out, rows_I = None, None
         for one in self.family.passes:
-            out, new = sweep(lambda row0, acc0, rows, one=one: one.init(row0, acc0),
-                             lambda carry, s, vis, v, n, rows, one=one: one.step(carry, s, vis, v, cfg.ctx(n), rows),
-                             lambda carry, n, one=one: one.finish(carry, cfg.ctx(n)), rows_I)
+            out, new = sweep(
+                lambda row0, acc0, rows, one=one: one.init(row0, acc0),
+                lambda carry, s, vis, v, n, rows, one=one: one.step(carry, s, vis, v, cfg.ctx(n), rows),
+                lambda carry, n, one=one: one.finish(carry, cfg.ctx(n)),
+                rows_I,
+            )
             rows_I = {**(rows_I or {}), **new}
         return out, rows_I
 

@@ -8,6 +8,7 @@ sharded arrays outside shard_map, so autodiff carries SSMax's s, b gradients as 
 reorder the sequence to zig-zag (device d holds chunks d and 2n-1-d, so every device does the same
 causal work), ring attention (ring.py), and back to the natural order.
 """
+
 import dataclasses
 import functools
 
@@ -78,8 +79,22 @@ def _ring_attend(qp_BTHD, kp_BSKD, v_BSKD, mask, n_BHT, *, core, axis_name: str,
     return from_zigzag(out_BTHD, axis_name, size)
 
 
-def context_parallel_attend(q, k, v, *, mesh, axis_name: str, variant: str, causal: bool = True, strategy: str = "ring",
-                            batch_axis=None, head_axis=None, block_q=None, block_k=None, **options) -> jax.Array:
+def context_parallel_attend(
+    q,
+    k,
+    v,
+    *,
+    mesh,
+    axis_name: str,
+    variant: str,
+    causal: bool = True,
+    strategy: str = "ring",
+    batch_axis=None,
+    head_axis=None,
+    block_q=None,
+    block_k=None,
+    **options,
+) -> jax.Array:
     """`attend(q, k, v, ...)` for q, k, v sharded along the sequence over mesh axis `axis_name`.
 
     strategy: "ring" passes K/V chunks round the axis (O(S/n) K/V per device); "gather" all-gathers them
@@ -93,8 +108,10 @@ def context_parallel_attend(q, k, v, *, mesh, axis_name: str, variant: str, caus
     if rest:
         raise ValueError(f"unknown option(s) {sorted(rest)} for context_parallel_attend")
     if mask.dense is not None:
-        raise ValueError("context_parallel_attend does not support a dense mask (option `mask`): "
-                         "use the structured options (positions, segments, kv_mask, window)")
+        raise ValueError(
+            "context_parallel_attend does not support a dense mask (option `mask`): "
+            "use the structured options (positions, segments, kv_mask, window)"
+        )
     if axis_name not in mesh.shape:
         raise ValueError(f"axis_name {axis_name!r} is not an axis of the mesh {dict(mesh.shape)}")
     if strategy not in STRATEGIES:
@@ -102,8 +119,10 @@ def context_parallel_attend(q, k, v, *, mesh, axis_name: str, variant: str, caus
     size = mesh.shape[axis_name]
     for name, length in (("q_len", q.shape[1]), ("kv_len", k.shape[1])):
         if length % (2 * size):
-            raise ValueError(f"{name} {length} must be a multiple of 2 x the {axis_name!r} axis size ({2 * size}) "
-                             "for zig-zag load balancing; pad it and hide the padding with kv_mask")
+            raise ValueError(
+                f"{name} {length} must be a multiple of 2 x the {axis_name!r} axis size ({2 * size}) "
+                "for zig-zag load balancing; pad it and hide the padding with kv_mask"
+            )
     blocks = blockwise.block_sizes(q.shape[1] // size, k.shape[1] // size, block_q, block_k)
     rows, tokens = P(batch_axis, axis_name), P(batch_axis, axis_name, head_axis, None)
     counts = P(batch_axis, None, axis_name)  # [B, 1, T] and [B, 1, S]

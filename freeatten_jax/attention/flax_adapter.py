@@ -4,6 +4,7 @@ Glossary: B batch, T queries, S keys, H heads, D head dim. Flax passes [batch...
 a mask broadcastable to [batch..., H, T, S]; that mask defines M exactly (N_i = its row sum, per head
 if it is per head), Flax's KV-cache decoding included. What cannot be honoured raises ValueError.
 """
+
 import math
 
 import jax

@@ -13,6 +13,7 @@ cross-platform lowering is right.
 Inside a mesh (the ambient one, `jax.set_mesh`) the kernels run in `shard_map`, each device on its
 shard: the SPMD partitioner cannot split a Pallas call (Mosaic refuses; Triton calls get replicated).
 """
+
 import functools
 import math
 from typing import Callable, NamedTuple
@@ -206,13 +207,28 @@ def _per_shard(run, batch_axes, head_axes):
         heads = _mesh_axes(mesh, head_axes, h, kv_heads)
         tokens, rows = P(batch, None, heads, None), P(batch, None)
         specs = (tokens, tokens, tokens, P(), jax.tree.map(lambda _: rows, mask), rows)
-        return jax.shard_map(run, mesh=mesh, in_specs=specs, out_specs=tokens, check_vma=False)(q_BTHD, k_BSKD, v_BSKD, p_1, mask, n_BT)
+        return jax.shard_map(run, mesh=mesh, in_specs=specs, out_specs=tokens, check_vma=False)(
+            q_BTHD, k_BSKD, v_BSKD, p_1, mask, n_BT
+        )
 
     return sharded
 
 
-def attend(q_BTHD, k_BSKD, v_BSKD, *, variant: Variant, mask: Mask, opts, block_q=None, block_k=None, interpret=False,
-           batch_axes=BATCH_AXES, head_axes=HEAD_AXES, **unknown):
+def attend(
+    q_BTHD,
+    k_BSKD,
+    v_BSKD,
+    *,
+    variant: Variant,
+    mask: Mask,
+    opts,
+    block_q=None,
+    block_k=None,
+    interpret=False,
+    batch_axes=BATCH_AXES,
+    head_axes=HEAD_AXES,
+    **unknown,
+):
     """o_i = Σ_j A_ij v_j in fused kernels; statistics in float32, matmuls in q's dtype, output in q's dtype.
 
     block_q, block_k: block lengths (default: the platform's LOWERINGS entry). interpret=True: run
@@ -221,8 +237,10 @@ def attend(q_BTHD, k_BSKD, v_BSKD, *, variant: Variant, mask: Mask, opts, block_
     query sees are zeroed first (hide_unseen, as in blockwise); a dense `mask` is refused (the
     kernels read only the structured mask fields)."""
     if unknown:
-        raise ValueError(f"unknown option(s) {sorted(unknown)}; implementation 'pallas' takes block_q, block_k, interpret, "
-                         "batch_axes, head_axes")
+        raise ValueError(
+            f"unknown option(s) {sorted(unknown)}; implementation 'pallas' takes block_q, block_k, interpret, "
+            "batch_axes, head_axes"
+        )
     if mask.dense is not None:
         raise ValueError("implementation 'pallas' does not take a dense `mask`; use 'blockwise' or 'reference'")
     check_positive_int("block_q", block_q)
@@ -248,4 +266,3 @@ def attend(q_BTHD, k_BSKD, v_BSKD, *, variant: Variant, mask: Mask, opts, block_
     else:
         per_platform = functools.partial(jax.lax.platform_dependent, cuda=run("cuda"), tpu=run("tpu"), cpu=run("interpret"))
     return _per_shard(per_platform, batch_axes, head_axes)(*args, p_1, mask, n_BT)
-

@@ -11,6 +11,7 @@ forward on an H100). Masked scores use `where`, and key rows hidden from the
 whole query block are zeroed before any matmul that contracts over keys (docs/method.md §8: NaN/Inf there
 never reach a visible output or gradient).
 """
+
 import functools
 from typing import Any, Callable, NamedTuple
 
@@ -112,8 +113,9 @@ def forward_kernel(cfg: Static, first_ref, end_ref, full_ref, p_ref, q_ref, k_re
         row0 = jnp.zeros((cfg.block_q, 1), jnp.float32)
         acc0 = jnp.zeros((cfg.block_q, q.shape[1]), jnp.float32)
         full = (full_ref[0, b, i], full_ref[1, b, i])
-        return sweep_spans(first_ref[b, i], end_ref[b, i], full, functools.partial(body, True), functools.partial(body, False),
-                           init(row0, acc0))
+        return sweep_spans(
+            first_ref[b, i], end_ref[b, i], full, functools.partial(body, True), functools.partial(body, False), init(row0, acc0)
+        )
 
     out, stats = forward(family, sweep, kernel_ctx(cfg, n_ref[...], p_ref[0]))
     out_ref, *stat_refs = out_refs
@@ -148,12 +150,16 @@ def dq_kernel(cfg: Static, first_ref, end_ref, full_ref, p_ref, q_ref, k_ref, v_
 
     carry = (jnp.zeros(q.shape, jnp.float32), jnp.zeros((cfg.block_q, 1), jnp.float32))
     full = (full_ref[0, b, i], full_ref[1, b, i])
-    carry = sweep_spans(first_ref[b, i], end_ref[b, i], full, functools.partial(body, True), functools.partial(body, False), carry)
+    carry = sweep_spans(
+        first_ref[b, i], end_ref[b, i], full, functools.partial(body, True), functools.partial(body, False), carry
+    )
     for ref, x in zip(out_refs, carry):
         ref[...] = x
 
 
-def dkv_kernel(cfg: Static, first_ref, end_ref, full_ref, p_ref, q_ref, k_ref, v_ref, qrow_ref, kvcol_ref, n_ref, dout_ref, *refs):
+def dkv_kernel(
+    cfg: Static, first_ref, end_ref, full_ref, p_ref, q_ref, k_ref, v_ref, qrow_ref, kvcol_ref, n_ref, dout_ref, *refs
+):
     """dk, dv for one (batch, kv head, key block): sums over the G query heads and visible query blocks.
     Key-major: blocks are [C, Q] (keys as rows), so row statistics come as [1, Q] rows and every matmul
     is a plain one; no full-length column array is needed."""

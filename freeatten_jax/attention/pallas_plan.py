@@ -9,6 +9,7 @@ that span, a run of pairs where every (query, key) pair is visible (interior blo
 padding, wholly below the causal diagonal, inside the window) takes the kernels' mask-free path.
 Which pairs may be visible and which are interior is block_plan's (shared with blockwise and the ring).
 """
+
 from typing import NamedTuple
 
 import jax

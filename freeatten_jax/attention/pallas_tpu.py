@@ -7,9 +7,10 @@ the dK/dV kernel on (b, kv head, j, t) whose last axis walks the G heads' query 
 Each grid step holds one block of each operand in VMEM, so VMEM use does not grow with the sequence
 (the GPU kernels, pallas_kernels.py, read whole K/V and loop inside the kernel instead). Blocks outside
 the span that pallas_plan computed are not visited, and their index map repeats a visited block, so
-Pallas fetches nothing for them; wholly visible (interior) blocks skip the mask. The families' maths (rules.FAMILIES) is shared: here a
-`sweep` keeps its carry in scratch between grid steps.
+Pallas fetches nothing for them; wholly visible (interior) blocks skip the mask. The families' maths
+(rules.FAMILIES) is shared: here a `sweep` keeps its carry in scratch between grid steps.
 """
+
 import functools
 import itertools
 from typing import NamedTuple
@@ -77,7 +78,22 @@ def _store(refs, tree):
         ref[...] = x
 
 
-def forward_kernel(cfg: Static, sweeps: int, blocks: int, first_ref, end_ref, full_ref, p_ref, q_ref, k_ref, v_ref, qcol_ref, kvrow_ref, n_ref, *refs):
+def forward_kernel(
+    cfg: Static,
+    sweeps: int,
+    blocks: int,
+    first_ref,
+    end_ref,
+    full_ref,
+    p_ref,
+    q_ref,
+    k_ref,
+    v_ref,
+    qcol_ref,
+    kvrow_ref,
+    n_ref,
+    *refs,
+):
     """One grid step (b, h, i, t): key block t % J of sweep t // J (J = blocks); the output is written at the last step."""
     b, i, t = pl.program_id(0), pl.program_id(2), pl.program_id(3)
     j, now = jax.lax.rem(t, blocks), jax.lax.div(t, blocks)  # C division (no sign op, which Mosaic lowers per chip)
@@ -156,7 +172,22 @@ def dq_kernel(cfg: Static, first_ref, end_ref, full_ref, p_ref, q_ref, k_ref, v_
             ref[...] = acc[...]
 
 
-def dkv_kernel(cfg: Static, q_blocks: int, first_ref, end_ref, full_ref, p_ref, q_ref, k_ref, v_ref, qrow_ref, kvcol_ref, n_ref, dout_ref, *refs):
+def dkv_kernel(
+    cfg: Static,
+    q_blocks: int,
+    first_ref,
+    end_ref,
+    full_ref,
+    p_ref,
+    q_ref,
+    k_ref,
+    v_ref,
+    qrow_ref,
+    kvcol_ref,
+    n_ref,
+    dout_ref,
+    *refs,
+):
     """One grid step (b, kv head, j, t): adds query block t % I of head group t // I to dk, dv (key-major
     [C, Q] blocks, as pallas_kernels.dkv_kernel); written at the last step."""
     b, j, t = pl.program_id(0), pl.program_id(2), pl.program_id(3)
@@ -194,8 +225,12 @@ def calls(cfg: Static, shapes, interpret: bool):
     q_blocks, k_blocks, g = tp // cfg.block_q, sp // cfg.block_k, cfg.kv_groups
     family, f32 = FAMILIES[cfg.family], jnp.float32
     limit = tuning().vmem_limit_bytes
-    common = dict(interpret=interpret, compiler_params=pltpu.CompilerParams(
-        dimension_semantics=("parallel", "parallel", "parallel", "arbitrary"), vmem_limit_bytes=limit))
+    common = dict(
+        interpret=interpret,
+        compiler_params=pltpu.CompilerParams(
+            dimension_semantics=("parallel", "parallel", "parallel", "arbitrary"), vmem_limit_bytes=limit
+        ),
+    )
     smem = pl.BlockSpec(memory_space=pltpu.SMEM)
 
     # forward and dq: grid (b, h, i, t), key block j = t % J clamped into the visiting span
@@ -249,8 +284,9 @@ def calls(cfg: Static, shapes, interpret: bool):
         return k * g + jax.lax.div(t, q_blocks)
 
     group_spec = pl.BlockSpec((None, None, cfg.block_q, d), lambda b, k, j, t, *s: (b, head(k, t), query_index(b, j, t, *s), 0))
-    group_rows = pl.BlockSpec((None, None, None, 1, cfg.block_q),
-                              lambda b, k, j, t, *s: (b, head(k, t), query_index(b, j, t, *s), 0, 0))
+    group_rows = pl.BlockSpec(
+        (None, None, None, 1, cfg.block_q), lambda b, k, j, t, *s: (b, head(k, t), query_index(b, j, t, *s), 0, 0)
+    )
     k_spec = pl.BlockSpec((None, None, cfg.block_k, d), lambda b, k, j, t, *_: (b, k, j, 0))
     dkv_mask_specs = [
         pl.BlockSpec((2, None, None, 1, cfg.block_q), lambda b, k, j, t, *s: (0, b, query_index(b, j, t, *s), 0, 0)),

@@ -2,6 +2,7 @@
 
 Glossary: B batch, T queries, S keys, H query heads, K key/value heads, G = H // K, D head dim.
 """
+
 import jax
 import jax.numpy as jnp
 

@@ -9,6 +9,7 @@ trips round the ring). Backward: K, V travel with their gradient accumulators dK
 after n steps; only the output and per-row statistics are saved. `forward` and `backward` have
 blockwise's signatures (a Ring where blockwise takes a Plan): blockwise.make_core wraps them in its custom VJP.
 """
+
 import dataclasses
 import functools
 
@@ -17,7 +18,6 @@ import jax.numpy as jnp
 
 from freeatten_jax.attention import blockwise
 from freeatten_jax.attention.variants import Mask
-
 
 KV_FIELDS = ("kv_positions", "kv_segment_ids", "kv_valid")  # a Mask's key-side arrays
 

@@ -6,6 +6,7 @@ statistics broadcast against them ([.., Q, 1]; key-major [1, Q] in the dK/dV ker
 elementwise `grad` runs); acc [.., Q, D]. A Family is its forward passes (each a fold over the visible key
 blocks: init, step, finish), the row terms of its gradient and the elementwise gradient of one block.
 """
+
 from typing import Any, Callable, NamedTuple
 
 import jax
@@ -228,14 +229,28 @@ def _rows_with_d(*names):
 
 
 FAMILIES = {
-    "softmax": Family((Pass(lambda row0, acc0: (row0 + NEG_INF, row0, acc0), _softmax_step, _softmax_finish),),
-                      _rows_with_d("lse"), _softmax_grad, ("lse",), (), ("lse", "d")),
+    "softmax": Family(
+        (Pass(lambda row0, acc0: (row0 + NEG_INF, row0, acc0), _softmax_step, _softmax_finish),),
+        _rows_with_d("lse"),
+        _softmax_grad,
+        ("lse",),
+        (),
+        ("lse", "d"),
+    ),
     "sum": Family((Pass(_zeros_and_accumulator, _sum_step, _sum_finish),), _rows_with_d("z"), _sum_grad, ("z",), (), ("z", "d")),
-    "none": Family((Pass(lambda row0, acc0: acc0, _none_step, lambda acc, ctx: (acc, {})),), lambda *_: {}, _none_grad, (), (), ()),
+    "none": Family(
+        (Pass(lambda row0, acc0: acc0, _none_step, lambda acc, ctx: (acc, {})),), lambda *_: {}, _none_grad, (), (), ()
+    ),
     "reweight": Family(
-        (Pass(lambda row0, acc0: (row0, row0), _reweight_step1, _reweight_finish1, with_values=False),
-         Pass(lambda row0, acc0: (row0, acc0, row0, acc0), _reweight_step2, _reweight_finish2)),
-        _reweight_backward_rows, _reweight_grad, ("z", "u_max", "x_max", "l", "c"), ("y",), ("z", "u_max", "x_max", "l", "d", "e"),
+        (
+            Pass(lambda row0, acc0: (row0, row0), _reweight_step1, _reweight_finish1, with_values=False),
+            Pass(lambda row0, acc0: (row0, acc0, row0, acc0), _reweight_step2, _reweight_finish2),
+        ),
+        _reweight_backward_rows,
+        _reweight_grad,
+        ("z", "u_max", "x_max", "l", "c"),
+        ("y",),
+        ("z", "u_max", "x_max", "l", "d", "e"),
         _reweight_power_grad,
     ),
 }

@@ -5,6 +5,7 @@ A variant is `prepare` (cast to float32 and fold every per-row factor into q, so
 are plain dot products q'_i·k'_j) followed by a row normalisation named by `normalise`; each
 implementation supplies its own code for the four normalisations.
 """
+
 import dataclasses
 import functools
 import math

@@ -8,6 +8,7 @@ With --config (and its usual overrides), one training step of that config on the
 memory against the chip's HBM and the number of Pallas kernel calls; an overflow (VMEM, shared memory,
 HBM) is one line naming the knob to turn. Needs pip install 'freeatten_jax[compile]'.
 """
+
 import sys
 
 from absl import flags
@@ -19,14 +20,23 @@ from freeatten_jax.attention import IMPLEMENTATIONS, VARIANTS
 
 def main() -> None:
     argv = cli.config_argv(sys.argv)
-    config = config_flags.DEFINE_config_file("config", None, "Training config whose step to compile, e.g. lm:variant=lssar,size=gpt2_small or lssar:gpt2_small.",
-                                             lock_config=True, sys_argv=argv)
+    config = config_flags.DEFINE_config_file(
+        "config",
+        None,
+        "Training config whose step to compile, e.g. lm:variant=lssar,size=gpt2_small or lssar:gpt2_small.",
+        lock_config=True,
+        sys_argv=argv,
+    )
     target = flags.DEFINE_string("target", None, "v5e-8, v5p-8, v6e-8, v4-8, tpu:<generation>:<topology>, h100, h200 or 8xh100.")
-    variant = flags.DEFINE_enum("attention", None, VARIANTS, "Compile this attention variant's kernels alone instead of a training step.")
+    variant = flags.DEFINE_enum(
+        "attention", None, VARIANTS, "Compile this attention variant's kernels alone instead of a training step."
+    )
     seq_len = flags.DEFINE_integer("seq_len", 8192, "With --attention: the sequence length.")
     heads = flags.DEFINE_integer("heads", 16, "With --attention: the number of heads.")
     head_dim = flags.DEFINE_integer("head_dim", 128, "With --attention: the head dimension.")
-    implementation = flags.DEFINE_enum("implementation", "pallas", IMPLEMENTATIONS, "With --attention: the attention implementation.")
+    implementation = flags.DEFINE_enum(
+        "implementation", "pallas", IMPLEMENTATIONS, "With --attention: the attention implementation."
+    )
     flags.mark_flag_as_required("target")
 
     def compile_(_):
@@ -37,10 +47,19 @@ def main() -> None:
         from freeatten_jax.compile import run
 
         if variant.value:
-            print(f"compiling {variant.value} attention forward+backward, T={seq_len.value}, {heads.value} heads x {head_dim.value}, "
-                  f"bf16, implementation={implementation.value}", flush=True)
-            report = run.compile_attention(target.value, variant=variant.value, seq_len=seq_len.value, heads=heads.value,
-                                           head_dim=head_dim.value, implementation=implementation.value)
+            print(
+                f"compiling {variant.value} attention forward+backward, T={seq_len.value}, {heads.value} heads x {head_dim.value}, "  # noqa: E501
+                f"bf16, implementation={implementation.value}",
+                flush=True,
+            )
+            report = run.compile_attention(
+                target.value,
+                variant=variant.value,
+                seq_len=seq_len.value,
+                heads=heads.value,
+                head_dim=head_dim.value,
+                implementation=implementation.value,
+            )
         else:
             if config.value is None:
                 raise flags.ValidationError("give --config (a training step) or --attention (the kernels alone)")

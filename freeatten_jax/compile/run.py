@@ -5,6 +5,7 @@ memory_analysis: arguments, outputs, temporaries; peak against the chip's HBM) a
 kernels (Pallas custom calls) in the compiled program. A compile that fails for lack of VMEM, shared
 memory or HBM raises DoesNotFit with one line naming the overflow and the knob to turn.
 """
+
 import math
 import re
 from typing import NamedTuple
@@ -37,10 +38,12 @@ class Report(NamedTuple):
 
     def lines(self) -> list[str]:
         gib = lambda x: f"{x / GIB:.2f} GiB"  # noqa: E731
-        return [f"target {self.target}: per device, arguments {gib(self.arguments)}, outputs {gib(self.outputs)}, "
-                f"temporaries {gib(self.temporaries)}",
-                f"peak {gib(self.peak)} of {gib(self.hbm)} HBM ({100 * self.peak / self.hbm:.0f}%); {self.kernels} Pallas kernel calls"
-                + (f", largest operand {max(sum(self.kernel_operands, ()), key=math.prod)}" if any(self.kernel_operands) else "")]
+        return [
+            f"target {self.target}: per device, arguments {gib(self.arguments)}, outputs {gib(self.outputs)}, "
+            f"temporaries {gib(self.temporaries)}",
+            f"peak {gib(self.peak)} of {gib(self.hbm)} HBM ({100 * self.peak / self.hbm:.0f}%); {self.kernels} Pallas kernel calls"  # noqa: E501
+            + (f", largest operand {max(sum(self.kernel_operands, ()), key=math.prod)}" if any(self.kernel_operands) else ""),
+        ]
 
 
 STEP_HBM_KNOB = "lower train.batch_size (or raise train.grad_accum_steps), turn on model.remat, or shard over more devices"
@@ -56,8 +59,10 @@ def kernel_operands(hlo: str) -> tuple:
     """The operand shapes of each Pallas kernel call in compiled HLO text (empty where the call lists none)."""
     calls = [line for line in hlo.splitlines() if _KERNEL_CALLS.search(line)]
     operands = [_OPERANDS.search(line) for line in calls]
-    return tuple(tuple(tuple(int(n) for n in dims.split(",") if n) for dims in re.findall(r"\w+\[([\d,]*)\]", m.group(1))) if m else ()
-                 for m in operands)
+    return tuple(
+        tuple(tuple(int(n) for n in dims.split(",") if n) for dims in re.findall(r"\w+\[([\d,]*)\]", m.group(1))) if m else ()
+        for m in operands
+    )
 
 
 def explain(error: Exception, target: str, hbm_knob: str = STEP_HBM_KNOB) -> Exception:
@@ -66,7 +71,9 @@ def explain(error: Exception, target: str, hbm_knob: str = STEP_HBM_KNOB) -> Exc
     for pattern, what, knob in _OVERFLOWS:
         knob = knob or hbm_knob
         if re.search(pattern, text):
-            detail = next((line.strip() for line in text.splitlines() if re.search(r"Used|exceed|limit", line)), text.splitlines()[0])
+            detail = next(
+                (line.strip() for line in text.splitlines() if re.search(r"Used|exceed|limit", line)), text.splitlines()[0]
+            )
             return DoesNotFit(f"{target}: {what} overflow ({detail[:200]}): {knob}")
     return error
 
@@ -80,15 +87,33 @@ def _compile(fn, args, target: str, mesh, hbm_knob: str = STEP_HBM_KNOB) -> Repo
     memory = compiled.memory_analysis()
     peak = memory.argument_size_in_bytes + memory.output_size_in_bytes - memory.alias_size_in_bytes + memory.temp_size_in_bytes
     operands = kernel_operands(compiled.as_text())
-    report = Report(target, memory.argument_size_in_bytes, memory.output_size_in_bytes, memory.temp_size_in_bytes, peak,
-                    targets.parse(target).hbm_bytes, len(operands), operands)
+    report = Report(
+        target,
+        memory.argument_size_in_bytes,
+        memory.output_size_in_bytes,
+        memory.temp_size_in_bytes,
+        peak,
+        targets.parse(target).hbm_bytes,
+        len(operands),
+        operands,
+    )
     if report.peak > report.hbm:
         raise DoesNotFit(f"{target}: device HBM overflow (peak {peak / GIB:.2f} GiB of {report.hbm / GIB:.2f} GiB): {hbm_knob}")
     return report
 
 
-def compile_attention(target: str, *, variant: str, seq_len: int, batch: int = 1, heads: int = 16, head_dim: int = 128,
-                      implementation: str = "pallas", dtype=jnp.bfloat16, **options) -> Report:
+def compile_attention(
+    target: str,
+    *,
+    variant: str,
+    seq_len: int,
+    batch: int = 1,
+    heads: int = 16,
+    head_dim: int = 128,
+    implementation: str = "pallas",
+    dtype=jnp.bfloat16,
+    **options,
+) -> Report:
     """attend's forward+backward (the vjp of q, k, v) on one device of the target."""
     from freeatten_jax import attention
 
@@ -120,7 +145,13 @@ def compile_train_step(cfg_dict, target: str) -> Report:
     train_def, _ = train_state.graphdefs(cfg.model)
     tokens = (cfg.train.batch_size, cfg.train.seq_len + 1)
     batch = jax.ShapeDtypeStruct(tokens, jnp.int32, sharding=sharding.batch_sharding(mesh, cfg.mesh.rules, tokens))
-    step = functools.partial(train_step.train_step, graphdef=train_def, tx=tx, schedule=optim.schedule(cfg.optim, cfg.train.steps),
-                             accum_steps=cfg.train.grad_accum_steps, eos_id=data.document_eos(cfg.data))
+    step = functools.partial(
+        train_step.train_step,
+        graphdef=train_def,
+        tx=tx,
+        schedule=optim.schedule(cfg.optim, cfg.train.steps),
+        accum_steps=cfg.train.grad_accum_steps,
+        eos_id=data.document_eos(cfg.data),
+    )
     with sharding.use_mesh(mesh, cfg.mesh.rules):
         return _compile(step, (abstract, batch), target, mesh)

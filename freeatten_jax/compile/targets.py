@@ -5,6 +5,7 @@ each device's HBM. TPU names follow Cloud TPU (`v5p-8`: 4 chips, 8 TensorCores; 
 libtpu topology such as `v5e:4x4`); GPU targets carry an XLA GpuTargetConfig written from the chips'
 public specifications (compute capability 9.0a, 132 SMs, 227 KiB shared memory per block).
 """
+
 import functools
 import glob
 import os
@@ -60,8 +61,10 @@ def parse(name: str) -> Target:
         if generation in TPU_HBM:
             chip_config = "megacore" if generation in ("v4", "v5") else "default"
             return Target("tpu", name[4:], chip_config, TPU_HBM[generation], f"TPU {generation}")
-    raise ValueError(f"unknown target {name!r}; valid: {', '.join(TARGETS)}, or tpu:<generation>:<topology> "
-                     f"with generation one of {', '.join(TPU_HBM)} (e.g. tpu:v5e:4x4)")
+    raise ValueError(
+        f"unknown target {name!r}; valid: {', '.join(TARGETS)}, or tpu:<generation>:<topology> "
+        f"with generation one of {', '.join(TPU_HBM)} (e.g. tpu:v5e:4x4)"
+    )
 
 
 def _with_ptxas() -> None:

@@ -1,6 +1,7 @@
 """Packaged experiment configs: `--config=lm:variant=lssar,size=tiny` names `lm.py` with its named arguments
 (`mqar:variant=lssar` names `mqar.py`); each attention variant's or control's name is an alias for the language
 model (`lssar:tiny` = `lm:variant=lssar,size=tiny`)."""
+
 import pathlib
 
 from freeatten_jax.attention import VARIANTS
@@ -11,8 +12,7 @@ ROOT = pathlib.Path(__file__).parent
 EXPERIMENT = "lm"  # the default one (`--help` without --config)
 EXPERIMENTS = (EXPERIMENT, "mqar")
 NAMES = (*VARIANTS, *CONTROLS)
-PACKAGED = (f"{EXPERIMENT}:variant=V,size=S or V:S, mqar:variant=V,form=F; variants: {', '.join(NAMES)}; "
-            f"sizes: {', '.join(SIZES)}")
+PACKAGED = f"{EXPERIMENT}:variant=V,size=S or V:S, mqar:variant=V,form=F; variants: {', '.join(NAMES)}; sizes: {', '.join(SIZES)}"
 
 
 def resolve(value: str) -> str:

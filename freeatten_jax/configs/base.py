@@ -1,5 +1,6 @@
 """The training config of a variant and a size: the typed sections' defaults (training/config.py, where every field
 is described; `freeatten-train --help` lists them), the size's model and its training settings."""
+
 import ml_collections
 
 from freeatten_jax import attention
@@ -9,11 +10,29 @@ from freeatten_jax.training import config_defaults
 # Per-size training settings (the papers' for the GPT-2-sized models, docs/method.md §5).
 TRAINING = {
     "tiny": {},
-    "gpt2_small": {"train.seq_len": 1024, "train.batch_size": 512, "train.steps": 18865, "optim.lr": 6e-4, "optim.warmup_steps": 1000,
-                   "data.source": "bin", "train.log_every": 10, "train.eval_every": 500, "train.checkpoint_every": 500},
-    "ssmax_162m": {"train.seq_len": 1024, "train.batch_size": 2048, "train.steps": 20000, "optim.lr": 6e-4, "optim.warmup_steps": 1000,
-                   "optim.schedule": "constant", "data.source": "bin", "train.log_every": 10, "train.eval_every": 500,
-                   "train.checkpoint_every": 500},
+    "gpt2_small": {
+        "train.seq_len": 1024,
+        "train.batch_size": 512,
+        "train.steps": 18865,
+        "optim.lr": 6e-4,
+        "optim.warmup_steps": 1000,
+        "data.source": "bin",
+        "train.log_every": 10,
+        "train.eval_every": 500,
+        "train.checkpoint_every": 500,
+    },
+    "ssmax_162m": {
+        "train.seq_len": 1024,
+        "train.batch_size": 2048,
+        "train.steps": 20000,
+        "optim.lr": 6e-4,
+        "optim.warmup_steps": 1000,
+        "optim.schedule": "constant",
+        "data.source": "bin",
+        "train.log_every": 10,
+        "train.eval_every": 500,
+        "train.checkpoint_every": 500,
+    },
 }
 
 

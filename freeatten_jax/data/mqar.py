@@ -18,6 +18,7 @@ instances from VAL_SEED. Evaluation (evaluation.mqar) draws from yet another see
 Glossary: L = length + 1 window tokens (inputs and shifted targets), T = length target positions,
 P pairs, K keys, V values.
 """
+
 import dataclasses
 
 import numpy as np
@@ -92,8 +93,10 @@ def context_tokens(task: Task, train_len: int) -> int:
     """Tokens before the queries in a training window (train_len + 1 tokens); ValueError if the pairs do not fit."""
     context = train_len + 1 - task.query_tokens
     if context < task.pairs * task.pair_width:
-        raise ValueError(f"mqar: {task.pairs} pairs and their queries need {task.pairs * task.pair_width + task.query_tokens} "
-                         f"tokens, more than the window of train_len + 1 = {train_len + 1}")
+        raise ValueError(
+            f"mqar: {task.pairs} pairs and their queries need {task.pairs * task.pair_width + task.query_tokens} "
+            f"tokens, more than the window of train_len + 1 = {train_len + 1}"
+        )
     return context
 
 
@@ -103,10 +106,13 @@ def draw(task: Task, train_len: int, rng: np.random.Generator) -> Instance:
     context = context_tokens(task, train_len)
     slack = context - task.pairs * (task.pair_width - 1)  # stars and bars: P starts among `slack`, then spread
     starts_P = np.sort(rng.choice(slack, size=task.pairs, replace=False))
-    return Instance(keys_P=rng.choice(task.num_keys, size=task.pairs, replace=False),
-                    values_P=rng.integers(task.num_values, size=task.pairs),
-                    offsets_P=starts_P + np.arange(task.pairs) * (task.pair_width - 1),
-                    order_P=rng.permutation(task.pairs), noise_seed=int(rng.integers(2**31)))
+    return Instance(
+        keys_P=rng.choice(task.num_keys, size=task.pairs, replace=False),
+        values_P=rng.integers(task.num_values, size=task.pairs),
+        offsets_P=starts_P + np.arange(task.pairs) * (task.pair_width - 1),
+        order_P=rng.permutation(task.pairs),
+        noise_seed=int(rng.integers(2**31)),
+    )
 
 
 def render(task: Task, instance: Instance, length: int) -> tuple[np.ndarray, np.ndarray]:
@@ -121,7 +127,7 @@ def render(task: Task, instance: Instance, length: int) -> tuple[np.ndarray, np.
         tokens_L[offset : offset + task.pair_width] = pair
     tokens_L[context:] = task.query_answer(instance.keys_P, instance.values_P)[instance.order_P].reshape(-1)
     mask_T = np.zeros(length, bool)
-    mask_T[context : length : 2] = True  # target position t predicts token t + 1: the answers at context + 1, + 3, ...
+    mask_T[context:length:2] = True  # target position t predicts token t + 1: the answers at context + 1, + 3, ...
     return tokens_L.astype(np.int32), mask_T
 
 

@@ -5,6 +5,7 @@ Each epoch is a seeded shuffle of the chunks [c*L, (c+1)*L) of every sequence; t
 starts at a random offset inside it. Element i of the global stream is the same for any number of
 hosts; host h takes elements h, h + P, h + 2P, ... so hosts never share a window.
 """
+
 import bisect
 import itertools
 
@@ -39,8 +40,9 @@ class RandomWindow(grain.transforms.RandomMap):
 SYNTHETIC_STREAM = 1 << 40  # windows of a synthetic stream (drawn per index, never repeated in practice)
 
 
-def train_dataset(sequences, seq_len: int, batch_size: int, *, seed: int, process_index: int = 0, process_count: int = 1, mix=None,
-                  windows=None):
+def train_dataset(
+    sequences, seq_len: int, batch_size: int, *, seed: int, process_index: int = 0, process_count: int = 1, mix=None, windows=None
+):
     """The host's infinite MapDataset of int32 batches [B, seq_len + 1]; `mix(global index, window) -> window`
     (e.g. retrieval.Mix) may replace windows of the global stream; `windows(global index) -> window` (a synthetic
     task, e.g. mqar.Windows) replaces the sequences altogether."""
@@ -60,11 +62,29 @@ def train_dataset(sequences, seq_len: int, batch_size: int, *, seed: int, proces
     return ds.batch(batch_size, drop_remainder=True)
 
 
-def train_iterator(sequences, seq_len: int, batch_size: int, *, seed: int, process_index: int = 0, process_count: int = 1,
-                   num_workers: int = 0, mix=None, windows=None):
+def train_iterator(
+    sequences,
+    seq_len: int,
+    batch_size: int,
+    *,
+    seed: int,
+    process_index: int = 0,
+    process_count: int = 1,
+    num_workers: int = 0,
+    mix=None,
+    windows=None,
+):
     """A checkpointable iterator (get_state/set_state) over the host's training batches."""
-    ds = train_dataset(sequences, seq_len, batch_size, seed=seed, process_index=process_index, process_count=process_count, mix=mix,
-                       windows=windows)
+    ds = train_dataset(
+        sequences,
+        seq_len,
+        batch_size,
+        seed=seed,
+        process_index=process_index,
+        process_count=process_count,
+        mix=mix,
+        windows=windows,
+    )
     ds = ds.to_iter_dataset()
     if num_workers:
         ds = ds.mp_prefetch(grain.MultiprocessingOptions(num_workers=num_workers))

@@ -9,6 +9,7 @@ replaced: window i is synthetic iff floor((i + 1) f) > floor(i f) (so exactly fl
 and its content is drawn from a generator seeded by (seed, i): deterministic, and resumed exactly with
 the stream's position. Evaluation builds the same sequences at 1x..16x (`build_prompt`).
 """
+
 import numpy as np
 
 FILLER = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again."

@@ -1,4 +1,5 @@
 """llm.c / modded-nanogpt token shards: a 256 x int32 header (magic, version, count), then uint16 tokens."""
+
 import os
 import pathlib
 
@@ -67,8 +68,10 @@ class Shard:
         raw = os.pread(self._fd, 2 * count, HEADER_BYTES + 2 * (self.start + start))
         if len(raw) != 2 * count or os.fstat(self._fd).st_size != self.file_size:
             now = os.fstat(self._fd).st_size
-            raise ShardError(f"{self.path} changed while training: it has {now} bytes, it had {self.file_size}; "
-                             f"stopped (restore the shard, then rerun: the run resumes from its last checkpoint)")
+            raise ShardError(
+                f"{self.path} changed while training: it has {now} bytes, it had {self.file_size}; "
+                f"stopped (restore the shard, then rerun: the run resumes from its last checkpoint)"
+            )
         return np.frombuffer(raw, "<u2")[::step]
 
     def __getstate__(self):

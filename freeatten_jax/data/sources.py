@@ -6,6 +6,7 @@ Document masking (`document_masking`, data.documents): .bin shards already open 
 EOS (GPT-2's 50256 in llm.c shards); text sources then insert an EOS before each file's train and
 validation part, by default a new token just past the tokenizer's vocabulary.
 """
+
 import dataclasses
 import glob
 import pathlib
@@ -57,8 +58,10 @@ def _decode(path, cfg) -> str:
     try:
         return raw.decode(cfg.encoding, errors=cfg.errors)
     except UnicodeDecodeError as e:
-        raise DataError(f"{path}: not valid {cfg.encoding} at byte {e.start} ({e.reason}: {raw[e.start:e.start + 4]!r}); "
-                        f"set config.data.encoding (e.g. 'latin-1') or config.data.errors='replace'") from None
+        raise DataError(
+            f"{path}: not valid {cfg.encoding} at byte {e.start} ({e.reason}: {raw[e.start : e.start + 4]!r}); "
+            f"set config.data.encoding (e.g. 'latin-1') or config.data.errors='replace'"
+        ) from None
 
 
 def _check_tokens(shard: shards.Shard, vocab: int, block: int = 1 << 24) -> shards.Shard:
@@ -67,8 +70,10 @@ def _check_tokens(shard: shards.Shard, vocab: int, block: int = 1 << 24) -> shar
         tokens = shard[start : start + block]
         if (bad := np.flatnonzero(tokens >= vocab)).size:
             i = shard.start + start + int(bad[0])
-            raise DataError(f"{shard.path}: token id {int(tokens[bad[0]])} at token offset {i} (byte "
-                            f"{shards.HEADER_BYTES + 2 * i}) is outside the vocabulary of {vocab} ids")
+            raise DataError(
+                f"{shard.path}: token id {int(tokens[bad[0]])} at token offset {i} (byte "
+                f"{shards.HEADER_BYTES + 2 * i}) is outside the vocabulary of {vocab} ids"
+            )
     return shard
 
 
@@ -108,7 +113,10 @@ def bin_shards(cfg) -> Splits:
         val = [_check_tokens(shards.Shard(p), GPT2_VOCAB) for p in _glob(cfg.val_path, "val_path")]
     else:
         cuts = [_split_point(len(s), cfg.val_fraction) for s in train]
-        train, val = [shards.Shard(s.path, 0, c) for s, c in zip(train, cuts)], [shards.Shard(s.path, c) for s, c in zip(train, cuts)]
+        train, val = (
+            [shards.Shard(s.path, 0, c) for s, c in zip(train, cuts)],
+            [shards.Shard(s.path, c) for s, c in zip(train, cuts)],
+        )
     return Splits(train, val, GPT2_VOCAB, _file_tokenizer(cfg))
 
 
@@ -124,8 +132,13 @@ def _file_tokenizer(cfg):
 def mqar_task(cfg_data) -> mqar.Task:
     """The MQAR task of config.data.mqar_* (a DataError names a bad combination)."""
     try:
-        return mqar.Task(num_keys=cfg_data.mqar_keys, num_values=cfg_data.mqar_values, pairs=cfg_data.mqar_pairs,
-                         noise_tokens=cfg_data.mqar_noise, form=cfg_data.mqar_form)
+        return mqar.Task(
+            num_keys=cfg_data.mqar_keys,
+            num_values=cfg_data.mqar_values,
+            pairs=cfg_data.mqar_pairs,
+            noise_tokens=cfg_data.mqar_noise,
+            form=cfg_data.mqar_form,
+        )
     except ValueError as e:
         raise DataError(f"config.data.{e}") from None
 
@@ -145,7 +158,9 @@ def synthetic_windows(cfg_data, seq_len: int, seed: int):
     try:
         return mqar.Windows(mqar_task(cfg_data), seq_len, seed)
     except ValueError as e:
-        raise DataError(f"config.data.mqar_pairs={cfg_data.mqar_pairs} does not fit config.train.seq_len={seq_len}: {e}") from None
+        raise DataError(
+            f"config.data.mqar_pairs={cfg_data.mqar_pairs} does not fit config.train.seq_len={seq_len}: {e}"
+        ) from None
 
 
 def loss_targets(cfg_data, seq_len: int) -> tuple[int, ...] | None:

@@ -4,6 +4,7 @@
 The BPE is saved as JSON beside the data, which may be on cloud storage (an `etils.epath` path). Every
 run also saves its tokenizer in its own folder (RUN_FILE), so a run can be evaluated without its data.
 """
+
 import json
 
 import numpy as np

@@ -3,6 +3,7 @@
 Glossary: B batch, T positions, R query rows of one chunk, H heads, K kv heads, D head dim,
 N visible-key counts, U bucket of N (powers of two: [1, 2), [2, 4), ...).
 """
+
 import functools
 
 import jax

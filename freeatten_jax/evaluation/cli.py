@@ -5,6 +5,7 @@
 Each checkpoint is evaluated as trained and under every applicable `--switch` (LSSAR re-weighting
 `p=15` / `p=off` on lssa/lssar runs, `rope_theta=50x` or an absolute base, SSMax `s=0.3`).
 """
+
 import math
 import pathlib
 import sys
@@ -15,12 +16,13 @@ from freeatten_jax import cli
 from freeatten_jax.attention import IMPLEMENTATIONS
 from freeatten_jax.errors import UserError
 
-
 # Values each switch takes (besides switches.parse's syntax); a bad one is refused before any checkpoint is read.
 _SWITCH_VALUES = {
     "p": (lambda v: v == "off" or math.isfinite(float(v)) and float(v) > 0, "a number > 0 or off"),
-    "rope_theta": (lambda v: math.isfinite(float(v.removesuffix("x"))) and float(v.removesuffix("x")) > 0,
-                   "a number > 0, absolute (500000) or relative (50x)"),
+    "rope_theta": (
+        lambda v: math.isfinite(float(v.removesuffix("x"))) and float(v.removesuffix("x")) > 0,
+        "a number > 0, absolute (500000) or relative (50x)",
+    ),
     "s": (lambda v: math.isfinite(float(v)), "a finite number"),
 }
 
@@ -42,23 +44,43 @@ def main() -> None:
     workdirs = flags.DEFINE_multi_string("workdir", None, "Training run directory (repeat for several).", required=True)
     out = flags.DEFINE_string("out", None, "Directory for report.md, results.json, CSV files and plots.", required=True)
     switches = flags.DEFINE_multi_string("switch", [], "Eval-time switch, e.g. p=15, p=off, rope_theta=50x, s=0.3.")
-    multipliers = flags.DEFINE(cli.NumberList(int, lambda m: m >= 1, "integers >= 1 (lengths in training lengths), e.g. 1,2,4"),
-                               "multipliers", "1,2,4,8,16", "Evaluation lengths in training lengths.")
-    eval_tokens = flags.DEFINE_integer("eval_tokens", 0, "Held-out tokens scored at every length (cut into windows of "
-                                       "each length); 0: 16 windows of the longest length.")
-    depths = flags.DEFINE(cli.NumberList(float, lambda d: 0 <= d <= 1, "numbers in [0, 1], e.g. 0.1,0.5"), "passkey_depths",
-                          "0.1,0.5,0.9", "Needle depths (0 = start, 1 = end).")
+    multipliers = flags.DEFINE(
+        cli.NumberList(int, lambda m: m >= 1, "integers >= 1 (lengths in training lengths), e.g. 1,2,4"),
+        "multipliers",
+        "1,2,4,8,16",
+        "Evaluation lengths in training lengths.",
+    )
+    eval_tokens = flags.DEFINE_integer(
+        "eval_tokens",
+        0,
+        "Held-out tokens scored at every length (cut into windows of each length); 0: 16 windows of the longest length.",
+    )
+    depths = flags.DEFINE(
+        cli.NumberList(float, lambda d: 0 <= d <= 1, "numbers in [0, 1], e.g. 0.1,0.5"),
+        "passkey_depths",
+        "0.1,0.5,0.9",
+        "Needle depths (0 = start, 1 = end).",
+    )
     keys = flags.DEFINE_integer("passkey_keys", 3, "Random keys per passkey cell.")
     candidates = flags.DEFINE_integer("passkey_candidates", 10, "Keys ranked by likelihood, the true one included.")
     analysis = flags.DEFINE_integer("analysis_windows", 1, "Windows of the longest length for the entropy analysis.")
     implementation = flags.DEFINE_enum("implementation", "auto", IMPLEMENTATIONS, "Attention implementation at every length.")
     seed = flags.DEFINE_integer("seed", 0, "Seed of the passkey keys.")
-    quick = flags.DEFINE_bool("quick", False, "A first look in minutes on a CPU: lengths 1x, 4x, 16x, a quarter of the span, "
-                              "one passkey depth and key, 64 MQAR instances (overrides those flags).")
-    mqar_instances = flags.DEFINE_integer("mqar_instances", 256, "MQAR runs: instances per length (each queries every pair; "
-                                          "the same instances at every length).")
-    context = flags.DEFINE_integer("context", 1, "Devices sharing each window's sequence (context parallelism; "
-                                   "lengths must be multiples of 2x it) for the loss vs length.")
+    quick = flags.DEFINE_bool(
+        "quick",
+        False,
+        "A first look in minutes on a CPU: lengths 1x, 4x, 16x, a quarter of the span, "
+        "one passkey depth and key, 64 MQAR instances (overrides those flags).",
+    )
+    mqar_instances = flags.DEFINE_integer(
+        "mqar_instances", 256, "MQAR runs: instances per length (each queries every pair; the same instances at every length)."
+    )
+    context = flags.DEFINE_integer(
+        "context",
+        1,
+        "Devices sharing each window's sequence (context parallelism; "
+        "lengths must be multiples of 2x it) for the loss vs length.",
+    )
 
     def evaluate(_):
         from freeatten_jax.evaluation import suite

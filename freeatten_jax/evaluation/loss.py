@@ -3,6 +3,7 @@ positions, per position, and a bootstrap confidence interval over windows.
 
 Glossary: W windows, L = T + 1 window tokens (inputs and shifted targets), T positions, V vocab.
 """
+
 import functools
 
 import jax
@@ -25,8 +26,13 @@ def token_losses(model, windows_WL: np.ndarray, tokens_per_batch: int = 16384, e
     graphdef, state = nnx.split(model)
     count = len(windows_WL)
     batch = min(count, max(1, tokens_per_batch // windows_WL.shape[1]))
-    padded_WL = np.concatenate([windows_WL, np.zeros((-count % batch, windows_WL.shape[1]), windows_WL.dtype)])  # one shape: one compile
-    parts = [np.asarray(_losses(state, jnp.asarray(padded_WL[i : i + batch]), graphdef=graphdef, eos_id=eos_id)) for i in range(0, count, batch)]
+    padded_WL = np.concatenate(
+        [windows_WL, np.zeros((-count % batch, windows_WL.shape[1]), windows_WL.dtype)]
+    )  # one shape: one compile
+    parts = [
+        np.asarray(_losses(state, jnp.asarray(padded_WL[i : i + batch]), graphdef=graphdef, eos_id=eos_id))
+        for i in range(0, count, batch)
+    ]
     return np.concatenate(parts)[:count]
 
 

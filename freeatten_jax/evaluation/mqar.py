@@ -3,6 +3,7 @@ same at every length.
 
 Glossary: B instances, L = T + 1 window tokens, T target positions, P queries per instance, V vocab.
 """
+
 import functools
 
 import jax
@@ -24,8 +25,9 @@ def query_hits(model, tokens_BL: np.ndarray, mask_BT: np.ndarray, tokens_per_bat
     count, length = len(tokens_BL), tokens_BL.shape[1] - 1
     size = min(count, max(1, tokens_per_batch // length))
     padded_BL = np.concatenate([tokens_BL, np.zeros((-count % size, length + 1), tokens_BL.dtype)])  # one shape: one compile
-    guesses_BT = np.concatenate([np.asarray(_argmax(state, jnp.asarray(padded_BL[i : i + size, :-1]), graphdef=graphdef))
-                                 for i in range(0, count, size)])[:count]
+    guesses_BT = np.concatenate(
+        [np.asarray(_argmax(state, jnp.asarray(padded_BL[i : i + size, :-1]), graphdef=graphdef)) for i in range(0, count, size)]
+    )[:count]
     hits_BT = guesses_BT == tokens_BL[:, 1:]
     return hits_BT[mask_BT].reshape(count, -1)
 
@@ -37,6 +39,13 @@ def accuracy_by_length(model, task: mqar.Task, train_len: int, multipliers, inst
     for m in multipliers:
         tokens_BL, mask_BT = mqar.batch(task, train_len, m * train_len, instances, seed)
         hits_BP = query_hits(model, tokens_BL, mask_BT)
-        rows.append({"length": m * train_len, "multiplier": m, "queries": int(hits_BP.size), "accuracy": float(hits_BP.mean()),
-                     "per_instance": hits_BP.mean(1).tolist()})
+        rows.append(
+            {
+                "length": m * train_len,
+                "multiplier": m,
+                "queries": int(hits_BP.size),
+                "accuracy": float(hits_BP.mean()),
+                "per_instance": hits_BP.mean(1).tolist(),
+            }
+        )
     return rows

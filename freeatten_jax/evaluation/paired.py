@@ -4,6 +4,7 @@ then windows. Runs are paired by training seed; every run scores the same window
 
 Glossary: R runs (seeds both groups have), W windows at one length.
 """
+
 import numpy as np
 
 from freeatten_jax.evaluation import plots, stats
@@ -49,13 +50,17 @@ def markdown(runs: list[dict], multipliers: list[int]) -> str:
         diff = {m: own[m] - ref[m] for m in multipliers}
         difference.append([names[g]] + [_cell(stats.contrast([(1, diff[m])])) for m in multipliers])
         ratio = lambda m: (own[m].mean() - own[1].mean()) / (ref[m].mean() - ref[1].mean())
-        relative.append([names[g]] + [f"{_cell(stats.contrast([(1, diff[m]), (-1, diff[1])]))} ({ratio(m):.2f}x)" for m in longer])
+        relative.append(
+            [names[g]] + [f"{_cell(stats.contrast([(1, diff[m]), (-1, diff[1])]))} ({ratio(m):.2f}x)" for m in longer]
+        )
     lengths = [f"{m}x" for m in multipliers]
-    return "\n\n".join([
-        "## Paired against softmax (seeds both have; 95% interval: seeds, then windows, resampled)",
-        "Loss minus softmax's at the same length (nats per token; per byte for the byte tokenizer)\n\n"
-        + _md(["variant", *lengths], difference),
-        "Rise from 1x: loss at the length minus loss at 1x (nats per token)\n\n" + _md(["variant", *lengths[1:]], rise),
-        "Rise minus softmax's rise, the papers' comparison (nats per token), and (the rise as a multiple of softmax's)\n\n"
-        + _md(["variant", *lengths[1:]], relative),
-    ])
+    return "\n\n".join(
+        [
+            "## Paired against softmax (seeds both have; 95% interval: seeds, then windows, resampled)",
+            "Loss minus softmax's at the same length (nats per token; per byte for the byte tokenizer)\n\n"
+            + _md(["variant", *lengths], difference),
+            "Rise from 1x: loss at the length minus loss at 1x (nats per token)\n\n" + _md(["variant", *lengths[1:]], rise),
+            "Rise minus softmax's rise, the papers' comparison (nats per token), and (the rise as a multiple of softmax's)\n\n"
+            + _md(["variant", *lengths[1:]], relative),
+        ]
+    )

@@ -3,14 +3,17 @@
 The prompt is the lines [opening, filler before, needle, filler after, question] joined by newlines,
 where the filler is FILLER repeated and space-joined, cut by characters as Landmark cuts it.
 """
+
 import re
 
 import numpy as np
 
 from freeatten_jax.data.retrieval import FILLER  # Landmark's filler sentences, also the training mix's
 
-OPENING = ("There is an important info hidden inside a lot of irrelevant text. Find it and memorize them. "
-           "I will quiz you about the important information there.")
+OPENING = (
+    "There is an important info hidden inside a lot of irrelevant text. Find it and memorize them. "
+    "I will quiz you about the important information there."
+)
 NEEDLE = "The pass key is {key}. Remember it. {key} is the pass key."
 QUESTION = "What is the pass key? The pass key is"
 
@@ -36,7 +39,7 @@ def _pieces(filler_chars: int, depth: float, key: str) -> list[str]:
     text = prompt_text(filler_chars, depth, key)
     needle = NEEDLE.format(key=key) + "\n"
     start = text.index("\n" + needle) + 1
-    return [text[:start], needle, text[start + len(needle):]]
+    return [text[:start], needle, text[start + len(needle) :]]
 
 
 def build_prompt(tokenizer, length: int, depth: float, key: str) -> tuple[np.ndarray, slice]:
@@ -44,6 +47,7 @@ def build_prompt(tokenizer, length: int, depth: float, key: str) -> tuple[np.nda
     `depth` (0 = start, 1 = end), and the slice of the needle's tokens. Each of the three pieces (up to the
     needle, the needle line, the rest) is encoded on its own so the needle's tokens are known; ValueError
     if even the prompt without filler is longer than `length`."""
+
     def encode(chars):
         return [np.asarray(tokenizer.encode(p), np.int32) for p in _pieces(chars, depth, key)]
 

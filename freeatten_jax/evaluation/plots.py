@@ -5,6 +5,7 @@ Runs of one variant under one switch (e.g. several seeds) form one line: their m
 to maximum. One colour per variant, one line style per eval-time switch; a dotted
 vertical line marks the training length. Each `draw_*` returns the figure so that tests can read it.
 """
+
 import pathlib
 import warnings
 
@@ -16,8 +17,15 @@ import numpy as np  # noqa: E402
 
 from freeatten_jax.evaluation import stats  # noqa: E402
 
-COLOURS = {"softmax": "tab:blue", "ssmax": "tab:orange", "lssa": "tab:green", "lssar": "tab:red", "sigmoid": "tab:purple",
-           "relu": "tab:brown", "softmax_logn": "tab:cyan"}
+COLOURS = {
+    "softmax": "tab:blue",
+    "ssmax": "tab:orange",
+    "lssa": "tab:green",
+    "lssar": "tab:red",
+    "sigmoid": "tab:purple",
+    "relu": "tab:brown",
+    "softmax_logn": "tab:cyan",
+}
 STYLES = ["-", "--", ":", "-."]
 MIN_LOSS_SPAN = 0.5  # nats: the y-axis of a loss plot never zooms in further (a 0.01-nat wobble stays flat)
 LEGEND_TITLE = "colour: variant; line style: eval-time switch"
@@ -35,9 +43,11 @@ def _style(runs: list[dict]):
     """(variant, switch) -> plot keywords: colour by variant, line style by switch."""
     switches = list(dict.fromkeys(r["switch"] for r in runs))
     switches = ["none", *[s for s in switches if s != "none"]]
+
     def style(variant, switch):
         colour = COLOURS.get(variant, "tab:gray")
         return {"color": colour, "linestyle": STYLES[switches.index(switch) % len(STYLES)]}
+
     return style
 
 
@@ -84,8 +94,7 @@ def _new(title: str, xlabel: str, ylabel: str):
 
 def _legend(ax) -> None:
     if ax.get_legend_handles_labels()[0]:
-        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False, title=LEGEND_TITLE,
-                  title_fontsize=7)
+        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False, title=LEGEND_TITLE, title_fontsize=7)
 
 
 def draw_loss_vs_length(runs: list[dict]):
@@ -98,9 +107,11 @@ def draw_loss_vs_length(runs: list[dict]):
             summaries = [stats.mean_with_interval([r["lengths"][i]["per_window"] for r in rs]) for i in range(len(x))]
             mean_X, low_X, high_X = (np.asarray(v) for v in zip(*[(m["mean"], *m["ci"]) for m in summaries]))
         else:  # results saved before per-window losses were: the envelope of the runs' intervals
-            mean_X, low_X, high_X = _nan_stats([[p["loss"] for p in r["lengths"]] for r in rs],
-                                               [[p["loss_ci"][0] for p in r["lengths"]] for r in rs],
-                                               [[p["loss_ci"][1] for p in r["lengths"]] for r in rs])
+            mean_X, low_X, high_X = _nan_stats(
+                [[p["loss"] for p in r["lengths"]] for r in rs],
+                [[p["loss_ci"][0] for p in r["lengths"]] for r in rs],
+                [[p["loss_ci"][1] for p in r["lengths"]] for r in rs],
+            )
         _line(ax, x, mean_X, low_X, high_X, style(variant, switch), group_name(variant, switch, len(rs)))
         lows.append(low_X), highs.append(high_X)
     _mark_train_len(ax, {r["train_len"] for r in runs})
@@ -119,8 +130,15 @@ def draw_per_position(runs: list[dict]):
         width = max(1, losses_RT.shape[1] // 64)  # a moving average keeps the curves readable
         smooth_RT = np.stack([np.convolve(row, np.ones(width) / width, mode="valid") for row in losses_RT])
         mean_X, low_X, high_X = _nan_stats(smooth_RT)
-        _line(ax, np.arange(smooth_RT.shape[1]) + width, mean_X, low_X, high_X, style(variant, switch),
-              group_name(variant, switch, len(rs)))
+        _line(
+            ax,
+            np.arange(smooth_RT.shape[1]) + width,
+            mean_X,
+            low_X,
+            high_X,
+            style(variant, switch),
+            group_name(variant, switch, len(rs)),
+        )
         lows.append(low_X), highs.append(high_X)
     _mark_train_len(ax, {r["train_len"] for r in runs})
     ax.set_xscale("log", base=2)
@@ -154,20 +172,33 @@ def draw_accuracy(runs: list[dict], task: str, title: str):
         style = _style(runs)
         for (variant, switch), (lengths, _, acc_DL) in grids.items():
             if lengths:
-                _line(ax, lengths, acc_DL[0], acc_DL[0], acc_DL[0], style(variant, switch),
-                      group_name(variant, switch, len(grouped[variant, switch])))
+                _line(
+                    ax,
+                    lengths,
+                    acc_DL[0],
+                    acc_DL[0],
+                    acc_DL[0],
+                    style(variant, switch),
+                    group_name(variant, switch, len(grouped[variant, switch])),
+                )
         _mark_train_len(ax, {r["train_len"] for r in runs})
         ax.set_xscale("log", base=2)
         ax.set_ylim(-0.03, 1.03)
         _legend(ax)
         return fig
-    fig, axes = plt.subplots(1, len(grids), figsize=(3.2 * len(grids) + 1, 3.4), squeeze=False,
-                             constrained_layout=True)
+    fig, axes = plt.subplots(1, len(grids), figsize=(3.2 * len(grids) + 1, 3.4), squeeze=False, constrained_layout=True)
     for ax, ((variant, switch), (lengths, depths, acc_DL)) in zip(axes[0], grids.items()):
         image = ax.imshow(acc_DL, vmin=0, vmax=1, cmap="viridis", aspect="auto", origin="lower")
         for (d, n), value in np.ndenumerate(acc_DL):
-            ax.text(n, d, "n/a" if np.isnan(value) else f"{value:.2f}", ha="center", va="center", fontsize=7,
-                    color="grey" if np.isnan(value) else "white" if value < 0.5 else "black")
+            ax.text(
+                n,
+                d,
+                "n/a" if np.isnan(value) else f"{value:.2f}",
+                ha="center",
+                va="center",
+                fontsize=7,
+                color="grey" if np.isnan(value) else "white" if value < 0.5 else "black",
+            )
         ax.set_xticks(range(len(lengths)), [str(n) for n in lengths], fontsize=7, rotation=45)
         ax.set_yticks(range(len(depths)), [f"{d:g}" for d in depths], fontsize=7)
         ax.set(title=group_name(variant, switch, len(grouped[variant, switch])), xlabel="prompt length (tokens)")
@@ -180,13 +211,19 @@ def draw_accuracy(runs: list[dict], task: str, title: str):
 
 def draw_mqar(runs: list[dict]):
     """MQAR per-query accuracy by length per group: the mean over runs, the runs' min to max as a band."""
-    fig, ax = _new("MQAR accuracy vs length (same pairs, gap filled with noise)", "sequence length (tokens)",
-                   "per-query accuracy")
+    fig, ax = _new(
+        "MQAR accuracy vs length (same pairs, gap filled with noise)", "sequence length (tokens)", "per-query accuracy"
+    )
     style = _style(runs)
     for (variant, switch), rs in groups(runs).items():
         x = [p["length"] for p in rs[0]["mqar"]]
-        _line(ax, x, *_nan_stats([[p["accuracy"] for p in r["mqar"]] for r in rs]), style(variant, switch),
-              group_name(variant, switch, len(rs)))
+        _line(
+            ax,
+            x,
+            *_nan_stats([[p["accuracy"] for p in r["mqar"]] for r in rs]),
+            style(variant, switch),
+            group_name(variant, switch, len(rs)),
+        )
     _mark_train_len(ax, {r["train_len"] for r in runs})
     ax.set_xscale("log", base=2)
     ax.set_ylim(-0.03, 1.03)
@@ -199,7 +236,13 @@ def draw_entropy_vs_n(runs: list[dict]):
     style = _style(runs)
     for (variant, switch), rs in groups(runs).items():
         entropy_RU = [np.asarray(r["attention"]["entropy"]).mean((0, 1)) for r in rs]
-        _line(ax, rs[0]["attention"]["n_from"], *_nan_stats(entropy_RU), style(variant, switch), group_name(variant, switch, len(rs)))
+        _line(
+            ax,
+            rs[0]["attention"]["n_from"],
+            *_nan_stats(entropy_RU),
+            style(variant, switch),
+            group_name(variant, switch, len(rs)),
+        )
     n = np.asarray(runs[0]["attention"]["n_from"], float)
     ax.plot(n, np.log(n), color="grey", linestyle=":", label="uniform (log N)")
     ax.set_xscale("log", base=2)
@@ -218,8 +261,11 @@ def write_all(out: pathlib.Path, runs: list[dict]) -> dict[str, str]:
     return {
         "loss vs length": save(draw_loss_vs_length(runs), out / "loss_vs_length.png"),
         "per-position loss": save(draw_per_position(runs), out / "per_position.png"),
-        "passkey (Landmark format)": save(draw_accuracy(runs, "passkey", "Passkey retrieval, Landmark format"), out / "passkey.png"),
-        "retrieval (training-mix format)": save(draw_accuracy(runs, "retrieval", "Retrieval, training-mix format"),
-                                                 out / "retrieval.png"),
+        "passkey (Landmark format)": save(
+            draw_accuracy(runs, "passkey", "Passkey retrieval, Landmark format"), out / "passkey.png"
+        ),
+        "retrieval (training-mix format)": save(
+            draw_accuracy(runs, "retrieval", "Retrieval, training-mix format"), out / "retrieval.png"
+        ),
         "entropy vs N_i": save(draw_entropy_vs_n(runs), out / "entropy_vs_n.png"),
     }

@@ -1,4 +1,5 @@
 """Writes the suite's results: results.json, CSV files and report.md (tables and the plots)."""
+
 import csv
 import json
 import pathlib
@@ -41,8 +42,14 @@ def retrieval_table(runs: list[dict], task: str) -> str:
     lengths = sorted({c["length"] for r in runs for c in r[task]})
     table = _md_table(
         ["run", *[str(n) for n in lengths], "mean rank of true key"],
-        [[label(r), *[_fmt(_mean([c for c in r[task] if c["length"] == n], "accuracy")) for n in lengths],
-          _fmt(_mean(r[task], "mean_key_rank"))] for r in runs],
+        [
+            [
+                label(r),
+                *[_fmt(_mean([c for c in r[task] if c["length"] == n], "accuracy")) for n in lengths],
+                _fmt(_mean(r[task], "mean_key_rank")),
+            ]
+            for r in runs
+        ],
     )
     reasons = sorted({(c["length"], c["reason"]) for r in runs for c in r[task] if "reason" in c})
     lines = [f"- length {n}: {reason}" for n, reason in reasons]
@@ -55,8 +62,10 @@ def _envelope(rs: list[dict], multiplier: int, key: str) -> str:
     xs = [x for r in rs for x in r["lengths"] if x["multiplier"] == multiplier]
     if not xs:
         return "n/a"
-    return (f"{_fmt(float(np.mean([x[key] for x in xs])))} "
-            f"[{_fmt(min(x[f'{key}_ci'][0] for x in xs))}, {_fmt(max(x[f'{key}_ci'][1] for x in xs))}]")
+    return (
+        f"{_fmt(float(np.mean([x[key] for x in xs])))} "
+        f"[{_fmt(min(x[f'{key}_ci'][0] for x in xs))}, {_fmt(max(x[f'{key}_ci'][1] for x in xs))}]"
+    )
 
 
 def _pooled_accuracy(rs: list[dict], task: str, length: int) -> str:
@@ -78,38 +87,114 @@ def grouped_tables(runs: list[dict], multipliers) -> str:
     groups = plots.groups(runs)
     names = {key: plots.group_name(*key, len(rs)) for key, rs in groups.items()}
     lengths = [m * runs[0]["train_len"] for m in multipliers] if runs else []
-    loss = lambda key: _md_table(["variant", *[f"{m}x" for m in multipliers]],
-                                 [[names[g], *[_envelope(rs, m, key) for m in multipliers]] for g, rs in groups.items()])
-    retrieval = _md_table(["variant", "task", *[str(n) for n in lengths], "mean rank of true key"],
-                          [[names[g], task, *[_pooled_accuracy(rs, task, n) for n in lengths], _pooled_rank(rs, task)]
-                           for g, rs in groups.items() for task in ("passkey", "retrieval")])
-    return ("Loss over all positions: mean over runs [lowest low, highest high of the runs' 95% intervals]\n\n" + loss("loss")
-            + "\n\nLoss over the last training-length positions of each window (same format)\n\n" + loss("loss_last_train_len")
-            + "\n\nRetrieval: prompts retrieved / prompts scored by length, pooled over runs, depths and keys\n\n" + retrieval)
+    loss = lambda key: _md_table(
+        ["variant", *[f"{m}x" for m in multipliers]],
+        [[names[g], *[_envelope(rs, m, key) for m in multipliers]] for g, rs in groups.items()],
+    )
+    retrieval = _md_table(
+        ["variant", "task", *[str(n) for n in lengths], "mean rank of true key"],
+        [
+            [names[g], task, *[_pooled_accuracy(rs, task, n) for n in lengths], _pooled_rank(rs, task)]
+            for g, rs in groups.items()
+            for task in ("passkey", "retrieval")
+        ],
+    )
+    return (
+        "Loss over all positions: mean over runs [lowest low, highest high of the runs' 95% intervals]\n\n"
+        + loss("loss")
+        + "\n\nLoss over the last training-length positions of each window (same format)\n\n"
+        + loss("loss_last_train_len")
+        + "\n\nRetrieval: prompts retrieved / prompts scored by length, pooled over runs, depths and keys\n\n"
+        + retrieval
+    )
 
 
 def write_csvs(out: pathlib.Path, runs: list[dict]) -> None:
-    _write_csv(out / "loss_vs_length.csv",
-               ["run", "checkpoint", "step", "variant", "switch", "length", "multiplier", "loss", "loss_ci_low", "loss_ci_high",
-                "loss_last_train_len", "loss_last_train_len_ci_low", "loss_last_train_len_ci_high", "windows", "tokens_scored"],
-               [[label(r), r["workdir"], r["step"], r["variant"], r["switch"], x["length"], x["multiplier"], x["loss"], *x["loss_ci"],
-                 x["loss_last_train_len"], *x["loss_last_train_len_ci"], x["windows"], x["tokens_scored"]]
-                for r in runs for x in r["lengths"]])
-    _write_csv(out / "per_position.csv", ["run", "position", "loss"],
-               [[label(r), i, v] for r in runs for i, v in enumerate(r["per_position"])])
+    _write_csv(
+        out / "loss_vs_length.csv",
+        [
+            "run",
+            "checkpoint",
+            "step",
+            "variant",
+            "switch",
+            "length",
+            "multiplier",
+            "loss",
+            "loss_ci_low",
+            "loss_ci_high",
+            "loss_last_train_len",
+            "loss_last_train_len_ci_low",
+            "loss_last_train_len_ci_high",
+            "windows",
+            "tokens_scored",
+        ],
+        [
+            [
+                label(r),
+                r["workdir"],
+                r["step"],
+                r["variant"],
+                r["switch"],
+                x["length"],
+                x["multiplier"],
+                x["loss"],
+                *x["loss_ci"],
+                x["loss_last_train_len"],
+                *x["loss_last_train_len_ci"],
+                x["windows"],
+                x["tokens_scored"],
+            ]
+            for r in runs
+            for x in r["lengths"]
+        ],
+    )
+    _write_csv(
+        out / "per_position.csv",
+        ["run", "position", "loss"],
+        [[label(r), i, v] for r in runs for i, v in enumerate(r["per_position"])],
+    )
     for task in ("passkey", "retrieval"):
-        _write_csv(out / f"{task}.csv", ["run", "length", "depth", "accuracy", "mean_key_loglik", "mean_key_rank", "keys", "not_scored_because"],
-                   [[label(r), c["length"], c["depth"], c["accuracy"], c["mean_key_loglik"], c["mean_key_rank"], c["keys"], c.get("reason", "")]
-                    for r in runs for c in r[task]])
-    _write_csv(out / "attention.csv", ["run", "layer", "head", "n_from", "entropy", "max_weight"],
-               [[label(r), layer, head, n, ent[head][u], mx[head][u]] for r in runs
-                for layer, (ent, mx) in enumerate(zip(r["attention"]["entropy"], r["attention"]["max_weight"]))
-                for head in range(len(ent)) for u, n in enumerate(r["attention"]["n_from"])])
-    _write_csv(out / "needle_mass.csv", ["run", "layer", "head", "mass"],
-               [[label(r), layer, head, m] for r in runs for layer, row in enumerate(r["needle_mass"]) for head, m in enumerate(row)])
+        _write_csv(
+            out / f"{task}.csv",
+            ["run", "length", "depth", "accuracy", "mean_key_loglik", "mean_key_rank", "keys", "not_scored_because"],
+            [
+                [
+                    label(r),
+                    c["length"],
+                    c["depth"],
+                    c["accuracy"],
+                    c["mean_key_loglik"],
+                    c["mean_key_rank"],
+                    c["keys"],
+                    c.get("reason", ""),
+                ]
+                for r in runs
+                for c in r[task]
+            ],
+        )
+    _write_csv(
+        out / "attention.csv",
+        ["run", "layer", "head", "n_from", "entropy", "max_weight"],
+        [
+            [label(r), layer, head, n, ent[head][u], mx[head][u]]
+            for r in runs
+            for layer, (ent, mx) in enumerate(zip(r["attention"]["entropy"], r["attention"]["max_weight"]))
+            for head in range(len(ent))
+            for u, n in enumerate(r["attention"]["n_from"])
+        ],
+    )
+    _write_csv(
+        out / "needle_mass.csv",
+        ["run", "layer", "head", "mass"],
+        [[label(r), layer, head, m] for r in runs for layer, row in enumerate(r["needle_mass"]) for head, m in enumerate(row)],
+    )
     ssmax = [r for r in runs if r["ssmax_s"] is not None]
-    _write_csv(out / "ssmax_s.csv", ["run", "layer", "head", "s"],
-               [[label(r), layer, head, s] for r in ssmax for layer, row in enumerate(r["ssmax_s"]) for head, s in enumerate(row)])
+    _write_csv(
+        out / "ssmax_s.csv",
+        ["run", "layer", "head", "s"],
+        [[label(r), layer, head, s] for r in ssmax for layer, row in enumerate(r["ssmax_s"]) for head, s in enumerate(row)],
+    )
 
 
 def comparability_warnings(runs: list[dict]) -> list[str]:
@@ -120,7 +205,9 @@ def comparability_warnings(runs: list[dict]) -> list[str]:
         values = sorted({r[key] for r in runs})
         if len(values) > 1:
             named = "; ".join(f"{v}: {', '.join(sorted({r['name'] for r in runs if r[key] == v}))}" for v in values)
-            lines.append(f"Warning: the runs compared have different {what} ({named}); their differences are not only the variant's.")
+            lines.append(
+                f"Warning: the runs compared have different {what} ({named}); their differences are not only the variant's."
+            )
     return lines
 
 
@@ -132,12 +219,19 @@ def markdown(runs: list[dict], settings: dict, figures: dict[str, str]) -> str:
         ["run", "checkpoint", "step", "variant", "switch", "train length", "RoPE theta"],
         [[label(r), r["workdir"], r["step"], r["variant"], r["switch"], r["train_len"], f"{r['rope_theta']:g}"] for r in runs],
     )
-    windows = ", ".join(f"{x['length']}: {x['windows']} windows, {x['tokens_scored']} tokens" for x in runs[0]["lengths"]) if runs else ""
+    windows = (
+        ", ".join(f"{x['length']}: {x['windows']} windows, {x['tokens_scored']} tokens" for x in runs[0]["lengths"])
+        if runs
+        else ""
+    )
     spans = ", ".join(sorted({f"{r['span_tokens']}" for r in runs}))
     n_from = runs[0]["attention"]["n_from"] if runs else []
     entropy = _md_table(
         ["run", *[f"N>={n}" for n in n_from]],
-        [[label(r), *[_fmt(float(np.mean(np.asarray(r["attention"]["entropy"])[:, :, u]))) for u in range(len(n_from))]] for r in runs],
+        [
+            [label(r), *[_fmt(float(np.mean(np.asarray(r["attention"]["entropy"])[:, :, u]))) for u in range(len(n_from))]]
+            for r in runs
+        ],
     )
     parts = [
         "# Length-extrapolation report",
@@ -154,17 +248,24 @@ def markdown(runs: list[dict], settings: dict, figures: dict[str, str]) -> str:
         f"## Passkey retrieval, Landmark format (greedy: first integer generated equals the key; by prompt length, mean over "
         f"depths {settings['passkey_depths']} and {settings['passkey_keys']} keys; rank among {settings['passkey_candidates']} "
         f"candidate keys)\n\n" + retrieval_table(runs, "passkey"),
-        "## Retrieval in the training mix's format (data.retrieval: filler, \"The pass key is NNNNN. \", then "
-        "\"\\nThe pass key is\"; windows of length + 1 tokens as in training; same scoring)\n\n" + retrieval_table(runs, "retrieval"),
+        '## Retrieval in the training mix\'s format (data.retrieval: filler, "The pass key is NNNNN. ", then '
+        '"\\nThe pass key is"; windows of length + 1 tokens as in training; same scoring)\n\n'
+        + retrieval_table(runs, "retrieval"),
         "## Attention entropy (nats, mean over layers and heads) by visible keys N_i at the longest length\n\n" + entropy,
         "## Attention mass of the final query on the needle (mean over layers, heads and prompts)\n\n"
-        + _md_table(["run", "mass"], [[label(r), _fmt(float(np.mean(r["needle_mass"]))) if r["needle_mass"] else "n/a"] for r in runs]),
+        + _md_table(
+            ["run", "mass"], [[label(r), _fmt(float(np.mean(r["needle_mass"]))) if r["needle_mass"] else "n/a"] for r in runs]
+        ),
     ]
     ssmax = [r for r in runs if r["ssmax_s"] is not None]
     if ssmax:
-        parts.append("## Learned SSMax s (mean over heads, per layer)\n\n" + _md_table(
-            ["run", *[f"layer {i}" for i in range(len(ssmax[0]["ssmax_s"]))]],
-            [[label(r), *[_fmt(float(np.mean(row))) for row in r["ssmax_s"]]] for r in ssmax]))
+        parts.append(
+            "## Learned SSMax s (mean over heads, per layer)\n\n"
+            + _md_table(
+                ["run", *[f"layer {i}" for i in range(len(ssmax[0]["ssmax_s"]))]],
+                [[label(r), *[_fmt(float(np.mean(row))) for row in r["ssmax_s"]]] for r in ssmax],
+            )
+        )
     parts.append("## Plots\n\n" + "\n".join(f"![{name}]({path})" for name, path in figures.items()))
     return "\n\n".join(parts) + "\n"
 
@@ -182,5 +283,8 @@ def write(out: pathlib.Path, runs: list[dict], settings: dict) -> None:
     if mqar := [r for r in runs if "mqar" in r]:
         _write_csv(out / "mqar.csv", *mqar_report.csv_rows(mqar))
         figure = plots.save(plots.draw_mqar(mqar), out / "mqar.png")
-        (out / "mqar.md").write_text("# MQAR extrapolation report\n\n" + "\n\n".join(comparability_warnings(mqar) + [
-            mqar_report.markdown(mqar), f"![MQAR accuracy vs length]({figure})"]) + "\n")
+        (out / "mqar.md").write_text(
+            "# MQAR extrapolation report\n\n"
+            + "\n\n".join(comparability_warnings(mqar) + [mqar_report.markdown(mqar), f"![MQAR accuracy vs length]({figure})"])
+            + "\n"
+        )

@@ -8,6 +8,7 @@ which text was scored.
 
 Glossary: R runs (seeds), W windows (or instances), N resamples.
 """
+
 import numpy as np
 
 
@@ -46,8 +47,9 @@ def interval(means_N: np.ndarray, level: float = 0.95) -> tuple[float, float]:
     return float(np.percentile(means_N, tail)), float(np.percentile(means_N, 100 - tail))
 
 
-def paired_difference(values_RW: np.ndarray, baseline_RW: np.ndarray, seed: int = 0, resamples: int = 2000,
-                      level: float = 0.95) -> dict:
+def paired_difference(
+    values_RW: np.ndarray, baseline_RW: np.ndarray, seed: int = 0, resamples: int = 2000, level: float = 0.95
+) -> dict:
     """Mean of (values - baseline) over runs and windows, with its paired hierarchical bootstrap interval.
 
     Both arrays are [R, W] with run r and window w the same seed and the same text on both sides."""
@@ -56,7 +58,12 @@ def paired_difference(values_RW: np.ndarray, baseline_RW: np.ndarray, seed: int 
         raise ValueError(f"paired runs need equal shapes [runs, windows], got {values_RW.shape} and {baseline_RW.shape}")
     diff_RW = values_RW - baseline_RW
     low, high = interval(hierarchical_means(diff_RW, seed, resamples), level)
-    return {"difference": float(diff_RW.mean()), "ci": (low, high), "runs": int(diff_RW.shape[0]), "windows": int(diff_RW.shape[1])}
+    return {
+        "difference": float(diff_RW.mean()),
+        "ci": (low, high),
+        "runs": int(diff_RW.shape[0]),
+        "windows": int(diff_RW.shape[1]),
+    }
 
 
 def mean_with_interval(values_RW: np.ndarray, seed: int = 0, resamples: int = 2000, level: float = 0.95) -> dict:

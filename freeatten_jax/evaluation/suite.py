@@ -2,6 +2,7 @@
 
 Glossary: W windows, L window tokens, C candidate keys, T prompt tokens.
 """
+
 import dataclasses
 import functools
 import json
@@ -41,9 +42,17 @@ class Settings:
     mqar_instances: int = 256  # MQAR runs: instances per length (x pairs queries), the same pairs at every length
 
     def quick(self) -> "Settings":
-        """A first look in minutes on a CPU: three lengths, a quarter of the span, one passkey depth and key, 64 MQAR instances."""
-        return dataclasses.replace(self, multipliers=(1, 4, 16), span_windows=4, passkey_depths=(0.5,), passkey_keys=1,
-                                   passkey_candidates=5, mqar_instances=64)
+        """A first look in minutes on a CPU: three lengths, a quarter of the span, one passkey depth and key, 64 MQAR
+        instances."""
+        return dataclasses.replace(
+            self,
+            multipliers=(1, 4, 16),
+            span_windows=4,
+            passkey_depths=(0.5,),
+            passkey_keys=1,
+            passkey_candidates=5,
+            mqar_instances=64,
+        )
 
 
 class SplitCache:
@@ -97,13 +106,15 @@ def _score_prompt(model, tokenizer, prompt_T: np.ndarray, key: str, others: list
     """(greedy first-integer hit, log-likelihood of the key after the prompt, its rank among the candidates)."""
     key_tokens = np.asarray(tokenizer.encode(" " + key), np.int32)
     out = generate(model, prompt_T[None], len(key_tokens) + 2, temperature=0.0)  # room to overrun the key
-    hit = passkey.is_retrieved(tokenizer.decode(np.asarray(out[0, len(prompt_T):])), key)
+    hit = passkey.is_retrieved(tokenizer.decode(np.asarray(out[0, len(prompt_T) :])), key)
     candidates = [key_tokens] + [np.asarray(tokenizer.encode(" " + k), np.int32) for k in others]
     totals = _key_log_likelihoods(model, prompt_T, candidates)
     return hit, float(totals[0]), passkey.key_rank(totals[0], totals[1:])
 
 
-def _retrieval(model, tokenizer, task: str, build, lengths: list[int], settings: Settings, rng, progress) -> tuple[list[dict], list]:
+def _retrieval(
+    model, tokenizer, task: str, build, lengths: list[int], settings: Settings, rng, progress
+) -> tuple[list[dict], list]:
     """(grid cells of length x depth, needle-mass [layers, H] for each prompt at the longest length).
 
     `build(tokenizer, length, depth, key) -> (prompt tokens, needle slice)`; a cell that cannot be
@@ -130,8 +141,12 @@ def _retrieval(model, tokenizer, task: str, build, lengths: list[int], settings:
                 if length == lengths[-1]:
                     masses.append(attention_stats.needle_mass(model, jnp.asarray(prompt_T[None]), needle))
             if hits:
-                cell.update(accuracy=float(np.mean(hits)), mean_key_loglik=float(np.mean(logliks)), mean_key_rank=float(np.mean(ranks)),
-                            keys=len(hits))
+                cell.update(
+                    accuracy=float(np.mean(hits)),
+                    mean_key_loglik=float(np.mean(logliks)),
+                    mean_key_rank=float(np.mean(ranks)),
+                    keys=len(hits),
+                )
             cells.append(cell)
     return cells, masses
 
@@ -147,13 +162,21 @@ def evaluate(workdir: str, switch: switches.Switch, settings: Settings, splits_o
     model, cfg = loaded.model, loaded.config
     switches.apply(model, cfg, switch)
     model.set_implementation(settings.implementation)
-    run = {"name": pathlib.Path(workdir).name, "workdir": str(workdir), "step": loaded.step, "variant": cfg.model.variant_name,
-           "switch": switch.label, "seed": cfg.train.seed, "train_len": cfg.train.seq_len,
-           "rope_theta": float(model.attention_layers[0].rope_theta)}
+    run = {
+        "name": pathlib.Path(workdir).name,
+        "workdir": str(workdir),
+        "step": loaded.step,
+        "variant": cfg.model.variant_name,
+        "switch": switch.label,
+        "seed": cfg.train.seed,
+        "train_len": cfg.train.seq_len,
+        "rope_theta": float(model.attention_layers[0].rope_theta),
+    }
     if cfg.data.source == "mqar":
         progress.set_postfix_str("MQAR accuracy by length")
-        run["mqar"] = mqar.accuracy_by_length(model, data.mqar_task(cfg.data), cfg.train.seq_len, sorted(settings.multipliers),
-                                              settings.mqar_instances, MQAR_SEED)
+        run["mqar"] = mqar.accuracy_by_length(
+            model, data.mqar_task(cfg.data), cfg.train.seq_len, sorted(settings.multipliers), settings.mqar_instances, MQAR_SEED
+        )
         progress.update(tasks_per_run(settings))
         return run
     return _text_measurements(run, model, cfg, loaded.tokenizer, settings, splits_of(cfg.data), mesh, progress)
@@ -186,10 +209,12 @@ def _text_measurements(run: dict, model, cfg, tokenizer, settings: Settings, spl
     run["attention"] = {"entropy": entropy.tolist(), "max_weight": max_weight.tolist(), "n_from": n_from.tolist()}
     progress.update(1)
     lengths = [x["length"] for x in run["lengths"]]
-    run["passkey"], masses = _retrieval(model, tokenizer, "passkey", passkey.build_prompt, lengths, settings,
-                                        np.random.default_rng(settings.seed), progress)
-    run["retrieval"], _ = _retrieval(model, tokenizer, "retrieval", retrieval.build_prompt, lengths, settings,
-                                     np.random.default_rng(settings.seed), progress)
+    run["passkey"], masses = _retrieval(
+        model, tokenizer, "passkey", passkey.build_prompt, lengths, settings, np.random.default_rng(settings.seed), progress
+    )
+    run["retrieval"], _ = _retrieval(
+        model, tokenizer, "retrieval", retrieval.build_prompt, lengths, settings, np.random.default_rng(settings.seed), progress
+    )
     run["needle_mass"] = []
     if masses:
         run["needle_mass"] = np.mean(masses, axis=0).tolist()
@@ -207,8 +232,10 @@ def _context_mesh(context: int) -> jax.sharding.Mesh:
 
 def _check_context(length: int, context: int) -> None:
     if context > 1 and length % (2 * context):
-        raise UserError(f"evaluation length {length} must be a multiple of 2 x --context ({2 * context}) "
-                        "for context parallelism: change --multipliers or --context")
+        raise UserError(
+            f"evaluation length {length} must be a multiple of 2 x --context ({2 * context}) "
+            "for context parallelism: change --multipliers or --context"
+        )
 
 
 def _saved_config(workdir: str) -> config.Config:
@@ -237,9 +264,12 @@ def run_suite(workdirs: list[str], switch_texts: list[str], settings: Settings, 
         raise UserError("nothing to evaluate: no switch applies to these checkpoints")
     per_job = tasks_per_run(settings)
     runs, splits_of = [], SplitCache()
-    print(f"evaluating {len(jobs)} run(s) (checkpoint x switch) at {len(settings.multipliers)} lengths "
-          f"({', '.join(f'{m}x' for m in settings.multipliers)}), {len(settings.passkey_depths)} passkey depth(s) x "
-          f"{settings.passkey_keys} key(s); the time of the first run gives an estimate of the whole", file=sys.stderr)
+    print(
+        f"evaluating {len(jobs)} run(s) (checkpoint x switch) at {len(settings.multipliers)} lengths "
+        f"({', '.join(f'{m}x' for m in settings.multipliers)}), {len(settings.passkey_depths)} passkey depth(s) x "
+        f"{settings.passkey_keys} key(s); the time of the first run gives an estimate of the whole",
+        file=sys.stderr,
+    )
     start = time.perf_counter()
     with tqdm(total=len(jobs) * per_job, desc="eval", unit="task") as progress:
         for i, (workdir, switch) in enumerate(jobs):

@@ -3,6 +3,7 @@
 A switch is written `key=value[,key=value][@variant+variant]`, e.g. `p=15`, `p=off`, `s=0.3`, or
 `rope_theta=50x@softmax+ssmax` (only on those variants' checkpoints: the SSMax paper's protocol).
 """
+
 import dataclasses
 
 from freeatten_jax import attention

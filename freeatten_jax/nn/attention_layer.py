@@ -8,6 +8,7 @@ them at eval time (`set_attention`, `set_rope_theta`) changes no parameter. Only
 parameters beyond the projections: a learnable per-head `s` (and optionally `b`, see `set_ssmax_s`).
 With `capture = True` the layer sows its rotated q and k (`nnx.Intermediate` "qk") for analysis.
 """
+
 import dataclasses
 import functools
 from typing import Any
@@ -193,8 +194,16 @@ class Attention(nnx.Module):
         if cache is None:
             return self._project_out(self._attend(q_BTHD, k_BTKD, v_BTKD, over_context=True, **mask))
         cache = cache.append(k_BTKD, v_BTKD, positions_BT, segment_ids_BT)
-        out_BTHD = self._attend(q_BTHD, cache.k_BSKD, cache.v_BSKD, q_positions=positions_BT, kv_positions=cache.positions_BS,
-                                q_segment_ids=segment_ids_BT, kv_segment_ids=cache.segment_ids_BS, kv_mask=cache.filled_BS())
+        out_BTHD = self._attend(
+            q_BTHD,
+            cache.k_BSKD,
+            cache.v_BSKD,
+            q_positions=positions_BT,
+            kv_positions=cache.positions_BS,
+            q_segment_ids=segment_ids_BT,
+            kv_segment_ids=cache.segment_ids_BS,
+            kv_mask=cache.filled_BS(),
+        )
         return self._project_out(out_BTHD), cache
 
     def _qkv(self, x_BTE, positions_BT):

@@ -2,6 +2,7 @@
 
 Invalid fields raise `ConfigError` (a ValueError) naming the field and its allowed values.
 """
+
 import dataclasses
 import math
 from typing import Any, Literal, get_args
@@ -60,28 +61,38 @@ class ModelConfig:
     num_heads: int = option(help="query heads", check=integer(1))
     d_model: int = option(help="residual width; d_model / num_heads is the (even) head dimension", check=integer(1))
     mlp_dim: int = option(help="hidden width of each block's MLP", check=integer(1))
-    num_kv_heads: int = option(0, help="0: as many as num_heads, else a divisor of it (grouped-query attention)",
-                               check=integer(0))
+    num_kv_heads: int = option(
+        0, help="0: as many as num_heads, else a divisor of it (grouped-query attention)", check=integer(0)
+    )
     max_len: int = option(1024, help="the training length; sets SSMax's initial s", check=integer(2))
     attention: str = option("softmax", help="the attention variant", check=_VARIANTS)
-    attention_options: dict[str, Any] = option(help="the variant's options, e.g. {'p': 15.0} for lssar", check=_OPTIONS,
-                                               factory=dict)
+    attention_options: dict[str, Any] = option(
+        help="the variant's options, e.g. {'p': 15.0} for lssar", check=_OPTIONS, factory=dict
+    )
     implementation: str = option("auto", help="how attention is computed", check=_IMPLEMENTATIONS)
     mlp: Mlp = option("gelu", help="the MLP's activation (swiglu: gated)", check=one_of(get_args(Mlp)))
     norm: Norm = option("layernorm", help="the normalisation before attention and MLP", check=one_of(get_args(Norm)))
     tie_embeddings: bool = option(True, help="the output projection is the embedding table", check=BOOL)
     use_bias: bool = option(False, help="biases in the projections", check=BOOL)
     dropout: float = option(0.0, help="dropout rate", check=number(lambda v: 0 <= v < 1, "a rate in [0, 1)"))
-    remat: Remat = option("none", help="rematerialisation: none; dots (keep matmul outputs); full (keep nothing)",
-                          check=one_of(get_args(Remat)))
+    remat: Remat = option(
+        "none", help="rematerialisation: none; dots (keep matmul outputs); full (keep nothing)", check=one_of(get_args(Remat))
+    )
     dtype: DType = option(jnp.float32, help="compute dtype", check=_DTYPE)
     param_dtype: DType = option(jnp.float32, help="parameter dtype", check=_DTYPE)
     rope_theta: float = option(10_000.0, help="RoPE base", check=POSITIVE)
-    ssmax_s_init: float | None = option(None, help="SSMax's initial s; None: 1/log(max_len), so s log N_i starts at 1 "
-                                        "at the training length", check=optional(POSITIVE))
+    ssmax_s_init: float | None = option(
+        None,
+        help="SSMax's initial s; None: 1/log(max_len), so s log N_i starts at 1 at the training length",
+        check=optional(POSITIVE),
+    )
     ssmax_bias: bool = option(False, help="a learnable per-head b in (s log N_i + b)", check=BOOL)
-    ssmax_learn_s: bool = option(True, help="False: s stays at its initial value (with s_init None and no bias: softmax with "
-                                 "the fixed temperature log N_i / log max_len, the softmax_logn control)", check=BOOL)
+    ssmax_learn_s: bool = option(
+        True,
+        help="False: s stays at its initial value (with s_init None and no bias: softmax with "
+        "the fixed temperature log N_i / log max_len, the softmax_logn control)",
+        check=BOOL,
+    )
 
     def __post_init__(self):
         validate(ModelConfig, vars(self), "model.")

@@ -4,6 +4,7 @@ Glossary: B batch, T prompt length, C chunk length, V vocabulary.
 Cache slots hold absolute positions, so N_i in ssmax/lssa/lssar is the query's position + 1,
 exactly as in a full forward pass over the same tokens.
 """
+
 import functools
 from typing import Callable
 

@@ -4,6 +4,7 @@ Each parameter records its logical axes (e.g. ('embed', 'heads', 'head_dim')) as
 `out_sharding` metadata with eager sharding off, so models build anywhere (one CPU, inside or
 outside `jax.set_mesh`); `freeatten_jax.nn.sharding` maps the names to a mesh when asked.
 """
+
 from typing import Callable
 
 import jax

@@ -4,6 +4,7 @@ Glossary: B batch, T positions, H heads, D head dim (even), F = D // 2 rotated p
 Pairs are (x[..., f], x[..., f + F]) ("rotate half"); angles are position * theta^(-2f/D).
 The rotation runs in float32 and is cast back, so bf16 activations keep exact positions.
 """
+
 import jax
 import jax.numpy as jnp
 
@@ -22,7 +23,5 @@ def apply_rope(x_BTHD: jax.Array, positions_BT: jax.Array, theta: float) -> jax.
     angle_BTF = positions_BT[..., None] * freq_F
     cos_BT1F, sin_BT1F = jnp.cos(angle_BTF)[:, :, None], jnp.sin(angle_BTF)[:, :, None]
     x1_BTHF, x2_BTHF = jnp.split(x_BTHD.astype(jnp.float32), 2, axis=-1)
-    rotated_BTHD = jnp.concatenate(
-        [x1_BTHF * cos_BT1F - x2_BTHF * sin_BT1F, x2_BTHF * cos_BT1F + x1_BTHF * sin_BT1F], axis=-1
-    )
+    rotated_BTHD = jnp.concatenate([x1_BTHF * cos_BT1F - x2_BTHF * sin_BT1F, x2_BTHF * cos_BT1F + x1_BTHF * sin_BT1F], axis=-1)
     return rotated_BTHD.astype(x_BTHD.dtype)

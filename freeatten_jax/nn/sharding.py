@@ -7,6 +7,7 @@ with fewer key/value heads than 'tensor' devices, or an odd vocabulary of 50,257
 Activations are constrained at block boundaries only inside `use_mesh(mesh, rules)`; there, when
 'act_length' maps to a mesh axis of size > 1 ('context'), attention runs context-parallel (`context_parallelism`).
 """
+
 import contextlib
 import contextvars
 import math

@@ -4,6 +4,7 @@ Glossary: B batch, T positions, S cache slots, E d_model, F mlp_dim, V vocabular
 Pre-norm blocks: x + Attention(Norm(x)), then x + MLP(Norm(x)); RoPE inside attention; logits in
 float32. Built from a `ModelConfig` (freeatten_jax.nn.config), which checks every field.
 """
+
 import math
 from typing import Callable, NamedTuple
 
@@ -96,10 +97,21 @@ class Block(nnx.Module):
         out_init = jax.nn.initializers.normal(0.02 / math.sqrt(2 * cfg.num_layers))  # GPT-2 residual scaling
         self.attn_norm = NORMS[cfg.norm](cfg.d_model, dtype, pdtype)
         self.attn = Attention(
-            cfg.d_model, cfg.num_heads, rngs=rngs, num_kv_heads=cfg.num_kv_heads or None,
-            variant=cfg.attention, options=dict(cfg.attention_options), implementation=cfg.implementation,
-            use_bias=cfg.use_bias, rope_theta=cfg.rope_theta, ssmax_s_init=cfg.initial_ssmax_s,
-            ssmax_bias=cfg.ssmax_bias, ssmax_learn_s=cfg.ssmax_learn_s, dtype=dtype, param_dtype=pdtype, out_init=out_init,
+            cfg.d_model,
+            cfg.num_heads,
+            rngs=rngs,
+            num_kv_heads=cfg.num_kv_heads or None,
+            variant=cfg.attention,
+            options=dict(cfg.attention_options),
+            implementation=cfg.implementation,
+            use_bias=cfg.use_bias,
+            rope_theta=cfg.rope_theta,
+            ssmax_s_init=cfg.initial_ssmax_s,
+            ssmax_bias=cfg.ssmax_bias,
+            ssmax_learn_s=cfg.ssmax_learn_s,
+            dtype=dtype,
+            param_dtype=pdtype,
+            out_init=out_init,
         )
         self.mlp_norm = NORMS[cfg.norm](cfg.d_model, dtype, pdtype)
         self.mlp = Mlp(cfg, out_init, rngs=rngs)

@@ -7,6 +7,7 @@ the state a non-finite or diverging step was computed from) is moved aside to WO
 never deleted. A checkpoint that cannot be *read* (permission, I/O or network errors) is left as it is: the
 storage is at fault, not the checkpoint. Rotation keeps the newest `max_to_keep` and the last confirmed one.
 """
+
 import contextlib
 import dataclasses
 import errno
@@ -47,8 +48,15 @@ class CheckpointMismatchError(ValueError):
 # Causes that say the storage could not be read, not that the content is bad: OS errors other than a missing
 # file, and the tensorstore / cloud status codes of the same (orbax wraps them in many exception types).
 _CONTENT_ERRNOS = {errno.ENOENT, errno.EISDIR, errno.ENOTDIR}
-_UNAVAILABLE_CODES = ("PERMISSION_DENIED", "UNAVAILABLE", "DEADLINE_EXCEEDED", "UNAUTHENTICATED", "RESOURCE_EXHAUSTED",
-                      "Permission denied", "Input/output error")
+_UNAVAILABLE_CODES = (
+    "PERMISSION_DENIED",
+    "UNAVAILABLE",
+    "DEADLINE_EXCEEDED",
+    "UNAUTHENTICATED",
+    "RESOURCE_EXHAUSTED",
+    "Permission denied",
+    "Input/output error",
+)
 
 
 def is_unavailable(error: BaseException) -> bool:
@@ -72,7 +80,7 @@ class _KeepConfirmed:
     confirmed: list  # [step or None], shared with the Checkpointer
 
     def should_preserve(self, checkpoints, *, context):
-        newest = {c.step for c in checkpoints[-self.n:]} if self.n else {c.step for c in checkpoints}
+        newest = {c.step for c in checkpoints[-self.n :]} if self.n else {c.step for c in checkpoints}
         return [c.step in newest or c.step == self.confirmed[0] for c in checkpoints]
 
 
@@ -85,8 +93,10 @@ def probe_writable(directory) -> None:
         probe.write_text("")
         probe.unlink()
     except OSError as e:
-        raise CheckpointWriteError(f"cannot write checkpoints to {directory}: {e.strerror or e}; "
-                                   f"make it writable or use another --workdir (the checkpoints in it are untouched)") from None
+        raise CheckpointWriteError(
+            f"cannot write checkpoints to {directory}: {e.strerror or e}; "
+            f"make it writable or use another --workdir (the checkpoints in it are untouched)"
+        ) from None
 
 
 def describe(error: Exception) -> str:
@@ -104,8 +114,9 @@ class Checkpointer:
         self.directory = self.workdir / "checkpoints"
         self.data_files = data_files or []  # integrity.files of the run's data, saved with each checkpoint
         self._confirmed = [None if read_only else self.confirmed_step()]
-        options = ocp.CheckpointManagerOptions(enable_async_checkpointing=async_save, read_only=read_only,
-                                               preservation_policy=_KeepConfirmed(keep, self._confirmed))
+        options = ocp.CheckpointManagerOptions(
+            enable_async_checkpointing=async_save, read_only=read_only, preservation_policy=_KeepConfirmed(keep, self._confirmed)
+        )
         if not read_only:
             probe_writable(self.directory)
         self.manager = ocp.CheckpointManager(self.directory, options=options, item_names=ITEMS)
@@ -156,8 +167,11 @@ class Checkpointer:
     def save(self, step: int, train_state, data_iterator, source: dict) -> None:
         """Starts saving (in the background with async_save); the fingerprints are computed first, on the devices."""
         probe_writable(self.directory)
-        fingerprints = {"state": integrity.arrays(train_state), "data_iterator": integrity.iterator(data_iterator),
-                        "data_files": self.data_files}
+        fingerprints = {
+            "state": integrity.arrays(train_state),
+            "data_iterator": integrity.iterator(data_iterator),
+            "data_files": self.data_files,
+        }
         args = ocp.args.Composite(
             state=ocp.args.StandardSave(train_state),
             data=grain.checkpoint.CheckpointSave(data_iterator),
@@ -181,8 +195,10 @@ class Checkpointer:
         except Exception as e:
             code = re.search(r"os_error_code='(\d+)'", str(e))  # tensorstore's wording of an OS error, cut off by describe
             cause = f"{os.strerror(int(code[1]))}: " if code else ""
-            raise CheckpointWriteError(f"saving a checkpoint to {self.directory} failed ({cause}{describe(e)}); stopped; "
-                                       f"the earlier checkpoints are kept: free space or fix the storage, then rerun") from e
+            raise CheckpointWriteError(
+                f"saving a checkpoint to {self.directory} failed ({cause}{describe(e)}); stopped; "
+                f"the earlier checkpoints are kept: free space or fix the storage, then rerun"
+            ) from e
 
     def check_readable(self, step: int) -> None:
         """Opens every file of checkpoint `step` and reads a byte: a permission or I/O error is
@@ -201,7 +217,8 @@ class Checkpointer:
                 return  # a file that vanished: the restore finds the checkpoint incomplete
             raise CheckpointUnavailableError(
                 f"cannot read checkpoint step {step} ({e.filename or path}: {e.strerror or e}); nothing was moved "
-                f"or written: fix the storage or its permissions and rerun") from None
+                f"or written: fix the storage or its permissions and rerun"
+            ) from None
 
     def fingerprints(self, step: int) -> dict | None:
         """The fingerprints saved with `step` (None for checkpoints saved before they existed)."""
@@ -212,12 +229,16 @@ class Checkpointer:
     def restore(self, step: int, abstract_state, data_iterator, fingerprints: dict | None = None):
         """The state at `step`; `data_iterator` is moved to where it was at that step. With `fingerprints`, the
         restored arrays and iterator state are checked against them (CheckpointMismatchError names the first that differs)."""
-        args = ocp.args.Composite(state=ocp.args.StandardRestore(abstract_state), data=grain.checkpoint.CheckpointRestore(data_iterator))
+        args = ocp.args.Composite(
+            state=ocp.args.StandardRestore(abstract_state), data=grain.checkpoint.CheckpointRestore(data_iterator)
+        )
         restored = self.manager.restore(step, args=args)["state"]
         if fingerprints is not None:
             arrays = integrity.arrays(restored)
             if bad := [k for k in sorted(arrays) if arrays[k] != fingerprints["state"].get(k)]:
-                raise CheckpointMismatchError(f"array {bad[0]} differs from its fingerprint ({len(bad)} of {len(arrays)} arrays do)")
+                raise CheckpointMismatchError(
+                    f"array {bad[0]} differs from its fingerprint ({len(bad)} of {len(arrays)} arrays do)"
+                )
             if integrity.iterator(data_iterator) != fingerprints["data_iterator"]:
                 raise CheckpointMismatchError("the data iterator's state differs from its fingerprint")
         return restored
@@ -262,7 +283,9 @@ def load_params(workdir, step: int | None = None, mesh=None):
         cfg = ckpt.run_config(step)
         mesh = mesh or sharding.make_mesh((1, 1, 1), jax.devices()[:1])
         target, _ = sharding.abstract(lambda: state.model_state(cfg.model, cfg.train.seed), mesh, cfg.mesh.rules)
-        restore = ocp.args.PyTreeRestore(item=target, restore_args=ocp.checkpoint_utils.construct_restore_args(target), partial_restore=True)
+        restore = ocp.args.PyTreeRestore(
+            item=target, restore_args=ocp.checkpoint_utils.construct_restore_args(target), partial_restore=True
+        )
         restored = ckpt.manager.restore(step, args=ocp.args.Composite(state=restore))["state"]
         saved = (ckpt.fingerprints(step) or {}).get("state")
         if saved is not None and (bad := [k for k, v in integrity.arrays(restored).items() if saved.get(k) != v]):

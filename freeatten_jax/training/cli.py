@@ -9,6 +9,7 @@ Several processes (one per host): `--coordinator_address=host0:1234 --num_proces
 (left out on TPU pods, SLURM and MPI: detected). Exit codes: 0 done, 1 error, 75 stopped by SIGTERM/SIGINT
 after saving (rerun to resume), 76 another process died (restart them all to resume).
 """
+
 import sys
 
 from absl import flags
@@ -20,15 +21,28 @@ from freeatten_jax.errors import EXIT_PREEMPTED
 
 def main() -> None:
     argv = cli.config_argv(sys.argv)
-    config = config_flags.DEFINE_config_file("config", None, "Experiment config, e.g. lm:variant=lssar,size=tiny, lssar:tiny or my_config.py:arg.",
-                                             lock_config=True, sys_argv=argv)
-    workdir = flags.DEFINE_string("workdir", None, "Directory for checkpoints and metrics, local or gs:// (resumed if it has any).")
-    coordinator = flags.DEFINE_string("coordinator_address", None, "host:port of process 0 (multi-process runs; "
-                                      "auto-detected on TPU pods, SLURM and MPI when left out).")
-    num_processes = flags.DEFINE_integer("num_processes", None, "Processes in the run (with --coordinator_address).", lower_bound=1)
+    config = config_flags.DEFINE_config_file(
+        "config",
+        None,
+        "Experiment config, e.g. lm:variant=lssar,size=tiny, lssar:tiny or my_config.py:arg.",
+        lock_config=True,
+        sys_argv=argv,
+    )
+    workdir = flags.DEFINE_string(
+        "workdir", None, "Directory for checkpoints and metrics, local or gs:// (resumed if it has any)."
+    )
+    coordinator = flags.DEFINE_string(
+        "coordinator_address",
+        None,
+        "host:port of process 0 (multi-process runs; auto-detected on TPU pods, SLURM and MPI when left out).",
+    )
+    num_processes = flags.DEFINE_integer(
+        "num_processes", None, "Processes in the run (with --coordinator_address).", lower_bound=1
+    )
     process_id = flags.DEFINE_integer("process_id", None, "This process's index, 0 .. num_processes - 1.", lower_bound=0)
-    peer_timeout = flags.DEFINE_integer("peer_timeout", 60, "Seconds without news from another process before this one "
-                                        "stops (exit 76).", lower_bound=1)
+    peer_timeout = flags.DEFINE_integer(
+        "peer_timeout", 60, "Seconds without news from another process before this one stops (exit 76).", lower_bound=1
+    )
     flags.mark_flags_as_required(["config", "workdir"])
 
     def train(_):

@@ -1,5 +1,6 @@
 """The training config: typed, frozen sections whose fields (type, default, help, check) are the only description of
 the config; the command line's ConfigDict is derived from them (`config_dict`) and turned back by `parse`."""
+
 import codecs
 import dataclasses
 import json
@@ -31,40 +32,62 @@ def _profile_steps(v) -> bool:
     return isinstance(v, (tuple, list)) and (not v or len(v) == 2 and all(isinstance(n, int) for n in v) and 1 <= v[0] <= v[1])
 
 
-_MESH_SHAPE = (_mesh_shape, "3 or 4 sizes (data, fsdp, tensor[, context]), each >= 1 or -1 for 'the rest', e.g. '(1,1,1)' or '(2,1,1,4)'")
+_MESH_SHAPE = (
+    _mesh_shape,
+    "3 or 4 sizes (data, fsdp, tensor[, context]), each >= 1 or -1 for 'the rest', e.g. '(1,1,1)' or '(2,1,1,4)'",
+)
 _PROFILE_STEPS = (_profile_steps, "() for none, or (first, last) steps with 1 <= first <= last, e.g. '(10,12)'")
 
 
 @dataclasses.dataclass(frozen=True)
 class DataConfig:
-    source: str = option("shakespeare", help="shakespeare (the default corpus) | text (data.path glob) | bin (llm.c token shards) "
-                         "| mqar (synthetic multi-query associative recall, data.mqar_*)",
-                         check=one_of(tuple(data.SOURCES)))
+    source: str = option(
+        "shakespeare",
+        help="shakespeare (the default corpus) | text (data.path glob) | bin (llm.c token shards) "
+        "| mqar (synthetic multi-query associative recall, data.mqar_*)",
+        check=one_of(tuple(data.SOURCES)),
+    )
     path: str = option("", help="glob of text files or .bin training shards")
     val_path: str = option("", help="optional glob of .bin validation shards; else the last val_fraction of each file")
-    tokenizer: str = option("byte", help="text sources' tokenizer (.bin shards are tokenized already)",
-                            check=one_of(tuple(data.TOKENIZERS)))
-    bpe_vocab_size: int = option(4096, help="the BPE tokenizer's vocabulary (trained locally, saved beside the data)",
-                                 check=integer(257, 65536))
-    val_fraction: float = option(0.05, help="held-out fraction of each file when there is no val_path",
-                                 check=number(lambda v: 0 < v < 1, "a number in (0, 1): validation needs held-out data "
-                                                                   "(or set data.val_path)"))
+    tokenizer: str = option(
+        "byte", help="text sources' tokenizer (.bin shards are tokenized already)", check=one_of(tuple(data.TOKENIZERS))
+    )
+    bpe_vocab_size: int = option(
+        4096, help="the BPE tokenizer's vocabulary (trained locally, saved beside the data)", check=integer(257, 65536)
+    )
+    val_fraction: float = option(
+        0.05,
+        help="held-out fraction of each file when there is no val_path",
+        check=number(lambda v: 0 < v < 1, "a number in (0, 1): validation needs held-out data (or set data.val_path)"),
+    )
     cache_dir: str = option("", help="'': $XDG_CACHE_HOME/freeatten_jax or ~/.cache/freeatten_jax")
     num_workers: int = option(0, help="grain worker processes (0: load in the training process)", check=integer(0))
-    document_masking: str = option("auto", help="attention restarts per document: auto (on for .bin shards) | on | off",
-                                   check=one_of(tuple(data.DOCUMENT_MASKING)))
-    eos_id: int | None = option(None, help="the token opening each document; None: 50256 for .bin, a new token past "
-                                "the text tokenizer's", check=optional(integer(0, 65535)))
-    encoding: str = option("utf-8", help="of text files (source=text)",
-                           check=(_known_encoding, "a Python codec name, e.g. 'utf-8' or 'latin-1'"))
-    errors: str = option("strict", help="undecodable bytes: strict (an error naming the file and offset) | replace | ignore",
-                         check=one_of(("strict", "replace", "ignore")))
+    document_masking: str = option(
+        "auto",
+        help="attention restarts per document: auto (on for .bin shards) | on | off",
+        check=one_of(tuple(data.DOCUMENT_MASKING)),
+    )
+    eos_id: int | None = option(
+        None,
+        help="the token opening each document; None: 50256 for .bin, a new token past the text tokenizer's",
+        check=optional(integer(0, 65535)),
+    )
+    encoding: str = option(
+        "utf-8", help="of text files (source=text)", check=(_known_encoding, "a Python codec name, e.g. 'utf-8' or 'latin-1'")
+    )
+    errors: str = option(
+        "strict",
+        help="undecodable bytes: strict (an error naming the file and offset) | replace | ignore",
+        check=one_of(("strict", "replace", "ignore")),
+    )
     tokenizer_path: str = option("", help=".bin shards: a Hugging Face tokenizer.json (e.g. GPT-2's) for passkey and generation")
-    retrieval_fraction: float = option(0.0, help="fraction of training windows replaced by synthetic passkey sequences",
-                                       check=FRACTION)
+    retrieval_fraction: float = option(
+        0.0, help="fraction of training windows replaced by synthetic passkey sequences", check=FRACTION
+    )
     allow_changed: bool = option(False, help="resume although the data files differ from the checkpoint's", check=BOOL)
-    mqar_form: str = option("fused", help="mqar: fused (one token per key-value pair) | two_token (key, then value)",
-                            check=one_of(data.mqar.FORMS))
+    mqar_form: str = option(
+        "fused", help="mqar: fused (one token per key-value pair) | two_token (key, then value)", check=one_of(data.mqar.FORMS)
+    )
     mqar_pairs: int = option(4, help="mqar: key-value pairs per sequence, each queried once at its end", check=integer(1))
     mqar_keys: int = option(8, help="mqar: distinct keys", check=integer(1))
     mqar_values: int = option(8, help="mqar: distinct values", check=integer(1))
@@ -95,20 +118,31 @@ class TrainConfig:
     eval_every: int = option(50, help="steps between validations; 0: only at the end", check=integer(0))
     eval_windows: int = option(64, help="held-out windows of seq_len tokens per validation", check=integer(1))
     checkpoint_every: int = option(100, help="steps between checkpoints", check=integer(1))
-    profile_steps: tuple[int, ...] = option((), help="e.g. (10, 12): a jax.profiler trace of steps 10-12 to WORKDIR/profile",
-                                            check=_PROFILE_STEPS)
-    peak_tflops: float = option(0.0, help="per-device peak for MFU; 0: known for the device (H100, A100, TPU v4-v6), else "
-                                "not shown", check=number(lambda v: v >= 0, "a number >= 0 (0: known for the device)"))
-    spike_factor: float = option(5.0, help="divergence: stop when the loss is above this x its running median ...; 0: off",
-                                 check=number(lambda v: v == 0 or (math.isfinite(v) and v > 1), "0 (off) or a finite number > 1"))
-    spike_steps: int = option(3, help="... for this many steps in a row; then roll back to the last confirmed checkpoint",
-                              check=integer(1))
+    profile_steps: tuple[int, ...] = option(
+        (), help="e.g. (10, 12): a jax.profiler trace of steps 10-12 to WORKDIR/profile", check=_PROFILE_STEPS
+    )
+    peak_tflops: float = option(
+        0.0,
+        help="per-device peak for MFU; 0: known for the device (H100, A100, TPU v4-v6), else not shown",
+        check=number(lambda v: v >= 0, "a number >= 0 (0: known for the device)"),
+    )
+    spike_factor: float = option(
+        5.0,
+        help="divergence: stop when the loss is above this x its running median ...; 0: off",
+        check=number(lambda v: v == 0 or (math.isfinite(v) and v > 1), "0 (off) or a finite number > 1"),
+    )
+    spike_steps: int = option(
+        3, help="... for this many steps in a row; then roll back to the last confirmed checkpoint", check=integer(1)
+    )
 
 
 @dataclasses.dataclass(frozen=True)
 class MeshConfig:
-    shape: tuple[int, ...] = option((-1, 1, 1), help="('data', 'fsdp', 'tensor'[, 'context']) sizes, e.g. (1, -1, 1) for "
-                                    "FSDP; -1 fills the rest", check=_MESH_SHAPE)
+    shape: tuple[int, ...] = option(
+        (-1, 1, 1),
+        help="('data', 'fsdp', 'tensor'[, 'context']) sizes, e.g. (1, -1, 1) for FSDP; -1 fills the rest",
+        check=_MESH_SHAPE,
+    )
     rules: tuple[tuple[str, Any], ...] = option(sharding.DEFAULT_RULES, help="logical axis -> mesh axes")
 
 
@@ -116,15 +150,24 @@ class MeshConfig:
 class CheckpointConfig:
     max_to_keep: int = option(3, help="the newest ones; the last confirmed checkpoint is kept as well", check=integer(1))
     async_save: bool = option(True, help="write checkpoints while training goes on", check=BOOL)
-    allow_fresh_start: bool = option(False, help="start from step 0 when every checkpoint in the workdir is bad (else an error)",
-                                     check=BOOL)
+    allow_fresh_start: bool = option(
+        False, help="start from step 0 when every checkpoint in the workdir is bad (else an error)", check=BOOL
+    )
 
 
-SECTIONS = {"model": ModelConfig, "data": DataConfig, "optim": OptimConfig, "train": TrainConfig, "mesh": MeshConfig,
-            "checkpoint": CheckpointConfig}
+SECTIONS = {
+    "model": ModelConfig,
+    "data": DataConfig,
+    "optim": OptimConfig,
+    "train": TrainConfig,
+    "mesh": MeshConfig,
+    "checkpoint": CheckpointConfig,
+}
 # Model fields the application fills in when the command line leaves them: field -> what the command line's value means.
-MODEL_NOTES = {"vocab_size": "None: the data's vocabulary (256 bytes, data.bpe_vocab_size, or 50257 for .bin shards)",
-               "max_len": "follows train.seq_len unless set"}
+MODEL_NOTES = {
+    "vocab_size": "None: the data's vocabulary (256 bytes, data.bpe_vocab_size, or 50257 for .bin shards)",
+    "max_len": "follows train.seq_len unless set",
+}
 # Sentinels of configs saved before None was used (checkpoints keep their config as JSON): (section, field) -> old value.
 LEGACY_NONE = {("model", "vocab_size"): 0, ("model", "ssmax_s_init"): -1, ("data", "eos_id"): -1}
 
@@ -192,8 +235,10 @@ def parse(cfg: ml_collections.ConfigDict) -> Config:
     for name, values in sections.items():
         validate(SECTIONS[name], values, f"config.{name}.")
     if cfg.train.batch_size % cfg.train.grad_accum_steps:
-        raise ConfigError(f"config.train.batch_size={cfg.train.batch_size} must be divisible by "
-                          f"config.train.grad_accum_steps={cfg.train.grad_accum_steps}")
+        raise ConfigError(
+            f"config.train.batch_size={cfg.train.batch_size} must be divisible by "
+            f"config.train.grad_accum_steps={cfg.train.grad_accum_steps}"
+        )
     if cfg.data.source in ("text", "bin") and not cfg.data.path:
         raise ConfigError(f"config.data.path is empty; data.source={cfg.data.source!r} needs a glob of files")
     data_cfg, train = _section(DataConfig, cfg.data), _section(TrainConfig, cfg.train)

@@ -10,6 +10,7 @@ and the whole of it after the death: `heartbeat_timeout_s` keeps that half well 
 polls. (jax's missed-heartbeat hook cannot print our line instead: a Python callback there dies in std::bad_cast in
 jaxlib 0.10.)
 """
+
 import dataclasses
 import os
 import sys
@@ -45,7 +46,9 @@ class Cluster:
         if any(v is not None for v in given) and any(v is None for v in given):
             raise ConfigError("--coordinator_address, --num_processes and --process_id go together: give all three or none")
         if self.num_processes is not None and not 0 <= self.process_id < self.num_processes:
-            raise ConfigError(f"--process_id={self.process_id} is invalid; allowed: 0 .. --num_processes - 1 = {self.num_processes - 1}")
+            raise ConfigError(
+                f"--process_id={self.process_id} is invalid; allowed: 0 .. --num_processes - 1 = {self.num_processes - 1}"
+            )
 
     @property
     def given(self) -> bool:
@@ -65,8 +68,12 @@ def initialize_distributed(environ=os.environ, cluster: Cluster | None = None) -
     if not cluster.given and not is_multi_process(environ):
         return False
     jax.config.update("jax_cpu_collectives_implementation", "gloo")  # CPU processes (tests, one-machine runs)
-    jax.distributed.initialize(cluster.coordinator_address, cluster.num_processes, cluster.process_id,
-                               heartbeat_timeout_seconds=heartbeat_timeout_s(cluster.peer_timeout_s))
+    jax.distributed.initialize(
+        cluster.coordinator_address,
+        cluster.num_processes,
+        cluster.process_id,
+        heartbeat_timeout_seconds=heartbeat_timeout_s(cluster.peer_timeout_s),
+    )
     return True
 
 
@@ -102,8 +109,9 @@ class PeerWatch:
                 self.client.key_value_set(self._key(self.me), str(beat), allow_overwrite=True)
                 values = {p: self._try_get(p) for p in heard}
             except Exception as e:  # the service runs in process 0
-                self._lost(f"lost the coordination service ({str(e).strip().splitlines()[0][:120]}): process 0 died or "
-                           f"cannot be reached")
+                self._lost(
+                    f"lost the coordination service ({str(e).strip().splitlines()[0][:120]}): process 0 died or cannot be reached"
+                )
             now = time.monotonic()
             for p, value in values.items():
                 if value == "done":
@@ -123,8 +131,10 @@ class PeerWatch:
 
     def _lost(self, what: str) -> None:
         sys.stdout.flush()
-        sys.stderr.write(f"error: {what}; stopping this process too (exit {EXIT_PEER_LOST}): restart every process to "
-                         f"resume from the last checkpoint\n")
+        sys.stderr.write(
+            f"error: {what}; stopping this process too (exit {EXIT_PEER_LOST}): restart every process to "
+            f"resume from the last checkpoint\n"
+        )
         sys.stderr.flush()
         os._exit(EXIT_PEER_LOST)
 

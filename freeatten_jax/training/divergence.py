@@ -1,6 +1,7 @@
 """The loss-spike rule: a run diverges when its loss stays above `factor` x the running median of recent losses, and
 at least MIN_RISE nats above it, for `steps` steps in a row (finite blow-ups: NaN/Inf are caught apart). Spiking
 losses stay out of the median. The floor keeps a solved task's losses near 0 (MQAR: 0.003 -> 0.04) from counting."""
+
 import collections
 import statistics
 

@@ -4,6 +4,7 @@ Training FLOPs per token, as in PaLM (appendix B): 6 N for the N matrix paramete
 excluded, the unembedding included) plus 6 L T E for the attention scores and weighted sum of a
 T-token causal window (the causal half is counted, as in Megatron's and MaxText's reports).
 """
+
 import math
 
 from freeatten_jax.nn.config import ModelConfig

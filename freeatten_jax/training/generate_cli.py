@@ -5,6 +5,7 @@
 The samples go to stdout (each the prompt and its continuation; several are separated by a line of dashes);
 the checkpoint step and the sampling speed go to stderr.
 """
+
 import sys
 
 from absl import flags, logging
@@ -22,8 +23,9 @@ def main() -> None:
     num_samples = flags.DEFINE_integer("num_samples", 1, "Continuations to sample, as one batch.", lower_bound=1)
     temperature = flags.DEFINE_float("temperature", 1.0, "Sampling temperature; 0 is greedy.", lower_bound=0.0)
     top_k = flags.DEFINE_integer("top_k", None, "Sample among the k most likely tokens only.", lower_bound=1)
-    top_p = flags.DEFINE_float("top_p", None, "Nucleus sampling: the smallest set of tokens with this probability.",
-                               lower_bound=0.0, upper_bound=1.0)
+    top_p = flags.DEFINE_float(
+        "top_p", None, "Nucleus sampling: the smallest set of tokens with this probability.", lower_bound=0.0, upper_bound=1.0
+    )
     eos = flags.DEFINE_string("eos", None, "Stop after this text (one token), e.g. a newline.")
     seed = flags.DEFINE_integer("seed", 0, "Sampling seed.")
 
@@ -31,11 +33,23 @@ def main() -> None:
         from freeatten_jax.training.run import load_run
 
         loaded, timing = load_run(workdir.value, step=step.value), {}
-        texts = loaded.generate(prompt.value, max_new.value, num_samples=num_samples.value, temperature=temperature.value,
-                                top_k=top_k.value, top_p=top_p.value, eos=eos.value, seed=seed.value, timing=timing)
+        texts = loaded.generate(
+            prompt.value,
+            max_new.value,
+            num_samples=num_samples.value,
+            temperature=temperature.value,
+            top_k=top_k.value,
+            top_p=top_p.value,
+            eos=eos.value,
+            seed=seed.value,
+            timing=timing,
+        )
         print(f"\n{SEPARATOR}\n".join(prompt.value + text for text in texts))
         rate = timing["tokens_after_first"] / timing["after_first_s"] if timing["tokens_after_first"] else float("nan")
-        print(f"checkpoint step {loaded.step}; {len(texts)} sample(s) x up to {max_new.value} tokens: first token after "
-              f"{timing['first_token_s']:.2f} s (compilation included), then {rate:,.1f} tokens/s", file=sys.stderr)
+        print(
+            f"checkpoint step {loaded.step}; {len(texts)} sample(s) x up to {max_new.value} tokens: first token after "
+            f"{timing['first_token_s']:.2f} s (compilation included), then {rate:,.1f} tokens/s",
+            file=sys.stderr,
+        )
 
     cli.run(run, sys.argv, verbosity=logging.ERROR)  # orbax read-only notices would mix with the text

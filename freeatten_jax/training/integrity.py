@@ -1,6 +1,7 @@
 """Fingerprints that let a restore prove what it read: of every array of the train state (computed on the
 devices, where the arrays live: two wrapping uint32 sums over each array's bits, exact for any sharding), of the
 data iterator's state (each process's), and of the training data files (paths, sizes, a hash of samples)."""
+
 import hashlib
 import json
 

@@ -3,6 +3,7 @@
 The kernel releases the lock when the process exits or crashes, so a stale lock cannot block a rerun.
 Cloud workdirs (`gs://...`) have no advisory locks: they are not locked (a warning says so).
 """
+
 import contextlib
 import fcntl
 import os

@@ -1,4 +1,5 @@
 """The training loop: resume, steps, validation, logging, checkpoints, profiling, preemption and NaN handling."""
+
 import contextlib
 import functools
 import signal
@@ -13,10 +14,16 @@ from jax.experimental import multihost_utils
 from freeatten_jax import data
 from freeatten_jax.errors import ConfigError, UserError
 from freeatten_jax.nn import sharding
-from freeatten_jax.training import (config, distributed, divergence, flops, integrity, lock, optim, state as train_state,
-                                    step as train_step, storage)
-from freeatten_jax.training.checkpoint import (Checkpointer, CheckpointMismatchError, CheckpointUnavailableError, describe,
-                                               is_unavailable)
+from freeatten_jax.training import config, distributed, divergence, flops, integrity, lock, optim, storage
+from freeatten_jax.training import state as train_state
+from freeatten_jax.training import step as train_step
+from freeatten_jax.training.checkpoint import (
+    Checkpointer,
+    CheckpointMismatchError,
+    CheckpointUnavailableError,
+    describe,
+    is_unavailable,
+)
 from freeatten_jax.training.metrics import MetricsWriter
 
 
@@ -34,8 +41,10 @@ class NoUsableCheckpointError(UserError, RuntimeError):
 
 def _check_vocab(cfg: config.Config, splits: data.Splits) -> None:
     if cfg.model.vocab_size < splits.vocab_size:
-        raise ConfigError(f"config.model.vocab_size={cfg.model.vocab_size} is smaller than the data's "
-                          f"vocabulary ({splits.vocab_size}); allowed: None (take the data's) or >= {splits.vocab_size}")
+        raise ConfigError(
+            f"config.model.vocab_size={cfg.model.vocab_size} is smaller than the data's "
+            f"vocabulary ({splits.vocab_size}); allowed: None (take the data's) or >= {splits.vocab_size}"
+        )
 
 
 def _mesh_devices(shape):
@@ -71,7 +80,7 @@ class _StopSignal:
 def _logged_losses(writer) -> list[float]:
     """The losses metrics.jsonl holds up to the resumed step (process 0's, sent to all: the spike rule must agree)."""
     losses = np.full(divergence.WINDOW, np.nan, np.float32)
-    logged = [m["loss"] for m in writer.rows if "loss" in m][-divergence.WINDOW:]
+    logged = [m["loss"] for m in writer.rows if "loss" in m][-divergence.WINDOW :]
     losses[: len(logged)] = logged
     if jax.process_count() > 1:
         losses = multihost_utils.broadcast_one_to_all(losses)
@@ -91,7 +100,9 @@ class Evaluator:
         windows_WL = data.held_out_windows(cfg.data, splits, cfg.train.seq_len, cfg.train.eval_windows)
         batch = cfg.train.batch_size // cfg.train.grad_accum_steps  # a micro-batch: what fits in memory
         pad = -len(windows_WL) % batch
-        self.tokens_NBL = np.concatenate([windows_WL, np.zeros((pad, windows_WL.shape[1]), np.int32)]).reshape(-1, batch, windows_WL.shape[1])
+        self.tokens_NBL = np.concatenate([windows_WL, np.zeros((pad, windows_WL.shape[1]), np.int32)]).reshape(
+            -1, batch, windows_WL.shape[1]
+        )
         self.weights_NB = np.concatenate([np.ones(len(windows_WL), np.float32), np.zeros(pad, np.float32)]).reshape(-1, batch)
         self.tokens_sharding = sharding.batch_sharding(mesh, rules, self.tokens_NBL.shape[1:])
         self.weights_sharding = sharding.logical_spec(("batch",), self.weights_NB.shape[1:], mesh, rules)
@@ -128,12 +139,17 @@ def _check_resumable(saved: dict, cfg: config.Config, step: int, workdir) -> Non
     (a field the checkpoint lacks was added since: it had its default)."""
     old, new = _flat(saved), _flat(cfg.source)
     free = RESUME_FREE + (CHANGEABLE_DATA if cfg.data.allow_changed else ())
-    changed = [k for k in sorted(set(old) | set(new))
-               if k.startswith(RESUME_FIXED) and k not in free and k in old and old[k] != new.get(k)]
+    changed = [
+        k
+        for k in sorted(set(old) | set(new))
+        if k.startswith(RESUME_FIXED) and k not in free and k in old and old[k] != new.get(k)
+    ]
     if changed:
         k = changed[0]
-        raise ConfigError(f"config.{k} is {new.get(k)!r} but the checkpoint at step {step} in {workdir} used "
-                          f"{old.get(k)!r} ({len(changed)} such field(s)); resume with the same value or use a new --workdir")
+        raise ConfigError(
+            f"config.{k} is {new.get(k)!r} but the checkpoint at step {step} in {workdir} used "
+            f"{old.get(k)!r} ({len(changed)} such field(s)); resume with the same value or use a new --workdir"
+        )
 
 
 def _log(*args, **kwargs) -> None:
@@ -159,15 +175,19 @@ def _resume(ckpt, abstract, train_iter, cfg, workdir):
             raise
         except Exception as e:  # truncated, missing or garbage files: orbax, tensorstore and json raise many types
             if is_unavailable(e):
-                raise CheckpointUnavailableError(f"cannot read checkpoint step {step} in {ckpt.directory} ({describe(e)}); "
-                                                 f"nothing was moved or written: fix the storage and rerun") from e
+                raise CheckpointUnavailableError(
+                    f"cannot read checkpoint step {step} in {ckpt.directory} ({describe(e)}); "
+                    f"nothing was moved or written: fix the storage and rerun"
+                ) from e
             reason = "fingerprint-mismatch" if isinstance(e, CheckpointMismatchError) else "unreadable"
             bad.append((step, reason, describe(e), ckpt.quarantine(step, reason)))
             continue
         for number, reason, error, moved in bad:
             _log(f"checkpoint {number} is {_BAD[reason]} ({error}); moved it to {moved}; continuing from step {step}")
         confirmed = ckpt.confirmed_step()
-        verdict = "confirmed good" if confirmed is not None and step <= confirmed else "not yet confirmed: its next step has not run"
+        verdict = (
+            "confirmed good" if confirmed is not None and step <= confirmed else "not yet confirmed: its next step has not run"
+        )
         _log(f"resumed from step {step} (checkpoint in {workdir}; {verdict})")
         return state, step
     for number, reason, error, moved in bad:
@@ -175,8 +195,10 @@ def _resume(ckpt, abstract, train_iter, cfg, workdir):
     quarantined = ckpt.workdir / "quarantine"
     if bad or (quarantined.exists() and any(quarantined.iterdir())):
         if not cfg.checkpoint.allow_fresh_start:
-            raise NoUsableCheckpointError(f"no usable checkpoint in {ckpt.directory} (the bad ones are in {quarantined}); not "
-                                          f"starting from scratch: rerun with --config.checkpoint.allow_fresh_start=True to train from step 0")
+            raise NoUsableCheckpointError(
+                f"no usable checkpoint in {ckpt.directory} (the bad ones are in {quarantined}); not "
+                f"starting from scratch: rerun with --config.checkpoint.allow_fresh_start=True to train from step 0"
+            )
         _log(f"no usable checkpoint in {ckpt.directory}; starting from scratch (config.checkpoint.allow_fresh_start)")
     return None, 0
 
@@ -188,8 +210,10 @@ def _check_data_unchanged(saved: list, now: list, cfg, step: int) -> None:
     if (change := integrity.files_changed(saved, now)) is None:
         return
     if not cfg.data.allow_changed:
-        raise data.DataError(f"the training data changed since checkpoint step {step}: {change}; resume on the same data, "
-                             f"or pass --config.data.allow_changed=True to go on with this data")
+        raise data.DataError(
+            f"the training data changed since checkpoint step {step}: {change}; resume on the same data, "
+            f"or pass --config.data.allow_changed=True to go on with this data"
+        )
     _log(f"the training data changed since checkpoint step {step} ({change}); going on with it (config.data.allow_changed)")
 
 
@@ -232,8 +256,10 @@ def _checked_and_trained(cfg_dict, workdir) -> RunMetrics:
         except OSError as e:
             if isinstance(e, UserError) or e.errno not in storage.FULL_OR_READ_ONLY:
                 raise
-            raise storage.StorageError(f"cannot write to {workdir}: {e.strerror} ({e.filename or 'a file in it'}); stopped; "
-                                       f"the checkpoints in it are kept: free space or fix the storage, then rerun") from e
+            raise storage.StorageError(
+                f"cannot write to {workdir}: {e.strerror} ({e.filename or 'a file in it'}); stopped; "
+                f"the checkpoints in it are kept: free space or fix the storage, then rerun"
+            ) from e
 
 
 def _check_batch(cfg: config.Config, mesh) -> None:
@@ -241,12 +267,16 @@ def _check_batch(cfg: config.Config, mesh) -> None:
     replicas = mesh.shape["data"] * mesh.shape["fsdp"]
     micro = batch // cfg.train.grad_accum_steps
     if batch % hosts or micro % replicas:
-        raise ConfigError(f"config.train.batch_size={batch} must be divisible by the {hosts} processes, and "
-                          f"each of its {cfg.train.grad_accum_steps} micro-batches ({micro}) by the "
-                          f"{replicas} data-parallel devices (mesh data x fsdp)")
+        raise ConfigError(
+            f"config.train.batch_size={batch} must be divisible by the {hosts} processes, and "
+            f"each of its {cfg.train.grad_accum_steps} micro-batches ({micro}) by the "
+            f"{replicas} data-parallel devices (mesh data x fsdp)"
+        )
     if (context := mesh.shape["context"]) > 1 and cfg.train.seq_len % (2 * context):
-        raise ConfigError(f"config.train.seq_len={cfg.train.seq_len} must be a multiple of 2 x the mesh's context "
-                          f"axis ({2 * context}): context parallelism splits the sequence into 2 chunks per device")
+        raise ConfigError(
+            f"config.train.seq_len={cfg.train.seq_len} must be a multiple of 2 x the mesh's context "
+            f"axis ({2 * context}): context parallelism splits the sequence into 2 chunks per device"
+        )
 
 
 def _check_data(cfg: config.Config, splits: data.Splits) -> None:
@@ -257,20 +287,31 @@ def _check_data(cfg: config.Config, splits: data.Splits) -> None:
     length = cfg.train.seq_len + 1
     if data.num_chunks(splits.train, length) < jax.process_count():
         tokens = sum(len(s) for s in splits.train)
-        raise data.DataError(f"the training data has {tokens} tokens: too few for {jax.process_count()} window(s) of "
-                             f"config.train.seq_len + 1 = {length} tokens; lower train.seq_len or give more data")
+        raise data.DataError(
+            f"the training data has {tokens} tokens: too few for {jax.process_count()} window(s) of "
+            f"config.train.seq_len + 1 = {length} tokens; lower train.seq_len or give more data"
+        )
     if not sum(len(s) // length for s in splits.val):
         tokens = sum(len(s) for s in splits.val)
-        raise data.DataError(f"the validation data has {tokens} tokens: too few for one window of config.train.seq_len + 1 = "
-                             f"{length} tokens; raise data.val_fraction, lower train.seq_len or give more data")
+        raise data.DataError(
+            f"the validation data has {tokens} tokens: too few for one window of config.train.seq_len + 1 = "
+            f"{length} tokens; raise data.val_fraction, lower train.seq_len or give more data"
+        )
 
 
 def _train(cfg: config.Config, splits, mesh, workdir) -> RunMetrics:
     rules, steps, hosts = cfg.mesh.rules, cfg.train.steps, jax.process_count()
-    train_iter = data.train_iterator(splits.train, cfg.train.seq_len, cfg.train.batch_size // hosts, seed=cfg.train.seed,
-                                     process_index=jax.process_index(), process_count=hosts, num_workers=cfg.data.num_workers,
-                                     mix=data.retrieval_mix(cfg.data, splits.tokenizer, cfg.train.seq_len, cfg.train.seed),
-                                     windows=data.synthetic_windows(cfg.data, cfg.train.seq_len, cfg.train.seed))
+    train_iter = data.train_iterator(
+        splits.train,
+        cfg.train.seq_len,
+        cfg.train.batch_size // hosts,
+        seed=cfg.train.seed,
+        process_index=jax.process_index(),
+        process_count=hosts,
+        num_workers=cfg.data.num_workers,
+        mix=data.retrieval_mix(cfg.data, splits.tokenizer, cfg.train.seq_len, cfg.train.seed),
+        windows=data.synthetic_windows(cfg.data, cfg.train.seq_len, cfg.train.seed),
+    )
     ckpt = Checkpointer(workdir, cfg.checkpoint, data_files=integrity.files(data.files(cfg.data)))
     tx = optim.make(cfg.optim, steps)
     abstract, state_shardings = train_state.abstract_state(cfg, mesh, tx)
@@ -290,9 +331,15 @@ def _train(cfg: config.Config, splits, mesh, workdir) -> RunMetrics:
         out_shardings=(state_shardings, None),
         donate_argnums=0,
     )
-    step_fn = functools.partial(step_fn, graphdef=train_def, tx=tx, schedule=optim.schedule(cfg.optim, steps),
-                                accum_steps=cfg.train.grad_accum_steps, eos_id=data.document_eos(cfg.data),
-                                targets=data.loss_targets(cfg.data, cfg.train.seq_len))
+    step_fn = functools.partial(
+        step_fn,
+        graphdef=train_def,
+        tx=tx,
+        schedule=optim.schedule(cfg.optim, steps),
+        accum_steps=cfg.train.grad_accum_steps,
+        eos_id=data.document_eos(cfg.data),
+        targets=data.loss_targets(cfg.data, cfg.train.seq_len),
+    )
     writer = MetricsWriter(workdir, start, cfg.source)
     stop = _StopSignal()
     try:
@@ -343,8 +390,11 @@ def _loop(cfg, state, start, step_fn, evaluate, train_iter, ckpt, writer, stop, 
     if start >= t.steps:
         log(f"already trained to step {start} of {t.steps}: nothing to do", flush=True)
         return written
-    log(f"training {cfg.model.attention} for steps {start + 1}..{t.steps}: {mesh.devices.size} devices, "
-        f"mesh {dict(mesh.shape)}, batch {t.batch_size} x {t.seq_len} tokens", flush=True)
+    log(
+        f"training {cfg.model.attention} for steps {start + 1}..{t.steps}: {mesh.devices.size} devices, "
+        f"mesh {dict(mesh.shape)}, batch {t.batch_size} x {t.seq_len} tokens",
+        flush=True,
+    )
     if peak is None:
         log(f"MFU not reported: no known peak for device {device.device_kind!r}; set --config.train.peak_tflops", flush=True)
     for warning in optim.warnings(cfg.optim, t.steps) + _logging_warnings(t):
@@ -355,14 +405,23 @@ def _loop(cfg, state, start, step_fn, evaluate, train_iter, ckpt, writer, stop, 
         metrics = jax.device_get(metrics)
         ckpt.check_for_errors()  # a failed background save stops the run now, not at the next checkpoint
         if not metrics["finite"]:
-            raise _rolled_back(NonFiniteLossError, ckpt, step - 1,
-                               f"step {step}: loss {float(metrics['loss'])}, grad norm {float(metrics['grad_norm'])}: not finite")
+            raise _rolled_back(
+                NonFiniteLossError,
+                ckpt,
+                step - 1,
+                f"step {step}: loss {float(metrics['loss'])}, grad norm {float(metrics['grad_norm'])}: not finite",
+            )
         threshold = spikes.threshold()
         if spikes.observe(step, float(metrics["loss"])) and spikes.diverged:
-            raise _rolled_back(DivergenceError, ckpt, spikes.first_spike - 1,
-                               f"step {step}: loss {float(metrics['loss']):.4g} has been above {t.spike_factor:g} x its running "
-                               f"median ({threshold / t.spike_factor:.4g}) for {spikes.run} steps (since step {spikes.first_spike}): "
-                               f"diverging", "lower optim.lr, or set train.spike_factor=0 to stop only on NaN/Inf")
+            raise _rolled_back(
+                DivergenceError,
+                ckpt,
+                spikes.first_spike - 1,
+                f"step {step}: loss {float(metrics['loss']):.4g} has been above {t.spike_factor:g} x its running "
+                f"median ({threshold / t.spike_factor:.4g}) for {spikes.run} steps (since step {spikes.first_spike}): "
+                f"diverging",
+                "lower optim.lr, or set train.spike_factor=0 to stop only on NaN/Inf",
+            )
         if unconfirmed[0] is not None and unconfirmed[0] < step and spikes.run == 0:
             sound[0], unconfirmed[0] = unconfirmed[0], None
         if sound[0] is not None and not ckpt.saving():
@@ -396,8 +455,11 @@ def _loop(cfg, state, start, step_fn, evaluate, train_iter, ckpt, writer, stop, 
         if step == start + 1:  # exclude compilation from the rates; say how long it took
             jax.block_until_ready(metrics)
             timer[:] = step, time.perf_counter()
-            log(f"step {step}/{t.steps} | loss {float(metrics['loss']):.4f} | first step in {timer[1] - began:.1f} s "
-                f"(compilation included)", flush=True)
+            log(
+                f"step {step}/{t.steps} | loss {float(metrics['loss']):.4f} | first step in {timer[1] - began:.1f} s "
+                f"(compilation included)",
+                flush=True,
+            )
         if pending is not None:
             finish(*pending, None)
         stopping = stop.any_process()
@@ -441,7 +503,11 @@ def _rolled_back(error_class, ckpt, first_bad: int, what: str, hint: str = ""):
         ckpt.quarantine(s, "non-finite" if error_class is NonFiniteLossError else "diverged")
     aside = f"moved unconfirmed checkpoint(s) {', '.join(map(str, moved))} to {ckpt.workdir / 'quarantine'}; " if moved else ""
     restart = ckpt.latest_step()
-    where = f"checkpoint step {restart}" if restart is not None else "scratch (no good checkpoint; needs config.checkpoint.allow_fresh_start)"
+    where = (
+        f"checkpoint step {restart}"
+        if restart is not None
+        else "scratch (no good checkpoint; needs config.checkpoint.allow_fresh_start)"
+    )
     return error_class(f"{what}; stopped without saving; {aside}a rerun starts from {where}" + (f" ({hint})" if hint else ""))
 
 

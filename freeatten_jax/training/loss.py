@@ -2,6 +2,7 @@
 
 Glossary: B batch, L = T + 1 window tokens (inputs tokens[:, :-1], targets tokens[:, 1:]), T positions, V vocab.
 """
+
 import jax
 import jax.numpy as jnp
 

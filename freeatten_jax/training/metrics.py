@@ -5,6 +5,7 @@ atomically, keeping the step records up to the restored step. WORKDIR may be a c
 rewritten whole (object stores cannot append), and TensorBoard events to `gs://` go through `etils.epath` as
 well (tensorboardX's own GCS writer needs google-cloud-storage).
 """
+
 import json
 
 import jax

@@ -1,15 +1,20 @@
 """Optax optimiser: AdamW (b1 0.9, b2 0.95) with weight decay on matrices only, global-norm clipping,
 warm-up then a cosine or constant schedule. (Gradient accumulation happens in the train step.)"""
+
 import jax
 import optax
 
 
 def _cosine(cfg, steps: int):
-    return optax.warmup_cosine_decay_schedule(0.0, cfg.lr, cfg.warmup_steps, max(steps, cfg.warmup_steps + 1), cfg.lr * cfg.min_lr_ratio)
+    return optax.warmup_cosine_decay_schedule(
+        0.0, cfg.lr, cfg.warmup_steps, max(steps, cfg.warmup_steps + 1), cfg.lr * cfg.min_lr_ratio
+    )
 
 
 def _constant(cfg, steps: int):
-    return optax.join_schedules([optax.linear_schedule(0.0, cfg.lr, cfg.warmup_steps), optax.constant_schedule(cfg.lr)], [cfg.warmup_steps])
+    return optax.join_schedules(
+        [optax.linear_schedule(0.0, cfg.lr, cfg.warmup_steps), optax.constant_schedule(cfg.lr)], [cfg.warmup_steps]
+    )
 
 
 SCHEDULES = {"cosine": _cosine, "constant": _constant}
@@ -25,8 +30,10 @@ def warnings(cfg_optim, steps: int) -> list[str]:
     if cfg_optim.warmup_steps < steps:
         return []
     peak = float(schedule(cfg_optim, steps)(steps - 1))
-    return [f"optim.warmup_steps={cfg_optim.warmup_steps} >= train.steps={steps}: the learning rate peaks at {peak:.3g} "
-            f"at the last step and never reaches optim.lr={cfg_optim.lr:g}"]
+    return [
+        f"optim.warmup_steps={cfg_optim.warmup_steps} >= train.steps={steps}: the learning rate peaks at {peak:.3g} "
+        f"at the last step and never reaches optim.lr={cfg_optim.lr:g}"
+    ]
 
 
 def _matrices(params):
@@ -37,6 +44,12 @@ def make(cfg_optim, steps: int) -> optax.GradientTransformation:
     """Clip, then AdamW on the scheduled learning rate."""
     return optax.chain(
         optax.clip_by_global_norm(cfg_optim.clip_norm),
-        optax.adamw(schedule(cfg_optim, steps), b1=cfg_optim.b1, b2=cfg_optim.b2, eps=cfg_optim.eps,
-                    weight_decay=cfg_optim.weight_decay, mask=_matrices),
+        optax.adamw(
+            schedule(cfg_optim, steps),
+            b1=cfg_optim.b1,
+            b2=cfg_optim.b2,
+            eps=cfg_optim.eps,
+            weight_decay=cfg_optim.weight_decay,
+            mask=_matrices,
+        ),
     )

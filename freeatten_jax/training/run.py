@@ -6,6 +6,7 @@ checkpoint outside the commands:
     texts = run.generate("ROMEO:", 100, num_samples=4, top_p=0.9)
     logits = run.model(tokens_BT)                              # an nnx Transformer in eval mode
 """
+
 import contextlib
 import dataclasses
 import logging
@@ -42,13 +43,25 @@ class Run:
     def encode(self, text: str) -> np.ndarray:
         """Token ids [T] int32 of `text` with the run's tokenizer."""
         if self.tokenizer is None:
-            raise UserError(f"run {self.workdir} trained on pre-tokenized .bin shards without data.tokenizer_path: "
-                            f"it has no tokenizer to encode a prompt")
+            raise UserError(
+                f"run {self.workdir} trained on pre-tokenized .bin shards without data.tokenizer_path: "
+                f"it has no tokenizer to encode a prompt"
+            )
         return np.asarray(self.tokenizer.encode(text), np.int32)
 
-    def generate(self, prompt: str, max_new_tokens: int, *, num_samples: int = 1, temperature: float = 1.0,
-                 top_k: int | None = None, top_p: float | None = None, eos: str | None = None, seed: int = 0,
-                 timing: dict | None = None) -> list[str]:
+    def generate(
+        self,
+        prompt: str,
+        max_new_tokens: int,
+        *,
+        num_samples: int = 1,
+        temperature: float = 1.0,
+        top_k: int | None = None,
+        top_p: float | None = None,
+        eos: str | None = None,
+        seed: int = 0,
+        timing: dict | None = None,
+    ) -> list[str]:
         """`num_samples` continuations of `prompt` (prompt excluded), sampled together as one batch; each stops
         after `eos` (one token) if given. `timing`, if given, receives the seconds to the first token
         (compilation included), the seconds after it and the tokens sampled after it."""
@@ -74,13 +87,27 @@ class Run:
             clock["steps"] += 1
 
         prompt_BT = np.repeat(prompt_T[None], num_samples, axis=0)
-        out_BT = np.asarray(generate(self.model, prompt_BT, max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
-                                     eos_id=eos_id, seed=seed, on_token=on_token))
+        out_BT = np.asarray(
+            generate(
+                self.model,
+                prompt_BT,
+                max_new_tokens,
+                temperature=temperature,
+                top_k=top_k,
+                top_p=top_p,
+                eos_id=eos_id,
+                seed=seed,
+                on_token=on_token,
+            )
+        )
         if timing is not None:
-            timing.update(first_token_s=clock["first"] - clock["start"], after_first_s=time.perf_counter() - clock["first"],
-                          tokens_after_first=(clock["steps"] - 1) * num_samples)
+            timing.update(
+                first_token_s=clock["first"] - clock["start"],
+                after_first_s=time.perf_counter() - clock["first"],
+                tokens_after_first=(clock["steps"] - 1) * num_samples,
+            )
         texts = []
-        for new_T in out_BT[:, len(prompt_T):]:
+        for new_T in out_BT[:, len(prompt_T) :]:
             if eos_id is not None and (eos_id == new_T).any():
                 new_T = new_T[: int(np.argmax(new_T == eos_id)) + 1]
             texts.append(self.tokenizer.decode(new_T))

@@ -3,6 +3,7 @@
 state = {"params": nnx.State of nnx.Param, "rest": the model's other variables (dropout RNG streams),
          "opt_state": optax state, "step": int32 scalar (optimiser steps done)}.
 """
+
 import jax
 import jax.numpy as jnp
 from flax import nnx

@@ -5,6 +5,7 @@ A gradient-accumulation micro-batches. The graphdef is always the static keyword
 (static, None: off) turns on document masking (freeatten_jax.data.documents); `targets` (static, None: all)
 are the target positions the loss counts (data.loss_targets: MQAR's answers).
 """
+
 import jax
 import jax.numpy as jnp
 import optax
@@ -30,8 +31,17 @@ def _grad_step(graphdef, params, rest, tokens_BL, eos_id, targets):
     return loss, grads, nnx.state(model, nnx.Not(nnx.Param))
 
 
-def train_step(state, tokens_BL, *, graphdef, tx, schedule, accum_steps: int, eos_id: int | None = None,
-               targets: tuple[int, ...] | None = None):
+def train_step(
+    state,
+    tokens_BL,
+    *,
+    graphdef,
+    tx,
+    schedule,
+    accum_steps: int,
+    eos_id: int | None = None,
+    targets: tuple[int, ...] | None = None,
+):
     """One optimiser step on the mean loss of A micro-batches of B / A windows each."""
     params = state["params"]
     tokens_ABL = tokens_BL.reshape(-1, accum_steps, tokens_BL.shape[-1]).swapaxes(0, 1)  # strided: each spans all devices
@@ -48,7 +58,12 @@ def train_step(state, tokens_BL, *, graphdef, tx, schedule, accum_steps: int, eo
     updates, opt_state = tx.update(grads, state["opt_state"], params)
     new_state = {"params": optax.apply_updates(params, updates), "rest": rest, "opt_state": opt_state, "step": state["step"] + 1}
     grad_norm = optax.global_norm(grads)
-    metrics = {"loss": loss, "grad_norm": grad_norm, "lr": schedule(state["step"]), "finite": jnp.isfinite(loss) & jnp.isfinite(grad_norm)}
+    metrics = {
+        "loss": loss,
+        "grad_norm": grad_norm,
+        "lr": schedule(state["step"]),
+        "finite": jnp.isfinite(loss) & jnp.isfinite(grad_norm),
+    }
     return new_state, metrics
 
 

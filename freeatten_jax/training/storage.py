@@ -1,5 +1,6 @@
 """Paths for run outputs: local folders or cloud storage (`gs://bucket/run`), through `etils.epath`;
 small state files written atomically, and the free-space check made before a run's first step."""
+
 import errno
 import os
 import shutil
@@ -71,5 +72,7 @@ def check_free_space(folder, checkpoint_bytes: int) -> None:
         return
     free = shutil.disk_usage(_nearest_existing(os.fspath(path(folder)))).free
     if free < checkpoint_bytes * 1.1:
-        raise StorageError(f"{folder} has {free / 2**20:.1f} MiB free but a checkpoint of this run takes about "
-                           f"{checkpoint_bytes / 2**20:.1f} MiB; free space or use another --workdir (nothing was trained)")
+        raise StorageError(
+            f"{folder} has {free / 2**20:.1f} MiB free but a checkpoint of this run takes about "
+            f"{checkpoint_bytes / 2**20:.1f} MiB; free space or use another --workdir (nothing was trained)"
+        )
