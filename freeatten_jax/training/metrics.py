@@ -39,7 +39,12 @@ class _EpathWriterFactory:
         storage.path(path).mkdir(parents=True, exist_ok=True)
 
 
-record_writer.register_writer_factory("gs", _EpathWriterFactory())
+def _tensorboard(directory) -> SummaryWriter:
+    """A SummaryWriter; a `gs://` folder first gets the epath writer (registered then, not at import: a module that is
+    only imported changes no other library's state)."""
+    if str(directory).startswith("gs://"):
+        record_writer.register_writer_factory("gs", _EpathWriterFactory())
+    return SummaryWriter(str(directory))
 
 
 def _parsed(path) -> list[tuple[str, dict]]:
@@ -74,7 +79,7 @@ class MetricsWriter:
                 kept = [(line, row) for line, row in _parsed(self.path) if row["step"] <= resumed_step]
                 self._lines, self.rows = [line for line, _ in kept], [row for _, row in kept]
             storage.write_atomic(self.path, "".join(line + "\n" for line in self._lines))
-            self._tb = SummaryWriter(str(storage.path(workdir) / "tensorboard"))
+            self._tb = _tensorboard(storage.path(workdir) / "tensorboard")
             if config is not None:  # the run's config, readable in TensorBoard's text tab
                 self._tb.add_text("config", "```\n" + json.dumps(config, indent=1) + "\n```", resumed_step)
 
