@@ -96,9 +96,12 @@ def test_training_resumes_the_stream_and_the_control_keeps_s(mqar_runs):
     np.testing.assert_array_equal(s, np.full_like(s, 1 / np.log(24)))  # four Adam steps left it where it started
 
 
-def test_eval_scores_accuracy_by_length_into_mqar_csv(mqar_runs, tmp_path):
+def test_eval_scores_accuracy_by_length_into_mqar_csv(mqar_runs, tmp_path, capsys):
     settings = suite.Settings(multipliers=(1, 2), mqar_instances=16)
     runs = suite.run_suite(list(mqar_runs.values()), [], settings, str(tmp_path))
+    assert capsys.readouterr().err.startswith(
+        "evaluating 3 run(s) (checkpoint x switch) at 2 lengths (1x, 2x), MQAR: 16 instances"
+    )
     with (tmp_path / "mqar.csv").open() as f:
         rows = list(csv.DictReader(f))
     assert list(rows[0]) == ["variant", "switch", "seed", "train_len", "length", "accuracy", "queries"]

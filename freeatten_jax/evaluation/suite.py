@@ -264,16 +264,19 @@ def run_suite(workdirs: list[str], switch_texts: list[str], settings: Settings, 
         raise UserError("nothing to evaluate: no switch applies to these checkpoints")
     per_job = tasks_per_run(settings)
     runs, splits_of = [], SplitCache()
+    mqar_runs = sum(configs[w].data.source == "mqar" for w, _ in jobs)
+    what = [f"{len(settings.passkey_depths)} passkey depth(s) x {settings.passkey_keys} key(s)"] * (mqar_runs < len(jobs))
+    what += [f"MQAR: {settings.mqar_instances} instances per length"] * (mqar_runs > 0)
     print(
         f"evaluating {len(jobs)} run(s) (checkpoint x switch) at {len(settings.multipliers)} lengths "
-        f"({', '.join(f'{m}x' for m in settings.multipliers)}), {len(settings.passkey_depths)} passkey depth(s) x "
-        f"{settings.passkey_keys} key(s); the time of the first run gives an estimate of the whole",
+        f"({', '.join(f'{m}x' for m in settings.multipliers)}), {', '.join(what)}; the time of the first run gives an "
+        "estimate of the whole",
         file=sys.stderr,
     )
     start = time.perf_counter()
     with tqdm(total=len(jobs) * per_job, desc="eval", unit="task") as progress:
         for i, (workdir, switch) in enumerate(jobs):
-            progress.set_description(f"{pathlib.Path(workdir).name} ({configs[workdir].model.attention}) [{switch.label}]")
+            progress.set_description(f"{pathlib.Path(workdir).name} ({configs[workdir].model.variant_name}) [{switch.label}]")
             runs.append(evaluate(workdir, switch, settings, splits_of, progress))
             if i == 0 and len(jobs) > 1:
                 progress.write(estimate(time.perf_counter() - start, len(jobs)), file=sys.stderr)
