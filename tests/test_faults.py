@@ -523,7 +523,7 @@ BAD_TRAIN = {  # arguments after TRAIN and --workdir -> what the one line must c
     "missing config file": (["--config=/no/such/config.py"], "cannot load the config file: [Errno 2] No such file"),
     "unknown config name": (
         ["--config=nosuch:tiny"],
-        "packaged configs: lm:variant=V,size=S or V:S; variants: softmax, ssmax, lssa, lssar",
+        "packaged configs: lm:variant=V,size=S or V:S, mqar:variant=V,form=F; variants: softmax, ssmax, lssa, lssar",
     ),
     "unknown size": (["--config=lssar:huge"], "unknown model size 'huge'; valid sizes: tiny"),
     "misspelt field": (
