@@ -2,6 +2,7 @@
 
 import re
 import sys
+import warnings
 from typing import Callable
 
 from absl import app, flags, logging
@@ -92,6 +93,9 @@ def run(main: Callable[[list[str]], None], argv: list[str], verbosity=logging.WA
         except UserError as e:
             if flags.FLAGS["verbosity"].present:
                 raise
+            # a save that failed leaves orbax's write coroutines unawaited: Python would warn of them at exit,
+            # after the error line, which must stay the last thing printed
+            warnings.filterwarnings("ignore", r"coroutine .* was never awaited", RuntimeWarning)
             sys.exit(f"error: {e}")
 
     if usage.wanted(argv):
