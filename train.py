@@ -1,4 +1,4 @@
-"""Train from the repository: `python train.py --config=configs/lssar.py:tiny --workdir=runs/x` (= `freeatten-train`)."""
+"""Train from the repository: `python train.py --config=configs/lm.py:variant=lssar,size=tiny --workdir=runs/x` (= `freeatten-train`)."""
 
 from freeatten_jax.training.cli import main
 

@@ -29,7 +29,7 @@ def _parse(*args):
 
 
 @pytest.mark.parametrize("variant", VARIANT_FILES)
-@pytest.mark.parametrize("form", ["freeatten_jax/configs/lm.py:variant={},size=tiny", "lm:variant={}", "{}:tiny", "{}"])
+@pytest.mark.parametrize("form", ["configs/lm.py:variant={},size=tiny", "lm:variant={}", "{}:tiny", "{}"])
 def test_every_variant_is_a_valid_config_by_path_named_arguments_or_alias(variant, form):
     cfg = config.parse(_parse("--config=" + form.format(variant)))
     assert cfg.model.attention == variant and cfg.model.vocab_size == 256 and cfg.model.max_len == 64

@@ -66,3 +66,15 @@ def test_a_command_without_its_extra_names_the_extra_in_one_line():
     assert (
         result.stderr.strip() == "error: ml_collections is not installed; this command needs pip install 'freeatten_jax[train]'"
     )
+
+
+def test_the_wheel_lists_every_package_and_maps_the_top_level_configs():
+    """pyproject names the packages one by one (configs/ installs as freeatten_jax.configs): a new subpackage left
+    off that list would be missing from `pip install .`."""
+    import pathlib
+    import tomllib
+
+    setuptools = tomllib.loads(pathlib.Path("pyproject.toml").read_text())["tool"]["setuptools"]
+    found = {".".join(p.parent.parts) for p in pathlib.Path("freeatten_jax").rglob("__init__.py")}
+    assert set(setuptools["packages"]) == found | {"freeatten_jax.configs"}
+    assert setuptools["package-dir"] == {"freeatten_jax.configs": "configs"} and pathlib.Path("configs/lm.py").exists()
