@@ -1,4 +1,5 @@
-"""Train from the repository: `python train.py --config=configs/lm.py:variant=lssar,size=tiny --workdir=runs/x` (= `freeatten-train`)."""
+"""Train from the repository (= `freeatten-train`):
+`python train.py --config=configs/lm.py:variant=lssar,size=tiny --workdir=runs/x`."""
 
 from freeatten_jax.training.cli import main
 
