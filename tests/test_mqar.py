@@ -29,9 +29,16 @@ def test_sequence_holds_pairs_then_queries_with_their_answers(form):
         query, answer = int(tokens_L[t]), int(tokens_L[t + 1])
         key = query - 64 if form == "fused" else query
         assert answer == (64 + 8 + pairs[key] if form == "fused" else 8 + pairs[key])
-    assert sorted(int(tokens_L[t]) for t in np.flatnonzero(mask_T)) == sorted(
-        int(q) for q in task.query_answer(inst.keys_P, inst.values_P)[:, 0]
-    )
+    queries = task.query_answer(inst.keys_P, inst.values_P)[inst.queried_P, 0]
+    assert [int(tokens_L[t]) for t in np.flatnonzero(mask_T)] == queries.tolist()
+
+
+def test_queries_ask_for_pairs_drawn_with_replacement():
+    """A key may be asked twice or not at all, so no answer follows from the answers before it."""
+    task, rng = mqar.Task(pairs=4), np.random.default_rng(0)
+    queried = np.stack([mqar.draw(task, 32, rng).queried_P for _ in range(200)])
+    repeats = np.array([len(set(q)) < 4 for q in queried])
+    assert queried.min() == 0 and queried.max() == 3 and 0.8 < repeats.mean() < 0.99  # 1 - 4!/4^4 = 0.906
 
 
 def test_longer_lengths_keep_the_pairs_and_fill_the_gap_with_noise():
