@@ -554,6 +554,13 @@ MUTANTS = [
         ),
     ),
     Mutant(
+        "mqar: every key queried once (the answers before a query narrow it down)",
+        "freeatten_jax/data/mqar.py",
+        "queried_P=rng.integers(task.pairs, size=task.pairs),",
+        "queried_P=rng.permutation(task.pairs),",
+        ("tests/test_mqar.py::test_queries_ask_for_pairs_drawn_with_replacement",),
+    ),
+    Mutant(
         "mqar: training windows ignore the seed",
         "freeatten_jax/data/mqar.py",
         "np.random.default_rng((self.seed, int(index)))",
