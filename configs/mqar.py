@@ -1,9 +1,9 @@
 """Multi-query associative recall (data.mqar), with named arguments: `--config=mqar:variant=lssar,form=fused`
 (all optional; variants as for `lm`, the softmax_logn control included; forms: fused, two_token). A 2-layer `tiny`
-model trained at 32 tokens on 4 key-value pairs among 16 noise tokens, the loss on the answers only, 2,000 steps at a
-constant learning rate (about 4 minutes on 2 CPU cores with another run beside it; docs/results.md: every variant
-solves it at 1x in 3 seeds of 3); `freeatten-eval` scores per-query accuracy at 1x-16x (the gap filled with noise, the
-same pairs).
+model trained at 32 tokens on 4 key-value pairs among noise tokens (16 distinct noise ids), the loss on the answers
+only, 2,000 steps at a constant learning rate (about 4 minutes on 2 CPU cores with another run beside it;
+docs/results.md: every variant solves it at 1x in 3 seeds of 3); `freeatten-eval` scores per-query accuracy at
+1x-16x (the gap filled with noise, the same pairs).
 
     freeatten-train --config=mqar:variant=lssar --workdir=runs/mqar-lssar
     freeatten-eval --workdir=runs/mqar-lssar --out=reports/mqar
