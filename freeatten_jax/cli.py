@@ -66,6 +66,15 @@ def config_value(holder):
     return holder.value
 
 
+def plugin_failure_in_one_line(record) -> bool:
+    """A log filter: jax's report of an accelerator plugin that failed to load (e.g. the CUDA plugin of the [compile]
+    extra on a machine without cuDNN; jax goes on with the other platforms) as one line, without its traceback."""
+    if record.name.endswith("xla_bridge") and record.exc_info and str(record.msg).startswith("Jax plugin configuration error"):
+        record.msg, record.args = f"{record.getMessage()}: {record.exc_info[1]} (--verbosity=1 shows the traceback)", ()
+        record.exc_info = record.exc_text = None
+    return True
+
+
 def run(main: Callable[[list[str]], None], argv: list[str], verbosity=logging.WARNING) -> None:
     """absl's app.run of `main`; a bad command line or a UserError exits with status 1 and one `error: ...` line
     (with --verbosity given, the traceback instead); --help prints usage.text and exits 0.
@@ -88,6 +97,7 @@ def run(main: Callable[[list[str]], None], argv: list[str], verbosity=logging.WA
             logging.set_verbosity(verbosity)
             # orbax logs its save threads' failures with tracebacks; they reach the user as one `error:` line
             logging.get_absl_handler().addFilter(lambda record: "/orbax/" not in record.pathname)
+            logging.get_absl_handler().addFilter(plugin_failure_in_one_line)
         try:
             main(args)
         except UserError as e:

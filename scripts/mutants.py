@@ -554,6 +554,13 @@ MUTANTS = [
         ),
     ),
     Mutant(
+        "cli: a plugin that fails to load keeps its 20-line traceback",
+        "freeatten_jax/cli.py",
+        "            logging.get_absl_handler().addFilter(plugin_failure_in_one_line)\n",
+        "",
+        ("tests/test_config.py::test_a_plugin_that_fails_to_load_is_one_log_line",),
+    ),
+    Mutant(
         "mqar: every key queried once (the answers before a query narrow it down)",
         "freeatten_jax/data/mqar.py",
         "queried_P=rng.integers(task.pairs, size=task.pairs),",

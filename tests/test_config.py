@@ -1,5 +1,6 @@
 """Configs: every experiment file loads and parses into typed configs; command-line overrides; clear errors."""
 
+import logging
 import math
 import os
 import subprocess
@@ -278,3 +279,24 @@ def test_a_checkpoint_saved_with_the_old_sentinels_loads_and_resumes(vocab_size,
     now.data.eos_id = 7
     with pytest.raises(ConfigError, match="config.data.eos_id is 7 but the checkpoint at step 5"):
         loop._check_resumable(saved.config_json(5), config.parse(now), 5, tmp_path)
+
+
+def test_a_plugin_that_fails_to_load_is_one_log_line():
+    """The CUDA plugin of the [compile] extra on a machine without cuDNN: jax logs the failure with a 20-line
+    traceback at every command's start; the console scripts' log filter keeps one line (other records keep theirs)."""
+    try:
+        raise RuntimeError("Unable to load cuDNN. Is it installed?")
+    except RuntimeError:
+        failure = sys.exc_info()
+    record = lambda name, msg, args: logging.LogRecord(name, logging.ERROR, "x.py", 1, msg, args, failure)
+    plugin = record("jax._src.xla_bridge", "Jax plugin configuration error: Exception when calling %s.initialize()", ("cuda",))
+    other = record("orbax", "save failed", ())
+    assert cli.plugin_failure_in_one_line(plugin) and cli.plugin_failure_in_one_line(other)
+    assert logging.Formatter().format(plugin) == (
+        "Jax plugin configuration error: Exception when calling cuda.initialize(): Unable to load cuDNN. Is it installed? "
+        "(--verbosity=1 shows the traceback)"
+    )
+    assert "Traceback" in logging.Formatter().format(other)
+    with pytest.raises(SystemExit):
+        cli.run(lambda argv: None, ["prog"])
+    assert cli.plugin_failure_in_one_line in cli.logging.get_absl_handler().filters
