@@ -10,6 +10,7 @@ import jax.numpy as jnp
 import orbax.checkpoint as ocp
 import pytest
 from absl import flags
+from absl import logging as absl_logging
 from ml_collections import config_flags
 
 from freeatten_jax import attention, cli, configs, data
@@ -299,4 +300,4 @@ def test_a_plugin_that_fails_to_load_is_one_log_line():
     assert "Traceback" in logging.Formatter().format(other)
     with pytest.raises(SystemExit):
         cli.run(lambda argv: None, ["prog"])
-    assert cli.plugin_failure_in_one_line in cli.logging.get_absl_handler().filters
+    assert cli.plugin_failure_in_one_line in absl_logging.get_absl_handler().filters
