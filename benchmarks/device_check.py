@@ -66,9 +66,10 @@ def main(argv=None) -> int:
         "PYTHONPATH": os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")])),
     }
     env.setdefault("JAX_PLATFORMS", "cpu" if args.tiny else "")  # tests/conftest.py would force the CPU
-    if args.tiny:  # unoptimised CPU code compiles faster; tiny timings say nothing anyway
+    if args.tiny:  # unoptimised CPU code from the classic emitters compiles faster; tiny timings say nothing anyway
         env["XLA_FLAGS"] = (
             f"{env.get('XLA_FLAGS', '')} --xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true"
+            " --xla_cpu_use_fusion_emitters=false"
         )
     results = {name: _step(name, _command(name, args.tiny), env) for name in STEP_LIMITS}
     summary = [

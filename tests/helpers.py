@@ -22,6 +22,13 @@ TOLERANCE = {jnp.float32: 1e-4, jnp.bfloat16: 2e-2}
 INTERPRET = os.environ.get("FREEATTEN_PALLAS_INTERPRET", "1") != "0"
 
 
+def subprocess_env(host_devices: int, **variables) -> dict:
+    """os.environ for a child process with `host_devices` CPU devices (not the suite's 8), keeping the session's compile
+    flags and cache (tests/conftest.py), plus `variables`."""
+    flags = os.environ.get("XLA_FLAGS", "").replace("device_count=8", f"device_count={host_devices}")
+    return {**os.environ, "XLA_FLAGS": flags, **variables}
+
+
 def key(*names):
     """A PRNG key named by the test's case, so each case draws fresh inputs of its own."""
     return jax.random.key(zlib.crc32("/".join(names).encode()))

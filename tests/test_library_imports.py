@@ -9,6 +9,8 @@ import os
 import subprocess
 import sys
 
+from helpers import subprocess_env
+
 BLOCKED = ("ml_collections", "orbax", "grain", "matplotlib", "tokenizers", "tensorboardX", "etils", "tqdm")
 
 SCRIPT = f"""
@@ -41,7 +43,7 @@ print("ok")
 
 
 def test_library_runs_without_the_application_dependencies():
-    env = {**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": ""}
+    env = subprocess_env(1, JAX_PLATFORMS="cpu")
     result = subprocess.run(
         [sys.executable, "-c", SCRIPT],
         capture_output=True,

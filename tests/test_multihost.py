@@ -11,7 +11,7 @@ import time
 
 import numpy as np
 import pytest
-from helpers import tiny_config
+from helpers import subprocess_env, tiny_config
 
 from freeatten_jax import data
 from freeatten_jax.errors import EXIT_PEER_LOST
@@ -29,7 +29,7 @@ STEPS = {
 _PROCESS = """
 import os, sys, time
 sys.path.insert(0, "tests")
-from helpers import tiny_config
+from helpers import subprocess_env, tiny_config
 from test_multihost import STEPS
 from freeatten_jax.training import distributed, loop
 workdir, text_glob, port, process, wait_at = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5])
@@ -51,8 +51,7 @@ loop.train_and_evaluate(tiny_config("softmax", text_glob, **STEPS), workdir, clu
 
 def _launch(workdir, text_glob, port, wait_at=0):
     """Processes 0 and 1 of a run, each with 4 CPU devices; their output goes to files beside the workdir."""
-    xla_flags = os.environ["XLA_FLAGS"].replace("device_count=8", "device_count=4")  # the session's cache and compile flags
-    env = {**os.environ, "XLA_FLAGS": xla_flags, "JAX_PLATFORMS": "cpu", "PYTHONPATH": os.getcwd()}
+    env = subprocess_env(4, JAX_PLATFORMS="cpu", PYTHONPATH=os.getcwd())
     procs = []
     for process in (0, 1):
         log = open(workdir.parent / f"process{process}-{port}.log", "w")

@@ -2,7 +2,6 @@
 and its Python on the run they trained, then every other Python example."""
 
 import json
-import os
 import pathlib
 import re
 import shlex
@@ -10,6 +9,7 @@ import subprocess
 import sys
 
 import pytest
+from helpers import subprocess_env
 
 from freeatten_jax.training.metrics import read_metrics
 
@@ -35,7 +35,7 @@ def _flags(argv: list[str]) -> dict[str, str]:
 
 def _run(argv: list[str], cwd: pathlib.Path) -> str:
     """stdout of the installed command `argv` on one CPU device (a laptop's; the suite forces 8), which must exit 0."""
-    env = {**os.environ, "XLA_FLAGS": os.environ.get("XLA_FLAGS", "").replace("--xla_force_host_platform_device_count=8", "")}
+    env = subprocess_env(1)
     result = subprocess.run([str(BIN / argv[0]), *argv[1:]], capture_output=True, text=True, timeout=600, cwd=cwd, env=env)
     assert result.returncode == 0, (argv, result.stderr[-2000:])
     return result.stdout
