@@ -103,9 +103,11 @@ def run(main: Callable[[list[str]], None], argv: list[str], verbosity=logging.WA
         except UserError as e:
             if flags.FLAGS["verbosity"].present:
                 raise
-            # a save that failed leaves orbax's write coroutines unawaited: Python would warn of them at exit,
-            # after the error line, which must stay the last thing printed
+            # a save that failed leaves orbax's write coroutines unawaited and their futures' errors unretrieved:
+            # Python would warn of them, and asyncio log them, at exit, after the error line, which must stay the last
+            # thing printed
             warnings.filterwarnings("ignore", r"coroutine .* was never awaited", RuntimeWarning)
+            logging.get_absl_handler().addFilter(lambda record: record.name != "asyncio")
             sys.exit(f"error: {e}")
 
     if usage.wanted(argv):

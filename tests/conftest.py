@@ -35,13 +35,13 @@ def _session_root(tmp_path_factory):
 
 @pytest.fixture(scope="session", autouse=True)
 def compilation_cache(tmp_path_factory):
-    """One persistent compilation cache for the session's processes, of programs that took 0.3 s or more to compile
+    """One persistent compilation cache for the session's processes, of programs that took 0.1 s or more to compile
     (tiny eager ops are cheaper to compile than to write; no size cap: jax would scan the folder at every write)."""
     cache = _session_root(tmp_path_factory) / "jax_cache"
     cache.mkdir(exist_ok=True)
     settings = {
         "jax_compilation_cache_dir": str(cache),
-        "jax_persistent_cache_min_compile_time_secs": 0.3,
+        "jax_persistent_cache_min_compile_time_secs": 0.1,
         "jax_persistent_cache_min_entry_size_bytes": 0,
     }
     for name, value in settings.items():

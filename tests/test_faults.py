@@ -24,7 +24,7 @@ import orbax.checkpoint as ocp
 import pytest
 from absl import flags
 from flax import nnx
-from helpers import SigtermAtBatch, tiny_config
+from helpers import SigtermAtBatch, tiny_config, write_corpus
 
 from freeatten_jax.data import DataError, shards
 from freeatten_jax.errors import EXIT_PREEMPTED
@@ -132,11 +132,12 @@ def test_an_unwritable_checkpoint_folder_fails_at_start_up_and_keeps_every_check
 
 
 def _files(folder: pathlib.Path) -> dict:
-    """{relative path: bytes} of every file under `folder` (links as their targets' names): what a run wrote."""
+    """{relative path: bytes} of every file under `folder` (links as their targets' names): what a run wrote. The lock
+    is left out: it names the process that holds it, which takes it before it reads anything."""
     return {
         str(p.relative_to(folder)): (os.readlink(p) if p.is_symlink() else p.read_bytes())
         for p in sorted(folder.rglob("*"))
-        if p.is_file() or p.is_symlink()
+        if (p.is_file() or p.is_symlink()) and p.name != "lock"
     }
 
 
@@ -264,23 +265,24 @@ def test_a_finite_blow_up_is_stopped_and_rolled_back_to_the_confirmed_checkpoint
     _assert_replays_exactly(run6, runs[1])
 
 
-def test_resuming_on_changed_data_is_refused_unless_allowed(run6, text_glob):
-    path = sorted(pathlib.Path(text_glob).parent.glob("*.txt"))[0]
+def test_resuming_on_changed_data_is_refused_unless_allowed(tmp_path):
+    """On a corpus of its own (the session's is read by other tests meanwhile)."""
+    corpus = write_corpus(tmp_path / "text")
+    run = tmp_path / "run"
+    loop.train_and_evaluate(_cfg(corpus, 6), run)
+    path = sorted(pathlib.Path(corpus).parent.glob("*.txt"))[0]
     original = path.read_bytes()
-    try:
-        path.write_bytes(original + b"\nthe king speaks.")
-        before = _files(run6)
-        with pytest.raises(
-            DataError,
-            match=rf"^the training data changed since checkpoint step 6: {path} was {len(original)} bytes, "
-            rf"now {len(original) + 17}; .* --config.data.allow_changed=True",
-        ):
-            loop.train_and_evaluate(_cfg(text_glob, 8), run6)
-        assert _files(run6) == before
-        allowed = loop.train_and_evaluate(_cfg(text_glob, 8, **{"data.allow_changed": True}), run6)
-        assert [m["step"] for m in allowed] == [7, 8]
-    finally:
-        path.write_bytes(original)
+    path.write_bytes(original + b"\nthe king speaks.")
+    before = _files(run)
+    with pytest.raises(
+        DataError,
+        match=rf"^the training data changed since checkpoint step 6: {path} was {len(original)} bytes, "
+        rf"now {len(original) + 17}; .* --config.data.allow_changed=True",
+    ):
+        loop.train_and_evaluate(_cfg(corpus, 8), run)
+    assert _files(run) == before
+    allowed = loop.train_and_evaluate(_cfg(corpus, 8, **{"data.allow_changed": True}), run)
+    assert [m["step"] for m in allowed] == [7, 8]
 
 
 def test_damaged_state_files_do_not_block_a_resume(runs, run6, text_glob, caplog):
@@ -372,14 +374,16 @@ def test_a_file_size_limit_stops_the_run_in_one_line_keeping_the_checkpoints(run
     """`ulimit -f` (RLIMIT_FSIZE, 60 kB): the first checkpoint's array files exceed it; train.py ends with one error line
     and exits 1; the earlier checkpoints keep. (Tensorstore's threads may print "Event loop is closed" tracebacks of
     their own as orbax gives up the save: not ours to silence.)"""
-    env = {**os.environ, "PYTHONPATH": os.getcwd(), "XDG_CACHE_HOME": str(tmp_path / "cache")}  # its cut-off compilation cache
+    cache = str(tmp_path / "cache")  # its own compilation cache: the limit cuts off its entries, not the session's
+    env = {**os.environ, "PYTHONPATH": os.getcwd(), "XDG_CACHE_HOME": cache, "JAX_COMPILATION_CACHE_DIR": cache}
     train = [sys.executable, "train.py", f"--config={_config_file(tmp_path, text_glob, 12)}", f"--workdir={run6}"]
     result = subprocess.run(
         ["bash", "-c", 'ulimit -f 59 && exec "$@"', "bash", *train], capture_output=True, text=True, env=env, timeout=300
     )
     errors = [line for line in (result.stdout + result.stderr).splitlines() if line.startswith("error: ")]
     assert result.returncode == 1 and errors == result.stderr.splitlines()[-1:], result.stderr[-3000:]
-    assert errors[0].startswith(f"error: saving a checkpoint to {run6 / 'checkpoints'} failed (File too large: "), errors
+    saving = f"error: saving a checkpoint to {run6 / 'checkpoints'} failed (File too large: "
+    assert errors[0].startswith(saving), result.stderr[-3000:]
     assert checkpoint.Checkpointer(run6, read_only=True).all_steps() == [2, 4, 6]
 
 
