@@ -6,6 +6,8 @@ import re
 import subprocess
 import sys
 
+import pytest
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NOT_ON_THE_DEVICE = ("grain", "ml_collections", "tokenizers", "matplotlib")  # the lent H200 has none of them
 
@@ -34,6 +36,7 @@ def test_the_steps_limits_add_up_to_at_most_420_seconds():
     assert sum(_module("device_check").STEP_LIMITS.values()) <= 420
 
 
+@pytest.mark.slow
 def test_tiny_mode_runs_end_to_end_without_the_packages_the_device_lacks(tmp_path):
     """Every step runs with grain, ml_collections, tokenizers and matplotlib unimportable, and each table's
     numbers follow from its measurements (ratios, the tolerance rule, the fastest blocks)."""
