@@ -29,7 +29,7 @@ STEPS = {
 _PROCESS = """
 import os, sys, time
 sys.path.insert(0, "tests")
-from helpers import subprocess_env, tiny_config
+from helpers import tiny_config
 from test_multihost import STEPS
 from freeatten_jax.training import distributed, loop
 workdir, text_glob, port, process, wait_at = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5])
