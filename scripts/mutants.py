@@ -611,4 +611,18 @@ MUTANTS = [
         "        return self.factor * median",
         ("tests/test_integrity.py::test_spike_rule_stops_after_k_times_the_median_for_m_steps_and_ignores_short_spikes",),
     ),
+    Mutant(
+        "optim: a new optimiser object per run (the train step is traced again)",
+        "freeatten_jax/training/optim.py",
+        "@functools.cache\ndef make(",
+        "def make(",
+        ("tests/test_train.py::test_a_second_run_of_the_same_config_in_one_process_reuses_the_traced_steps",),
+    ),
+    Mutant(
+        "integrity: a new fingerprint program per call",
+        "freeatten_jax/training/integrity.py",
+        "@functools.cache\ndef _fingerprint_program(",
+        "def _fingerprint_program(",
+        ("tests/test_train.py::test_a_second_run_of_the_same_config_in_one_process_reuses_the_traced_steps",),
+    ),
 ]

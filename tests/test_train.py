@@ -22,6 +22,29 @@ from freeatten_jax.training import step as train_step
 from freeatten_jax.training.metrics import read_metrics
 
 
+def test_a_second_run_of_the_same_config_in_one_process_reuses_the_traced_steps(text_glob, tmp_path, monkeypatch):
+    """Equal configs give equal static arguments (the optimiser and schedule are built once per optim config and
+    steps; the fingerprint program once per sharding): the train step and the fingerprints are traced once."""
+    from freeatten_jax.training import integrity
+
+    traces = {"train_step": 0, "fingerprints": 0}
+
+    def counting(name, f):
+        def traced(*args, **kwargs):
+            traces[name] += 1
+            return f(*args, **kwargs)
+
+        return traced
+
+    monkeypatch.setattr(train_step, "train_step", counting("train_step", train_step.train_step))
+    monkeypatch.setattr(integrity, "_bits_sums", counting("fingerprints", integrity._bits_sums))
+    cfg = tiny_config("lssa", text_glob, **{"train.steps": 2, "train.checkpoint_every": 2, "train.eval_every": 0})
+    loop.train_and_evaluate(cfg, tmp_path / "one")
+    first = dict(traces)
+    loop.train_and_evaluate(cfg, tmp_path / "two")
+    assert first["train_step"] == 1 and first["fingerprints"] > 0 and traces == first
+
+
 @pytest.mark.parametrize("variant", ["softmax", "lssar"])
 def test_preempted_and_resumed_run_matches_an_uninterrupted_one(variant, text_glob, tmp_path, monkeypatch):
     cfg = tiny_config(variant, text_glob)

@@ -2,6 +2,7 @@
 devices, where the arrays live: two wrapping uint32 sums over each array's bits, exact for any sharding), of the
 data iterator's state (each process's), and of the training data files (paths, sizes, a hash of samples)."""
 
+import functools
 import hashlib
 import json
 
@@ -30,12 +31,18 @@ def _bits_sums(x) -> jax.Array:
     return jnp.stack([jnp.sum(bits * odd, dtype=jnp.uint32), jnp.sum(mixed, dtype=jnp.uint32)])
 
 
+@functools.cache
+def _fingerprint_program(replicated):
+    """The jitted map [arrays] -> uint32[n, 2], one per output sharding (traced once per state structure)."""
+    return jax.jit(lambda xs: jnp.stack([_bits_sums(x) for x in xs]), out_shardings=replicated)
+
+
 def arrays(tree) -> dict[str, str]:
     """{pytree path: 16 hex digits} of every array leaf, computed where the arrays are (one small program)."""
     paths, leaves = zip(*jax.tree_util.tree_flatten_with_path(tree)[0])
     mesh = next((x.sharding.mesh for x in leaves if isinstance(getattr(x, "sharding", None), jax.sharding.NamedSharding)), None)
     replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec()) if mesh is not None else None
-    sums = jax.jit(lambda xs: jnp.stack([_bits_sums(x) for x in xs]), out_shardings=replicated)(list(leaves))
+    sums = _fingerprint_program(replicated)(list(leaves))
     sums = np.asarray(multihost_utils.process_allgather(sums, tiled=True) if jax.process_count() > 1 else sums)
     return {jax.tree_util.keystr(p): f"{int(a):08x}{int(b):08x}" for p, (a, b) in zip(paths, sums.reshape(len(paths), 2))}
 

@@ -1,5 +1,10 @@
 """Optax optimiser: AdamW (b1 0.9, b2 0.95) with weight decay on matrices only, global-norm clipping,
-warm-up then a cosine or constant schedule. (Gradient accumulation happens in the train step.)"""
+warm-up then a cosine or constant schedule. (Gradient accumulation happens in the train step.)
+
+The schedule and the optimiser are built once per (optim config, steps): the train step takes them as static
+arguments, so equal objects let a second run of the same config in one process reuse its traced, compiled step."""
+
+import functools
 
 import jax
 import optax
@@ -20,6 +25,7 @@ def _constant(cfg, steps: int):
 SCHEDULES = {"cosine": _cosine, "constant": _constant}
 
 
+@functools.cache
 def schedule(cfg_optim, steps: int) -> optax.Schedule:
     """Learning rate per optimiser step (warm-up from 0, then `cfg_optim.schedule`)."""
     return SCHEDULES[cfg_optim.schedule](cfg_optim, steps)
@@ -40,6 +46,7 @@ def _matrices(params):
     return jax.tree.map(lambda p: p.ndim > 1, params)
 
 
+@functools.cache
 def make(cfg_optim, steps: int) -> optax.GradientTransformation:
     """Clip, then AdamW on the scheduled learning rate."""
     return optax.chain(
