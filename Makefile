@@ -12,10 +12,10 @@ DEMO_EVAL_FLAGS := --switch=p=15 --eval_tokens=8200 --passkey_keys=2
 
 .PHONY: install test lint format demo compile-check
 
-# uv installs the pinned set in seconds where pip takes about 40 s; pip stays the fallback (same constraints).
+# uv installs the pinned set (bytecode compiled, as pip does) in a fraction of pip's time; pip stays the fallback.
 $(VENV)/.installed: pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	( $(PY) -m pip install -q -c constraints.txt uv && $(VENV)/bin/uv pip install -q --python $(PY) -c constraints.txt -e '.[test]' ) \
+	( $(PY) -m pip install -q -c constraints.txt uv && $(VENV)/bin/uv pip install -q --compile-bytecode --python $(PY) -c constraints.txt -e '.[test]' ) \
 		|| $(PY) -m pip install -q -c constraints.txt -e '.[test]'
 	touch $@
 
