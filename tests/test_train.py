@@ -38,7 +38,10 @@ def test_a_second_run_of_the_same_config_in_one_process_reuses_the_traced_steps(
 
     monkeypatch.setattr(train_step, "train_step", counting("train_step", train_step.train_step))
     monkeypatch.setattr(integrity, "_bits_sums", counting("fingerprints", integrity._bits_sums))
-    cfg = tiny_config("lssa", text_glob, **{"train.steps": 2, "train.checkpoint_every": 2, "train.eval_every": 0})
+    shapes_of_its_own = {"model.mlp_dim": 48}  # no other test's state has these shapes, so nothing is traced yet
+    cfg = tiny_config(
+        "lssa", text_glob, **{"train.steps": 2, "train.checkpoint_every": 2, "train.eval_every": 0, **shapes_of_its_own}
+    )
     loop.train_and_evaluate(cfg, tmp_path / "one")
     first = dict(traces)
     loop.train_and_evaluate(cfg, tmp_path / "two")
