@@ -620,6 +620,8 @@ BAD_EVAL = {  # (main, arguments, what the line must contain); {run} is a copy o
     "eval, checkpoint missing a file": (eval_cli.main, ["--workdir={broken}"], "checkpoint step 6 in"),
     "generate, checkpoint missing a file": (generate_cli.main, ["--workdir={broken}", "--prompt=hi"], "checkpoint step 6 in"),
     "generate, no prompt": (generate_cli.main, ["--workdir={broken}"], "--prompt must have a value"),
+    "generate, no checkpoint": (generate_cli.main, ["--workdir={empty}", "--prompt=x"], "no checkpoint in"),
+    "generate, a step not saved": (generate_cli.main, ["--workdir={run}", "--prompt=x", "--step=7"], "checkpoint step 7 in"),
     "eval, checkpoint not what was saved": (eval_cli.main, ["--workdir={tampered}"], "differs from its fingerprint"),
     "switch p=-3": (
         eval_cli.main,
