@@ -2,9 +2,11 @@
 field with its default, type and allowed values, taken from the flag definitions and the config schema."""
 
 import dataclasses
+import functools
 import pathlib
 import subprocess
 import sys
+import tempfile
 
 import pytest
 
@@ -55,22 +57,25 @@ CASES = {  # command line -> lines the help must contain
 }
 
 
-def _help(command: str, tmp_path) -> list[str]:
+@functools.cache
+def _help(command: str) -> tuple[str, ...]:
+    """stdout lines of `command` run in an empty folder, once per process (two tests read freeatten-train --help)."""
     name, *args = command.split()
-    result = subprocess.run([str(BIN / name), *args], capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    with tempfile.TemporaryDirectory() as empty:
+        result = subprocess.run([str(BIN / name), *args], capture_output=True, text=True, timeout=120, cwd=empty)
     assert result.returncode == 0 and not result.stderr.strip(), result.stderr[-2000:]
-    return result.stdout.splitlines()
+    return tuple(result.stdout.splitlines())
 
 
 @pytest.mark.parametrize("command", CASES)
-def test_help_exits_0_with_defaults_types_and_allowed_values(command, tmp_path):
-    lines = _help(command, tmp_path)
+def test_help_exits_0_with_defaults_types_and_allowed_values(command):
+    lines = _help(command)
     missing = [want for want in CASES[command] if not any(line.startswith(want) for line in lines)]
     assert not missing, missing
 
 
-def test_train_help_lists_every_field_of_every_section_with_its_help(tmp_path):
-    lines = _help("freeatten-train --help", tmp_path)
+def test_train_help_lists_every_field_of_every_section_with_its_help():
+    lines = _help("freeatten-train --help")
     for section, cls in SECTIONS.items():
         for f in dataclasses.fields(cls):
             at = next(i for i, line in enumerate(lines) if line.startswith(f"  --config.{section}.{f.name}="))
