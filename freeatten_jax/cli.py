@@ -1,9 +1,10 @@
 """What every console script shares: packaged config names on the command line, and user errors as one line."""
 
+import os
 import re
 import sys
 import warnings
-from typing import Callable
+from typing import Callable, NoReturn
 
 from absl import app, flags, logging
 
@@ -75,6 +76,18 @@ def plugin_failure_in_one_line(record) -> bool:
     return True
 
 
+def _exit_last(line: str) -> NoReturn:
+    """Exit 1 with `line` as the last thing on stderr. Native threads that outlive a failed save (tensorstore's, which
+    print asyncio tracebacks as they shut down) write to /dev/null after it. A caller's own stderr (an in-process
+    runner) is left as it is."""
+    if sys.stderr is not sys.__stderr__:
+        sys.exit(line)
+    sys.stderr.write(line + "\n")
+    sys.stderr.flush()
+    os.dup2(os.open(os.devnull, os.O_WRONLY), 2)
+    sys.exit(1)
+
+
 def run(main: Callable[[list[str]], None], argv: list[str], verbosity=logging.WARNING) -> None:
     """absl's app.run of `main`; a bad command line or a UserError exits with status 1 and one `error: ...` line
     (with --verbosity given, the traceback instead); --help prints usage.text and exits 0.
@@ -108,7 +121,7 @@ def run(main: Callable[[list[str]], None], argv: list[str], verbosity=logging.WA
             # thing printed
             warnings.filterwarnings("ignore", r"coroutine .* was never awaited", RuntimeWarning)
             logging.get_absl_handler().addFilter(lambda record: record.name != "asyncio")
-            sys.exit(f"error: {e}")
+            _exit_last(f"error: {e}")
 
     if usage.wanted(argv):
         try:

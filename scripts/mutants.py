@@ -625,4 +625,11 @@ MUTANTS = [
         "def _fingerprint_program(",
         ("tests/test_train.py::test_a_second_run_of_the_same_config_in_one_process_reuses_the_traced_steps",),
     ),
+    Mutant(
+        "cli: a native thread may write after the error line",
+        "freeatten_jax/cli.py",
+        "    os.dup2(os.open(os.devnull, os.O_WRONLY), 2)\n",
+        "",
+        (f"{FAULTS}::test_the_error_line_stays_last_when_a_native_thread_writes_to_stderr_after_it",),
+    ),
 ]

@@ -373,7 +373,7 @@ def test_a_save_failing_in_the_background_stops_the_run_within_two_steps(run6, t
 def test_a_file_size_limit_stops_the_run_in_one_line_keeping_the_checkpoints(run6, text_glob, tmp_path):
     """`ulimit -f` (RLIMIT_FSIZE, 60 kB): the first checkpoint's array files exceed it; train.py ends with one error line
     and exits 1; the earlier checkpoints keep. (Tensorstore's threads may print "Event loop is closed" tracebacks of
-    their own as orbax gives up the save: not ours to silence.)"""
+    their own as orbax gives up the save, before the error line: none after it.)"""
     cache = str(tmp_path / "cache")  # its own compilation cache: the limit cuts off its entries, not the session's
     env = {**os.environ, "PYTHONPATH": os.getcwd(), "XDG_CACHE_HOME": cache, "JAX_COMPILATION_CACHE_DIR": cache}
     train = [sys.executable, "train.py", f"--config={_config_file(tmp_path, text_glob, 12)}", f"--workdir={run6}"]
@@ -385,6 +385,28 @@ def test_a_file_size_limit_stops_the_run_in_one_line_keeping_the_checkpoints(run
     saving = f"error: saving a checkpoint to {run6 / 'checkpoints'} failed (File too large: "
     assert errors[0].startswith(saving), result.stderr[-3000:]
     assert checkpoint.Checkpointer(run6, read_only=True).all_steps() == [2, 4, 6]
+
+
+def test_the_error_line_stays_last_when_a_native_thread_writes_to_stderr_after_it():
+    """A thread still writing to file descriptor 2 after the error (as tensorstore's do after a failed save, whenever
+    the machine is slow) cannot follow the `error:` line."""
+    code = """
+import os, sys, threading, time
+from freeatten_jax import cli
+from freeatten_jax.errors import UserError
+
+def late():
+    time.sleep(0.5)
+    os.write(2, b"Traceback (most recent call last): a thread's late output\\n")
+
+def main(argv):
+    threading.Thread(target=late).start()
+    raise UserError("the save failed")
+
+cli.run(main, sys.argv)
+"""
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 1 and result.stderr.splitlines()[-1:] == ["error: the save failed"], result.stderr[-2000:]
 
 
 def test_too_little_free_space_or_a_read_only_workdir_is_refused_before_anything_is_written(text_glob, tmpfs, run_cli, tmp_path):
