@@ -3,6 +3,7 @@
 import os
 import re
 import sys
+import threading
 import warnings
 from typing import Callable, NoReturn
 
@@ -13,6 +14,10 @@ from freeatten_jax.errors import UserError
 
 # Raised while parsing the command line (bad flag values, config files that fail to load, unknown fields).
 _ARGV_ERRORS = (flags.Error, AttributeError, KeyError, TypeError, ValueError, OSError)
+# Held while a thread reports an exception it cannot raise, and while the error line is written: a report comes a piece
+# of a line at a time (tensorstore's callbacks into a closed event loop, as a failed save shuts down), so without it the
+# error line could start in the middle of one.
+_STDERR_LOCK = threading.RLock()
 
 
 class NumberList(flags.ListParser):
@@ -76,15 +81,26 @@ def plugin_failure_in_one_line(record) -> bool:
     return True
 
 
+def _locked(hook):
+    """`hook` (an exception report's writer) under _STDERR_LOCK."""
+
+    def locked(report):
+        with _STDERR_LOCK:
+            hook(report)
+
+    return locked
+
+
 def _exit_last(line: str) -> NoReturn:
-    """Exit 1 with `line` as the last thing on stderr. Native threads that outlive a failed save (tensorstore's, which
-    print asyncio tracebacks as they shut down) write to /dev/null after it. A caller's own stderr (an in-process
+    """Exit 1 with `line` as the last line on stderr, a whole line. Threads that outlive a failed save (tensorstore's,
+    which report asyncio errors as they shut down) write to /dev/null after it. A caller's own stderr (an in-process
     runner) is left as it is."""
     if sys.stderr is not sys.__stderr__:
         sys.exit(line)
-    sys.stderr.write(line + "\n")
-    sys.stderr.flush()
-    os.dup2(os.open(os.devnull, os.O_WRONLY), 2)
+    with _STDERR_LOCK:
+        sys.stderr.write(line + "\n")
+        sys.stderr.flush()
+        os.dup2(os.open(os.devnull, os.O_WRONLY), 2)
     sys.exit(1)
 
 
@@ -123,6 +139,8 @@ def run(main: Callable[[list[str]], None], argv: list[str], verbosity=logging.WA
             logging.get_absl_handler().addFilter(lambda record: record.name != "asyncio")
             _exit_last(f"error: {e}")
 
+    if sys.stderr is sys.__stderr__:  # a console script, not an in-process runner with hooks of its own
+        sys.unraisablehook, threading.excepthook = _locked(sys.__unraisablehook__), _locked(threading.__excepthook__)
     if usage.wanted(argv):
         try:
             print(usage.text(main.__module__, argv))

@@ -628,8 +628,15 @@ MUTANTS = [
     Mutant(
         "cli: a native thread may write after the error line",
         "freeatten_jax/cli.py",
-        "    os.dup2(os.open(os.devnull, os.O_WRONLY), 2)\n",
+        "        os.dup2(os.open(os.devnull, os.O_WRONLY), 2)\n",
         "",
-        (f"{FAULTS}::test_the_error_line_stays_last_when_a_native_thread_writes_to_stderr_after_it",),
+        (f"{FAULTS}::test_the_error_line_stays_last_and_whole_when_threads_report_errors_around_it",),
+    ),
+    Mutant(
+        "cli: the error line may start in the middle of a thread's error report",
+        "freeatten_jax/cli.py",
+        "    with _STDERR_LOCK:\n        sys.stderr.write(line",
+        "    if True:\n        sys.stderr.write(line",
+        (f"{FAULTS}::test_the_error_line_stays_last_and_whole_when_threads_report_errors_around_it",),
     ),
 ]
