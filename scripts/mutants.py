@@ -411,6 +411,13 @@ MUTANTS = [
         (f"{FAULTS}::test_bad_eval_or_generate_input_is_one_error_line[switch p=-3]",),
     ),
     Mutant(
+        "train command: the user's compilation cache replaced by one beside the data",
+        "freeatten_jax/training/cli.py",
+        "        if not jax.config.jax_compilation_cache_dir:\n",
+        "        if True:\n",
+        (f"{FAULTS}::test_the_train_command_keeps_the_users_compilation_cache_and_else_caches_beside_the_data",),
+    ),
+    Mutant(
         "exit code: SIGTERM exits 0",
         "freeatten_jax/training/cli.py",
         "cluster).preempted:",

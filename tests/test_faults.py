@@ -519,7 +519,6 @@ def test_kill_9_between_checkpoints_resumes_exactly_and_the_lock_named_the_kille
 @pytest.fixture
 def run_cli():
     """Runs a console script's main in this process: (exit status, its output lines)."""
-    cache_dir = jax.config.jax_compilation_cache_dir
 
     def run(main, *args):
         before, out = set(flags.FLAGS), io.StringIO()
@@ -539,7 +538,6 @@ def run_cli():
                 delattr(flags.FLAGS, name)
             flags.FLAGS.unparse_flags()
             flags.FLAGS.mark_as_parsed()
-            jax.config.update("jax_compilation_cache_dir", cache_dir)
         return code, out.getvalue().strip().splitlines()
 
     return run
@@ -616,6 +614,20 @@ BAD_TRAIN = {  # arguments after TRAIN and --workdir -> what the one line must c
         "--coordinator_address, --num_processes and --process_id go together",
     ),
 }
+
+
+def test_the_train_command_keeps_the_users_compilation_cache_and_else_caches_beside_the_data(run_cli, tmp_path):
+    """A compilation cache the user set (JAX_COMPILATION_CACHE_DIR; here the session's) is the one used; without one,
+    compiled programs go beside the data cache (the run itself stops at its missing data)."""
+    args = [*TRAIN, f"--workdir={tmp_path / 'run'}", "--config.data.source=text", "--config.data.path=/no/such/*.txt"]
+    session = jax.config.jax_compilation_cache_dir
+    assert session and run_cli(train_cli.main, *args)[0] == 1 and jax.config.jax_compilation_cache_dir == session
+    jax.config.update("jax_compilation_cache_dir", None)
+    try:
+        assert run_cli(train_cli.main, *args, f"--config.data.cache_dir={tmp_path / 'data'}")[0] == 1
+        assert jax.config.jax_compilation_cache_dir == str(tmp_path / "data" / "jax_compilation_cache")
+    finally:
+        jax.config.update("jax_compilation_cache_dir", session)
 
 
 @pytest.mark.parametrize("case", BAD_TRAIN)

@@ -52,9 +52,11 @@ def main() -> None:
         from freeatten_jax.training import distributed, loop
 
         cluster = distributed.Cluster(coordinator.value, num_processes.value, process_id.value, peer_timeout.value)
-        # Compiled programs are cached on disk, so resuming or rerunning a run starts faster.
+        # Compiled programs are cached on disk, so resuming or rerunning a run starts faster: in the user's cache
+        # (JAX_COMPILATION_CACHE_DIR) if one is set, else beside the data cache.
         cfg = cli.config_value(config)
-        jax.config.update("jax_compilation_cache_dir", str(cache_root(cfg.data.cache_dir) / "jax_compilation_cache"))
+        if not jax.config.jax_compilation_cache_dir:
+            jax.config.update("jax_compilation_cache_dir", str(cache_root(cfg.data.cache_dir) / "jax_compilation_cache"))
         if loop.train_and_evaluate(cfg, workdir.value, cluster).preempted:
             sys.exit(EXIT_PREEMPTED)
 
