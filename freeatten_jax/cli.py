@@ -81,6 +81,12 @@ def plugin_failure_in_one_line(record) -> bool:
     return True
 
 
+def _console() -> bool:
+    """Whether stderr is the process's own (a console script), not an in-process runner's, whose hooks and stderr stay
+    as they are."""
+    return sys.stderr is sys.__stderr__
+
+
 def _locked(hook):
     """`hook` (an exception report's writer) under _STDERR_LOCK."""
 
@@ -95,7 +101,7 @@ def _exit_last(line: str) -> NoReturn:
     """Exit 1 with `line` as the last line on stderr, a whole line. Threads that outlive a failed save (tensorstore's,
     which report asyncio errors as they shut down) write to /dev/null after it. A caller's own stderr (an in-process
     runner) is left as it is."""
-    if sys.stderr is not sys.__stderr__:
+    if not _console():
         sys.exit(line)
     with _STDERR_LOCK:
         sys.stderr.write(line + "\n")
@@ -139,7 +145,7 @@ def run(main: Callable[[list[str]], None], argv: list[str], verbosity=logging.WA
             logging.get_absl_handler().addFilter(lambda record: record.name != "asyncio")
             _exit_last(f"error: {e}")
 
-    if sys.stderr is sys.__stderr__:  # a console script, not an in-process runner with hooks of its own
+    if _console():
         sys.unraisablehook, threading.excepthook = _locked(sys.__unraisablehook__), _locked(threading.__excepthook__)
     if usage.wanted(argv):
         try:

@@ -375,7 +375,7 @@ def test_a_file_size_limit_stops_the_run_in_one_line_keeping_the_checkpoints(run
     and exits 1; the earlier checkpoints keep. (Tensorstore's threads may print "Event loop is closed" tracebacks of
     their own as orbax gives up the save, before the error line: none after it.)"""
     cache = str(tmp_path / "cache")  # its own compilation cache: the limit cuts off its entries, not the session's
-    env = {**os.environ, "PYTHONPATH": os.getcwd(), "XDG_CACHE_HOME": cache, "JAX_COMPILATION_CACHE_DIR": cache}
+    env = {**os.environ, "PYTHONPATH": os.getcwd(), "JAX_COMPILATION_CACHE_DIR": cache}
     train = [sys.executable, "train.py", f"--config={_config_file(tmp_path, text_glob, 12)}", f"--workdir={run6}"]
     result = subprocess.run(
         ["bash", "-c", 'ulimit -f 59 && exec "$@"', "bash", *train], capture_output=True, text=True, env=env, timeout=300
