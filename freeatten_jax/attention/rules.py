@@ -70,9 +70,11 @@ def softplus_and_sigmoid(s):
     return jnp.maximum(s, 0.0) + log1p_t, jnp.where(s >= 0, 1.0, t) / (1.0 + t)
 
 
-def power(y, ctx: Ctx):
-    """y ** p: an exact integer power when p is a known whole number."""
-    return jax.lax.integer_pow(y, ctx.static_power) if ctx.static_power is not None else jnp.exp(ctx.p * jnp.log(y))
+def power_minus_one(y, ctx: Ctx):
+    """y ** (p - 1) for y > 0: an exact integer power when p is a known whole number."""
+    if ctx.static_power is not None:
+        return jax.lax.integer_pow(y, ctx.static_power - 1)
+    return jnp.exp((ctx.p - 1.0) * jnp.log(y))
 
 
 def _keep(vis, x, fill):
@@ -156,23 +158,24 @@ def _none_grad(s, vis, ctx, rows, dp):
 
 
 # ----------------------------------------------------------------------------- reweight (lssar)
-# Pass 1: Z_i and the largest u, hence the largest x_ij = N_i u_ij / Z_i - o_i (rounding is monotone, so
-# x(max u) is max x). Pass 2 needs no running max: r_ij = (x_ij / x_max)^p <= 1; a row with nothing above
-# uniform (x_max <= 0) keeps its LSSA weights (r = u / u_max). Pass 2 also accumulates
-# y = Σ_j (r_ij / x_ij) v_j / l and c, which make the backward a single sweep (E_i = p (dO_i·y_i - D_i c_i)).
+# A score is re-weighted when x_ij = N_i u_ij / Z_i - o_i > 0, that is when u_ij > θ_i = o_i Z_i / N_i. Pass 1
+# gives Z_i and u_max; then one comparison of stored values against one row threshold decides both whether
+# the row is sharp (u_max > θ_i) and which scores count (u_ij > θ_i): the two can never disagree (issue 32:
+# q = 0 rows lost every weight when x_max and x were rounded by different expressions). Pass 2 forms
+# ρ_ij = (u_ij - θ_i) α_i with α_i = 1 / (u_max - θ_i): ρ = x / x_max in (0, 1], so r = ρ^p needs no running
+# max and no per-score division, and u - θ > 0 is exact wherever u > θ. A row with nothing above θ keeps its
+# LSSA weights: θ = 0, α = 1 / u_max and power 1 (r = u / u_max). Pass 2 also accumulates
+# Σ_j ρ^(p-1) v_j and Σ_j ρ^(p-1) (r / x = ρ^(p-1) α Z / N), which make the backward a single sweep.
 
 
 def _reweight_terms(s, vis, ctx, rows):
-    """sigmoid(s), x, whether x counts (x > 0 on a visible pair), whether the row is re-weighted, and r
-    before the row normalisation."""
-    softplus, slope = softplus_and_sigmoid(s)
-    u = _keep(vis, softplus, 0.0)
-    x = u * (ctx.n / rows["z"]) - reweight_offset(ctx.n)  # row factors: one division per row, not per score
-    active = x > 0 if vis is None else vis & (x > 0)
-    sharp = rows["x_max"] > 0
-    r_sharp = power(jnp.where(active, x, 0.0) * (1.0 / jnp.maximum(rows["x_max"], TINY)), ctx)
-    r = jnp.where(sharp, jnp.where(active, r_sharp, 0.0), u * (1.0 / jnp.maximum(rows["u_max"], TINY)))
-    return slope, x, active, sharp, r
+    """sigmoid(s), whether each score counts, ρ^(p-1) there (1 on a flat row, 0 where it does not count) and
+    r = ρ^p (ρ on a flat row), each before the row normalisation."""
+    u, slope = softplus_and_sigmoid(s)
+    active = u > rows["thr"] if vis is None else vis & (u > rows["thr"])
+    rho = jnp.where(active, (u - rows["thr"]) * rows["alpha"], 1.0)
+    rho_pm1 = jnp.where(active, jnp.where(rows["sharp"] > 0, power_minus_one(rho, ctx), 1.0), 0.0)
+    return slope, active, rho, rho_pm1, rho_pm1 * rho
 
 
 def _reweight_step1(carry, s, vis, v, ctx, rows):
@@ -184,43 +187,56 @@ def _reweight_step1(carry, s, vis, v, ctx, rows):
 def _reweight_finish1(carry, ctx):
     z, u_max = carry
     z = jnp.maximum(z, TINY)
-    return None, {"z": z, "u_max": u_max, "x_max": ctx.n * (u_max / z) - reweight_offset(ctx.n)}
+    thr = reweight_offset(ctx.n) * z / jnp.maximum(ctx.n, 1.0)
+    sharp = u_max > thr
+    thr = jnp.where(sharp, thr, 0.0)
+    alpha = 1.0 / jnp.maximum(u_max - thr, TINY)
+    n_1 = jnp.maximum(ctx.n, 1.0)
+    return None, {"z": z, "thr": thr, "alpha": alpha, "sharp": sharp.astype(jnp.float32), "azn": alpha * z / n_1}
 
 
 def _reweight_step2(carry, s, vis, v, ctx, rows):
     l, acc, l_dx, acc_dx = carry
-    _, x, active, _, r = _reweight_terms(s, vis, ctx, rows)
-    r_dx = jnp.where(active, r / jnp.where(active, x, 1.0), 0.0)
-    return l + _row_sum(r), acc + ctx.pv(r, v), l_dx + _row_sum(r_dx), acc_dx + ctx.pv(r_dx, v)
+    _, _, _, rho_pm1, r = _reweight_terms(s, vis, ctx, rows)
+    return l + _row_sum(r), acc + ctx.pv(r, v), l_dx + _row_sum(rho_pm1), acc_dx + ctx.pv(rho_pm1, v)
 
 
 def _reweight_finish2(carry, ctx):
     l, acc, l_dx, acc_dx = carry
-    l = jnp.maximum(l, TINY)
-    return acc / l, {"l": l, "c": l_dx / l, "y": acc_dx / l}
+    return acc / jnp.maximum(l, TINY), {"l": jnp.maximum(l, TINY), "c": l_dx, "y": acc_dx}
 
 
 def _reweight_backward_rows(stats, out, dout, p):
-    """E_i = Σ_j da_ij a_ij, which for a re-weighted row is p o_i (dO_i·y_i - D_i c_i)."""
+    """The row constants of the gradient, each computed once: D_i; E_i = Σ_j da_ij a_ij, which for a sharp
+    row is o_i p Σ_j (r_ij / x_ij) (dp_ij - D_i) / l_i, with r / x = ρ^(p-1) α Z / N (o_i = 1 where θ_i > 0);
+    the factor p α Z / l of ρ^(p-1) in N p A / x (1 on a flat row); 1 / Z and 1 / l."""
     d = dot_rows(dout, out)
-    e = p * (dot_rows(dout, stats["y"]) - d * stats["c"])
-    return {**{name: stats[name] for name in ("z", "u_max", "x_max", "l")}, "d": d, "e": jnp.where(stats["x_max"] > 0, e, 0.0)}
+    sharp, inv_l = stats["sharp"] > 0, 1.0 / stats["l"]
+    e = p * stats["azn"] * inv_l * (dot_rows(dout, stats["y"]) - d * stats["c"])
+    return {
+        "thr": stats["thr"],
+        "alpha": stats["alpha"],
+        "sharp": stats["sharp"],
+        "d": d,
+        "e": jnp.where(sharp & (stats["thr"] > 0), e, 0.0),
+        "factor": jnp.where(sharp, p * stats["alpha"] * stats["z"] * inv_l, 1.0),
+        "inv_z": 1.0 / stats["z"],
+        "inv_l": inv_l,
+    }
 
 
 def _reweight_grad(s, vis, ctx, rows, dp):
-    slope, x, active, sharp, r = _reweight_terms(s, vis, ctx, rows)
-    w = r * (1.0 / rows["l"])
-    coef = jnp.where(sharp, jnp.where(active, (ctx.n * ctx.p) * w / jnp.where(active, x, 1.0), 0.0), 1.0)
-    e = rows["e"] * reweight_offset(ctx.n)
-    return w, _keep(vis, ((dp - rows["d"]) * coef - e) * (slope * (1.0 / rows["z"])), 0.0)
+    slope, _, _, rho_pm1, r = _reweight_terms(s, vis, ctx, rows)
+    ds = ((dp - rows["d"]) * (rho_pm1 * rows["factor"]) - rows["e"]) * (slope * rows["inv_z"])
+    return r * rows["inv_l"], _keep(vis, ds, 0.0)
 
 
 def _reweight_power_grad(s, vis, ctx, rows, dp):
     """dL/dp per score: A_ij = x_ij^p / Σ_k x_ik^p gives dA_ij/dp = A_ij (log x_ij - Σ_k A_ik log x_ik), so
-    dL/dp = Σ_ij A_ij log x_ij (dp_ij - D_i) on re-weighted rows (the others do not use p). A row constant
-    added to log x cancels, as Σ_j A_ij (dp_ij - D_i) = 0: log x, not log(x / x_max), is enough."""
-    _, x, active, sharp, r = _reweight_terms(s, vis, ctx, rows)
-    return jnp.where(sharp & active, r / rows["l"] * jnp.log(jnp.where(active, x, 1.0)) * (dp - rows["d"]), 0.0)
+    dL/dp = Σ_ij A_ij log x_ij (dp_ij - D_i) on sharp rows (the others do not use p). A row constant added to
+    log x cancels, as Σ_j A_ij (dp_ij - D_i) = 0: log ρ = log x - log x_max is enough."""
+    _, active, rho, _, r = _reweight_terms(s, vis, ctx, rows)
+    return jnp.where(active & (rows["sharp"] > 0), r * rows["inv_l"] * jnp.log(rho) * (dp - rows["d"]), 0.0)
 
 
 def _rows_with_d(*names):
@@ -248,9 +264,9 @@ FAMILIES = {
         ),
         _reweight_backward_rows,
         _reweight_grad,
-        ("z", "u_max", "x_max", "l", "c"),
+        ("z", "thr", "alpha", "sharp", "azn", "l", "c"),
         ("y",),
-        ("z", "u_max", "x_max", "l", "d", "e"),
+        ("thr", "alpha", "sharp", "d", "e", "factor", "inv_z", "inv_l"),
         _reweight_power_grad,
     ),
 }
