@@ -58,10 +58,10 @@ def _lssar(c):
     a0 = _lssa(c)
     if c["p"] is None:
         return a0
-    offset = np.where(c["n"] > 3, 1.0, 0.0)
-    r = np.maximum(c["n"] * a0 - offset, 0.0) ** c["p"] * c["m"]
-    total = r.sum(-1, keepdims=True)
-    return np.where(total > 0, _row_normalise(r), a0)
+    x = c["n"] * a0 - np.where(c["n"] > 3, 1.0, 0.0)
+    r = np.maximum(x, 0.0) ** c["p"] * c["m"]
+    sharp = np.max(np.where(c["m"] > 0, x, -1.0), -1, keepdims=True) > 2.0**-10
+    return np.where(sharp, _row_normalise(r), a0)
 
 
 def _sigmoid(c):
@@ -81,7 +81,7 @@ def weights(q, k, m, variant, s=1.0, b=None, p=15.0):
     h, d = q.shape[2], q.shape[3]
     k = np.repeat(k, h // k.shape[2], axis=2)
     n = m.sum(-1)[:, None, :, None].astype(np.float64)
-    unit = lambda x: x / np.linalg.norm(x, axis=-1, keepdims=True)
+    unit = lambda x: x / np.maximum(np.linalg.norm(x, axis=-1, keepdims=True), 1e-6)  # a zero row stays zero
     case = {
         "dots": np.einsum("bthd,bshd->bhts", q, k),
         "cos": np.einsum("bthd,bshd->bhts", unit(q), unit(k)),

@@ -6,7 +6,7 @@ Glossary: B batch, T queries, S keys, H query heads, K key/value heads, G = H //
 import jax
 import jax.numpy as jnp
 
-from freeatten_jax.attention.variants import NEG_INF, Mask, Variant, hide_unseen, reweight_offset
+from freeatten_jax.attention.variants import NEG_INF, REWEIGHT_MARGIN, Mask, Variant, hide_unseen, reweight_offset
 
 _HIGHEST = jax.lax.Precision.HIGHEST
 _TINY = float(jnp.finfo(jnp.float32).tiny)
@@ -34,7 +34,8 @@ def _reweight(scores, visible, n, opts, weight):
     above = visible & (x > 0)
     logits = jnp.where(above, opts["p"] * jnp.log(jnp.where(above, x, 1.0)), NEG_INF)
     a = jax.nn.softmax(logits, axis=-1) * above
-    return jnp.where(jnp.any(above, axis=-1, keepdims=True), a, a0)  # nothing above uniform: keep LSSA
+    sharp = jnp.max(jnp.where(visible, x, -1.0), axis=-1, keepdims=True) > REWEIGHT_MARGIN
+    return jnp.where(sharp, a, a0)  # nothing clearly above uniform: keep LSSA
 
 
 NORMALISERS = {"softmax": _softmax, "sum": _sum, "none": _none, "reweight": _reweight}

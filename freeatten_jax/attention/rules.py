@@ -12,7 +12,7 @@ from typing import Any, Callable, NamedTuple
 import jax
 import jax.numpy as jnp
 
-from freeatten_jax.attention.variants import NEG_INF, reweight_offset
+from freeatten_jax.attention.variants import NEG_INF, REWEIGHT_MARGIN, reweight_offset
 
 TINY = float(jnp.finfo(jnp.float32).tiny)
 LOG2E = 1.4426950408889634
@@ -159,8 +159,8 @@ def _none_grad(s, vis, ctx, rows, dp):
 
 # ----------------------------------------------------------------------------- reweight (lssar)
 # A score is re-weighted when x_ij = N_i u_ij / Z_i - o_i > 0, that is when u_ij > θ_i = o_i Z_i / N_i. Pass 1
-# gives Z_i and u_max; then one comparison of stored values against one row threshold decides both whether
-# the row is sharp (u_max > θ_i) and which scores count (u_ij > θ_i): the two can never disagree (issue 32:
+# gives Z_i and u_max; a row is sharp when x_max > REWEIGHT_MARGIN (u_max > θ_i (1 + margin)) and its scores
+# count where u_ij > θ_i: comparisons of stored values, so a sharp row always keeps its largest score (issue 32:
 # q = 0 rows lost every weight when x_max and x were rounded by different expressions). Pass 2 forms
 # ρ_ij = (u_ij - θ_i) α_i with α_i = 1 / (u_max - θ_i): ρ = x / x_max in (0, 1], so r = ρ^p needs no running
 # max and no per-score division, and u - θ > 0 is exact wherever u > θ. A row with nothing above θ keeps its
@@ -188,7 +188,7 @@ def _reweight_finish1(carry, ctx):
     z, u_max = carry
     z = jnp.maximum(z, TINY)
     thr = reweight_offset(ctx.n) * z / jnp.maximum(ctx.n, 1.0)
-    sharp = u_max > thr
+    sharp = u_max > thr * (1.0 + REWEIGHT_MARGIN)  # x_max > the margin; then u_max > θ, so some score counts
     thr = jnp.where(sharp, thr, 0.0)
     alpha = 1.0 / jnp.maximum(u_max - thr, TINY)
     n_1 = jnp.maximum(ctx.n, 1.0)

@@ -122,9 +122,19 @@ def _prepare_lssa(q_BTHD, k_BSKD, n_BHT, opts):
     return l2_normalise(q_BTHD) * temperature_BTH1, l2_normalise(k_BSKD)
 
 
+@jax.custom_jvp
+def _softplus(x):
+    """softplus(x) = max(x, 0) + log1p(exp(-|x|)): the same values, faster on CPU than jax.nn.softplus. Its
+    derivative is sigmoid(x) by definition: autodiff of max and |x| gives 0 at x = 0, not 1/2 (a q = 0 row
+    then had no gradient at all)."""
+    return jnp.maximum(x, 0.0) + jnp.log1p(jnp.exp(-jnp.abs(x)))
+
+
+_softplus.defjvp(lambda primals, tangents: (_softplus(primals[0]), jax.nn.sigmoid(primals[0]) * tangents[0]))
+
+
 def _softplus_weight(scores, n):
-    """softplus(x) = max(x, 0) + log1p(exp(-|x|)): the same values, faster on CPU than jax.nn.softplus."""
-    return jnp.maximum(scores, 0.0) + jnp.log1p(jnp.exp(-jnp.abs(scores)))
+    return _softplus(scores)
 
 
 def _sigmoid_weight(scores, n):
@@ -198,6 +208,12 @@ def variant_options(name: str, given: dict[str, Any], num_heads: int | None = No
         if value is not None:
             OPTION_CHECKS[option](option, value, num_heads)
     return {**defaults, **given}
+
+
+# LSSAR re-weights a row only where its largest x_ij = N_i A0_ij - o_i exceeds this (docs/method.md §2): a row
+# closer to uniform is uniform up to float32 rounding (Z_i's own rounding error reaches ~1e-5 relative at long
+# lengths), and re-weighting it would pick keys by rounding noise, with gradients of size 1 / x_max.
+REWEIGHT_MARGIN = 2.0**-10
 
 
 def reweight_offset(n):

@@ -1,0 +1,96 @@
+"""Rare inputs on every path (issue 32): rows where attention is exactly or nearly uniform, one dominant key,
+a single visible key, rows that see nothing and huge logits, each a batch row of one input. Values are held
+to the float64 oracle (tests/attention_oracle.py) batch row by batch row, gradients to the reference's.
+
+Glossary: B batch (one degenerate case per row), T queries = S keys, H heads, K kv heads, D head dim.
+Before the one-threshold rule for LSSAR's re-weighting (rules.py), blockwise, the ring and both kernels
+returned all-zero rows in the q = 0 and identical-keys cases.
+"""
+
+import functools
+
+import attention_oracle as oracle
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from helpers import INTERPRET, key, value_and_grads, variant_params
+
+from freeatten_jax import attention
+
+B, T, H, K, D = 6, 48, 2, 1, 16
+CASES = ("q = 0", "identical keys", "tiny q (1e-4)", "one dominant key", "huge logits", "single visible key, masked rows")
+SEGMENTS = np.array([0] * 20 + [1] * 20 + [2] * 8)  # query 20 sees one key; segment 2 is all padding
+KV_VALID = np.arange(T) < 40  # so queries 40.. see nothing (N_i = 0)
+
+
+def degenerate_inputs():
+    """q, k, v, cotangent [B, T, ...] float32 (batch row b is CASES[b]) and the mask options."""
+    shapes = [(B, T, H, D), (B, T, K, D), (B, T, K, D), (B, T, H, D)]
+    q, k, v, g = (jax.random.normal(x, shape) for x, shape in zip(jax.random.split(key("degenerate"), 4), shapes))
+    direction = jax.random.normal(key("direction"), (D,))
+    q = q.at[0].set(0.0)
+    k = k.at[1].set(k[1, :1])
+    q = q.at[2].multiply(1e-4)
+    q = q.at[3].set(3.0 * direction + 0.3 * q[3])
+    k = k.at[3, 7].set(20.0 * direction)
+    q, k = q.at[4].multiply(30.0), k.at[4].multiply(30.0)
+    segments = np.stack([np.zeros(T, int)] * 5 + [SEGMENTS])
+    kv_valid = np.stack([np.ones(T, bool)] * 5 + [KV_VALID])
+    return q, k, v, g, dict(q_segment_ids=jnp.asarray(segments), kv_mask=jnp.asarray(kv_valid))
+
+
+def _context_parallel(q, k, v, **options):
+    """context_parallel_attend over 2 host devices (the ring)."""
+    mesh = jax.make_mesh((2,), ("context",), devices=jax.devices()[:2], axis_types=(jax.sharding.AxisType.Auto,))
+    return attention.context_parallel_attend(q, k, v, mesh=mesh, axis_name="context", block_q=8, block_k=8, **options)
+
+
+KERNEL_BLOCKS = dict(implementation="pallas", block_q=16, block_k=8)  # several blocks: interior and edge paths
+PATHS = {  # name: (attend, implementation options)
+    "reference": (attention.attend, dict(implementation="reference")),
+    "blockwise": (attention.attend, dict(implementation="blockwise", block_q=16, block_k=8)),
+    "pallas": (attention.attend, dict(KERNEL_BLOCKS, interpret=INTERPRET)),
+    "pallas_tpu_kernels": (attention.attend, dict(KERNEL_BLOCKS, interpret="tpu" if INTERPRET else False)),
+    "context_parallel": (_context_parallel, {}),
+}
+
+
+def assert_rows_close(got, want, tolerance, what, scale_B=None):
+    """Finite, and within tolerance x the scale of each batch row: by default the largest |want| of the row (at
+    least 1e-3), so that one case's size (huge logits) does not hide another's error."""
+    got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
+    assert np.all(np.isfinite(got)), what
+    for b, case in enumerate(CASES):
+        error = np.max(np.abs(got[b] - want[b]))
+        scale = max(np.max(np.abs(want[b])), 1e-3) if scale_B is None else scale_B[b]
+        assert error <= tolerance * scale, f"{what}, {case}: max error {error:.3g} vs scale {scale:.3g}"
+
+
+@functools.cache
+def _oracle_output(variant):
+    q, k, v, _, options = degenerate_inputs()
+    positions = np.broadcast_to(np.arange(T), (B, T))
+    segments, valid = np.asarray(options["q_segment_ids"]), np.asarray(options["kv_mask"])
+    m = oracle.visible(positions, positions, segments, segments, valid, causal=True)
+    params = {name: np.asarray(x) for name, x in variant_params(variant, H).items()}
+    return oracle.attend(np.asarray(q), np.asarray(k), np.asarray(v), m, variant, **params)
+
+
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("variant", attention.VARIANTS)
+def test_degenerate_rows_match_the_oracle(variant, path):
+    """Output equals the float64 oracle's in every case, gradients the reference's (float32 both sides), each
+    batch row's dq, dk and dv to the tolerance times the largest of them: with identical keys the true dq is 0,
+    left by the cancellation of terms of the size of dk's (Σ_j ds_ij k_j with Σ_j ds_ij = 0)."""
+    q, k, v, g, options = degenerate_inputs()
+    params = variant_params(variant, H)
+    attend, implementation = PATHS[path]
+    out, grads = value_and_grads(q, k, v, g, params, implementation, attend, variant=variant, **options)
+    assert_rows_close(out, _oracle_output(variant), 1e-4, "output")
+    np.testing.assert_array_equal(np.asarray(out[5, 40:]), 0.0)  # rows that see nothing are zero
+    if path != "reference":
+        _, grads_ref = value_and_grads(q, k, v, g, params, PATHS["reference"][1], variant=variant, **options)
+        scale_B = np.max([np.abs(np.asarray(x)).reshape(B, -1).max(axis=1) for x in grads_ref[:3]], axis=0)
+        for name, got, want in zip(("dq", "dk", "dv"), grads, grads_ref):
+            assert_rows_close(got, want, 1e-4, name, scale_B)
