@@ -34,7 +34,7 @@ def degenerate_inputs():
     q = q.at[2].multiply(1e-4)
     q = q.at[3].set(3.0 * direction + 0.3 * q[3])
     k = k.at[3, 7].set(20.0 * direction)
-    q, k = q.at[4].multiply(30.0), k.at[4].multiply(30.0)
+    q, k = q.at[4].multiply(10.0), k.at[4].multiply(10.0)  # softmax logits up to ~400: e^88 already overflows float32
     segments = np.stack([np.zeros(T, int)] * 5 + [SEGMENTS])
     kv_valid = np.stack([np.ones(T, bool)] * 5 + [KV_VALID])
     return q, k, v, g, dict(q_segment_ids=jnp.asarray(segments), kv_mask=jnp.asarray(kv_valid))

@@ -43,7 +43,7 @@ class Rule(NamedTuple):
         for one in self.family.passes:
             out, new = sweep(
                 lambda row0, acc0, rows, one=one: one.init(row0, acc0),
-                lambda carry, s, vis, v, n, rows, one=one: one.step(carry, s, vis, v, cfg.ctx(n), rows),
+                lambda carry, s, vis, v, n, rows, one=one: one.step(carry, self.scaled(s), vis, v, cfg.ctx(n), rows),
                 lambda carry, n, one=one: one.finish(carry, cfg.ctx(n)),
                 rows_I,
             )
@@ -53,13 +53,19 @@ class Rule(NamedTuple):
     def backward_rows(self, rows, out, dout, cfg: Config):
         return self.family.backward_rows(rows, out, dout, cfg.p)
 
+    def scaled(self, s):
+        """The scores as the family reads them (rules.Family.score_scale)."""
+        return s if self.family.score_scale == 1.0 else s * self.family.score_scale
+
     def grad_block(self, s, vis, n, rows, dp, cfg: Config):
-        return self.family.grad(s, vis, cfg.ctx(n), rows, dp)
+        return self.family.grad(self.scaled(s), vis, cfg.ctx(n), rows, dp)
 
     @property
     def power_grad_block(self):
         power_grad = self.family.power_grad
-        return None if power_grad is None else lambda s, vis, n, rows, dp, cfg: power_grad(s, vis, cfg.ctx(n), rows, dp)
+        if power_grad is None:
+            return None
+        return lambda s, vis, n, rows, dp, cfg: power_grad(self.scaled(s), vis, cfg.ctx(n), rows, dp)
 
 
 RULES = {name: Rule(family) for name, family in rules.FAMILIES.items()}

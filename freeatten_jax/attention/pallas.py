@@ -1,8 +1,9 @@
 """implementation="pallas": fused kernels for every variant (docs/method.md §3), forward and backward.
 
 Glossary: B batch, T queries, S keys, H heads, K kv heads, G = H // K, D head dim, Tp / Sp lengths
-padded to whole blocks. `prepare` runs outside the kernels (autodiff carries its gradients, e.g. to
-SSMax's s and b); the kernels see q' and k' in the input dtype, with float32 statistics. A custom VJP
+padded to whole blocks. The kernels take q and k as given (in the input dtype: bfloat16 is rounded once, not
+again after normalising) and the variant's float32 factors of the scores apart (`scales`, outside the kernels,
+so autodiff carries their gradients, e.g. to SSMax's s and b); statistics are float32. A custom VJP
 saves only the output and per-row statistics; the backward recomputes scores in a dQ kernel (per
 query block) and a key-major dK/dV kernel (per key block, summing the G query heads: no repeated K/V).
 On GPU the forward and dQ kernels read a head's whole K and V and loop over its visible key blocks;
@@ -26,7 +27,7 @@ from jax.sharding import PartitionSpec as P
 from freeatten_jax.attention import pallas_plan, pallas_tpu
 from freeatten_jax.attention.blockwise import count_visible, static_power
 from freeatten_jax.attention.pallas_kernels import Static, dkv_kernel, dq_kernel, forward_kernel
-from freeatten_jax.attention.rules import FAMILIES
+from freeatten_jax.attention.rules import FAMILIES, dot_rows
 from freeatten_jax.attention.variants import Mask, Variant, check_positive_int, hide_unseen
 
 # Mesh axes that shard the batch and the heads when present (sized > 1) and dividing them: the names of
@@ -84,12 +85,13 @@ def _calls(cfg: Static, shapes, compiler_params, interpret: bool):
     q_spec = pl.BlockSpec((None, None, cfg.block_q, d), lambda b, h, i: (b, h, i, 0))
     row_spec = pl.BlockSpec((None, None, cfg.block_q, 1), lambda b, h, i: (b, h, i, 0))
     kv_full = pl.BlockSpec((None, None, sp, d), lambda b, h, i: (b, jax.lax.div(h, g), 0, 0))
+    key_factors = pl.BlockSpec((None, None, k_blocks, 1, cfg.block_k), lambda b, h, i: (b, jax.lax.div(h, g), 0, 0, 0))
     mask_specs = [
         pl.BlockSpec((2, None, cfg.block_q, 1), lambda b, h, i: (0, b, i, 0)),
         pl.BlockSpec((3, None, k_blocks, 1, cfg.block_k), lambda b, h, i: (0, b, 0, 0, 0)),
         pl.BlockSpec((None, cfg.block_q, 1), lambda b, h, i: (b, i, 0)),
     ]
-    in_specs = [scalar] * 4 + [q_spec, kv_full, kv_full, *mask_specs]
+    in_specs = [scalar] * 4 + [q_spec, kv_full, kv_full, row_spec, key_factors, *mask_specs]
     stat_shapes = [jax.ShapeDtypeStruct((b, h, tp, 1), f32)] * len(family.stats)
     extra_shapes = [jax.ShapeDtypeStruct((b, h, tp, d), f32)] * len(family.extras)
     forward = pl.pallas_call(
@@ -97,7 +99,7 @@ def _calls(cfg: Static, shapes, compiler_params, interpret: bool):
         grid=(b, h, q_blocks),
         in_specs=in_specs,
         out_specs=[q_spec] + [row_spec] * len(stat_shapes) + [q_spec] * len(extra_shapes),
-        out_shape=[jax.ShapeDtypeStruct((b, h, tp, d), cfg.dtype)] + stat_shapes + extra_shapes,
+        out_shape=[jax.ShapeDtypeStruct((b, h, tp, d), jnp.float32)] + stat_shapes + extra_shapes,
         name=f"freeatten_{cfg.family}_fwd",
         **common,
     )
@@ -115,6 +117,7 @@ def _calls(cfg: Static, shapes, compiler_params, interpret: bool):
     group_spec = pl.BlockSpec((None, g, tp, d), lambda b, k, j: (b, k, 0, 0))
     group_rows = pl.BlockSpec((None, g, q_blocks, 1, cfg.block_q), lambda b, k, j: (b, k, 0, 0, 0))
     k_spec = pl.BlockSpec((None, None, cfg.block_k, d), lambda b, k, j: (b, k, j, 0))
+    k_column = pl.BlockSpec((None, None, cfg.block_k, 1), lambda b, k, j: (b, k, j, 0))
     dkv_mask_specs = [
         pl.BlockSpec((2, None, q_blocks, 1, cfg.block_q), lambda b, k, j: (0, b, 0, 0, 0)),
         pl.BlockSpec((3, None, cfg.block_k, 1), lambda b, k, j: (0, b, j, 0)),
@@ -123,7 +126,9 @@ def _calls(cfg: Static, shapes, compiler_params, interpret: bool):
     dkv = pl.pallas_call(
         functools.partial(dkv_kernel, cfg),
         grid=(b, kv_heads, k_blocks),
-        in_specs=[scalar] * 4 + [group_spec, k_spec, k_spec, *dkv_mask_specs, group_spec] + [group_rows] * len(family.rows),
+        in_specs=[scalar] * 4
+        + [group_spec, k_spec, k_spec, group_rows, k_column, *dkv_mask_specs, group_spec]
+        + [group_rows] * len(family.rows),
         out_specs=[k_spec, k_spec],
         out_shape=[jax.ShapeDtypeStruct((b, kv_heads, sp, d), f32)] * 2,
         name=f"freeatten_{cfg.family}_dkv",
@@ -139,51 +144,68 @@ def _backward_rows(family: str, stats, out, dout, p_1):
 
 
 def _core(cfg: Static, lowering: Lowering, shapes):
-    """out = kernels(q, k, v) with a custom VJP whose residuals are the output and row statistics."""
+    """out = kernels(q, k, v, qs, ks) with a custom VJP whose residuals are the inputs, the output and row
+    statistics. The scores are qs_i ks_j q_i·k_j (qs [B, H, Tp, 1], ks [B, K, Sp, 1], float32, the family's
+    score_scale in qs); the kernels' dq and dk sums come without the factors of their own side, which the
+    backward applies here, with the factors' own gradients."""
     forward, dq_call, dkv_call = lowering.calls(cfg, shapes)
     family = FAMILIES[cfg.family]
+    inv_scale = 1.0 / family.score_scale  # the family's ds is dL/d(score / score_scale)
 
     def mask_args(plan: pallas_plan.Plan):
         return plan.q_col, plan.kv_row, plan.n_col
 
-    def run_forward(q, k, v, p_1, plan):
-        out, *stats = forward(plan.k_first, plan.k_end, plan.k_full, p_1, q, k, v, *mask_args(plan))
+    def by_blocks(x, size):
+        """[B, heads, L, 1] -> [B, heads, L / size, 1, size]: one row of factors per block."""
+        return x.reshape(*x.shape[:2], -1, 1, size)
+
+    def run_forward(q, k, v, qs, ks, p_1, plan):
+        out, *stats = forward(
+            plan.k_first, plan.k_end, plan.k_full, p_1, q, k, v, qs, by_blocks(ks, cfg.block_k), *mask_args(plan)
+        )
         return out, dict(zip(family.stats + family.extras, stats))
 
     @jax.custom_vjp
-    def core(q, k, v, p_1, plan):
-        return run_forward(q, k, v, p_1, plan)[0]
+    def core(q, k, v, qs, ks, p_1, plan):
+        return run_forward(q, k, v, qs, ks, p_1, plan)[0]
 
-    def core_fwd(q, k, v, p_1, plan):
-        out, stats = run_forward(q, k, v, p_1, plan)
-        return out, (q, k, v, p_1, plan, out, stats)
+    def core_fwd(q, k, v, qs, ks, p_1, plan):
+        out, stats = run_forward(q, k, v, qs, ks, p_1, plan)
+        return out, (q, k, v, qs, ks, p_1, plan, out, stats)
 
     def core_bwd(residuals, dout):
-        q, k, v, p_1, plan, out, stats = residuals
-        rows = _backward_rows(cfg.family, stats, out, dout, p_1)
-        dq, *dpow = dq_call(plan.k_first, plan.k_end, plan.k_full, p_1, q, k, v, *mask_args(plan), dout, *rows)
+        q, k, v, qs, ks, p_1, plan, out, stats = residuals
+        rows = _backward_rows(cfg.family, stats, out, dout, p_1)  # D_i from the float32 output, as the reference
+        dout = dout.astype(cfg.dtype)  # exact: the cotangent of a cast from cfg.dtype
+        ks_blocks = by_blocks(ks, cfg.block_k)
+        dq_sum, *dpow = dq_call(plan.k_first, plan.k_end, plan.k_full, p_1, q, k, v, qs, ks_blocks, *mask_args(plan), dout, *rows)
         dp_1 = jnp.sum(dpow[0]).reshape(1) if cfg.p_grad else None
-        rows_t = [x.reshape(*x.shape[:2], -1, 1, cfg.block_q) for x in rows]  # [B, H, I, 1, Q]
+        rows_t = [by_blocks(x, cfg.block_q) for x in rows]  # [B, H, I, 1, Q]
         dkv_masks = (plan.q_row, plan.kv_col, plan.n_row)
-        dk, dv = dkv_call(plan.q_first, plan.q_end, plan.q_full, p_1, q, k, v, *dkv_masks, dout, *rows_t)
-        return dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype), dp_1, None
+        qs_t = by_blocks(qs, cfg.block_q)
+        dk_sum, dv = dkv_call(plan.q_first, plan.q_end, plan.q_full, p_1, q, k, v, qs_t, ks, *dkv_masks, dout, *rows_t)
+        dq_sum, dk_sum = dq_sum * inv_scale, dk_sum * inv_scale
+        dk, dks = (dk_sum * ks, dot_rows(k, dk_sum)) if cfg.key_scale else (dk_sum, jnp.zeros_like(ks))
+        dq, dqs = dq_sum * qs, dot_rows(q, dq_sum)
+        return dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype), dqs, dks, dp_1, None
 
     core.defvjp(core_fwd, core_bwd)
     return core
 
 
-def _run(lowering: Lowering, cfg: Static, block_q, block_k, qp_BTHD, kp_BSKD, v_BSKD, p_1, mask: Mask, n_BT):
+def _run(lowering: Lowering, cfg: Static, block_q, block_k, q_BTHD, k_BSKD, v_BSKD, qs_BTH1, ks_BSK1, p_1, mask: Mask, n_BT):
     """Pad to whole blocks, lay out as [B, heads, length, D], run the kernels, undo the layout."""
-    t, (s, kv_heads) = qp_BTHD.shape[1], kp_BSKD.shape[1:3]
+    t, (s, kv_heads) = q_BTHD.shape[1], k_BSKD.shape[1:3]
     default_q, default_k = lowering.blocks()
     q_size, k_size = _fit(block_q or default_q, t, lowering), _fit(block_k or default_k, s, lowering)
     cfg = cfg._replace(block_q=q_size, block_k=k_size)
     plan = pallas_plan.plan(mask, n_BT, q_size, k_size)
     heads_first = lambda x, size: jnp.pad(x.transpose(0, 2, 1, 3), ((0, 0), (0, 0), (0, -x.shape[1] % size), (0, 0)))  # noqa: E731
-    q_BHTD, k_BKSD, v_BKSD = heads_first(qp_BTHD, q_size), heads_first(kp_BSKD, k_size), heads_first(v_BSKD, k_size)
+    q_BHTD, k_BKSD, v_BKSD = heads_first(q_BTHD, q_size), heads_first(k_BSKD, k_size), heads_first(v_BSKD, k_size)
+    qs_BHT1, ks_BKS1 = heads_first(qs_BTH1, q_size), heads_first(ks_BSK1, k_size)
     shapes = (q_BHTD.shape, (kv_heads, k_BKSD.shape[2]))
-    out_BHTD = _core(cfg, lowering, shapes)(q_BHTD, k_BKSD, v_BKSD, p_1, plan)
-    return out_BHTD[:, :, :t].transpose(0, 2, 1, 3)
+    out_BHTD = _core(cfg, lowering, shapes)(q_BHTD, k_BKSD, v_BKSD, qs_BHT1, ks_BKS1, p_1, plan)
+    return out_BHTD[:, :, :t].transpose(0, 2, 1, 3).astype(q_BTHD.dtype)
 
 
 def _mesh_axes(mesh, names, *sizes):
@@ -195,20 +217,20 @@ def _mesh_axes(mesh, names, *sizes):
 
 
 def _per_shard(run, batch_axes, head_axes):
-    """`run(q, k, v, p_1, mask, n_BT)` in shard_map over the ambient mesh (batch over batch_axes, heads over
-    head_axes, the rest replicated), or `run` itself outside a mesh of more than one device."""
+    """`run(q, k, v, qs, ks, p_1, mask, n_BT)` in shard_map over the ambient mesh (batch over batch_axes, heads
+    over head_axes, the rest replicated), or `run` itself outside a mesh of more than one device."""
     mesh = jax.sharding.get_abstract_mesh()
     if mesh.empty or mesh.size == 1:
         return run
 
-    def sharded(q_BTHD, k_BSKD, v_BSKD, p_1, mask, n_BT):
+    def sharded(q_BTHD, k_BSKD, v_BSKD, qs_BTH1, ks_BSK1, p_1, mask, n_BT):
         (b, _, h, _), kv_heads = q_BTHD.shape, k_BSKD.shape[2]
         batch = _mesh_axes(mesh, batch_axes, b)
         heads = _mesh_axes(mesh, head_axes, h, kv_heads)
         tokens, rows = P(batch, None, heads, None), P(batch, None)
-        specs = (tokens, tokens, tokens, P(), jax.tree.map(lambda _: rows, mask), rows)
+        specs = (tokens, tokens, tokens, tokens, tokens, P(), jax.tree.map(lambda _: rows, mask), rows)
         return jax.shard_map(run, mesh=mesh, in_specs=specs, out_specs=tokens, check_vma=False)(
-            q_BTHD, k_BSKD, v_BSKD, p_1, mask, n_BT
+            q_BTHD, k_BSKD, v_BSKD, qs_BTH1, ks_BSK1, p_1, mask, n_BT
         )
 
     return sharded
@@ -225,6 +247,7 @@ def attend(
     block_q=None,
     block_k=None,
     interpret=False,
+    split_matmuls=None,
     batch_axes=BATCH_AXES,
     head_axes=HEAD_AXES,
     **unknown,
@@ -232,14 +255,18 @@ def attend(
     """o_i = Σ_j A_ij v_j in fused kernels; statistics in float32, matmuls in q's dtype, output in q's dtype.
 
     block_q, block_k: block lengths (default: the platform's LOWERINGS entry). interpret=True: run
-    the GPU kernels in Pallas interpret mode on any platform (CPU always uses it); "tpu": the TPU ones. batch_axes, head_axes:
+    the GPU kernels in Pallas interpret mode on any platform (CPU always uses it); "tpu": the TPU ones.
+    split_matmuls: the float32 weights and score gradients enter their bfloat16 matmuls as two halves
+    (pallas_kernels.weighted_dot): outputs and gradients as exact as the reference's, for 1.3-1.5x the
+    matmuls; None: on for every variant but softmax and ssmax, whose kernels are bound by the matmuls (for the
+    others they hide behind the per-score math). batch_axes, head_axes:
     the ambient mesh's axes that shard the batch and the heads (the kernels run per shard). Keys no
     query sees are zeroed first (hide_unseen, as in blockwise); a dense `mask` is refused (the
     kernels read only the structured mask fields)."""
     if unknown:
         raise ValueError(
             f"unknown option(s) {sorted(unknown)}; implementation 'pallas' takes block_q, block_k, interpret, "
-            "batch_axes, head_axes"
+            "split_matmuls, batch_axes, head_axes"
         )
     if mask.dense is not None:
         raise ValueError("implementation 'pallas' does not take a dense `mask`; use 'blockwise' or 'reference'")
@@ -253,13 +280,17 @@ def attend(
     dtype = q_BTHD.dtype
     n_B1T, seen_B1S = count_visible(mask, 512)
     k_BSKD, v_BSKD = hide_unseen(k_BSKD, v_BSKD, seen_B1S)
-    qp_BTHD, kp_BSKD = variant.prepare(q_BTHD, k_BSKD, n_B1T, opts)
+    qs_BTH1, ks_BSK1 = variant.scales(q_BTHD, k_BSKD, n_B1T, opts)
+    key_scale = ks_BSK1 is not None
+    ks_BSK1 = ks_BSK1 if key_scale else jnp.ones((*k_BSKD.shape[:3], 1), jnp.float32)  # read by no kernel
+    qs_BTH1 = qs_BTH1 * FAMILIES[kind].score_scale
     n_BT = n_B1T[:, 0]
-    args = (qp_BTHD.astype(dtype), kp_BSKD.astype(dtype), v_BSKD.astype(dtype))
+    args = (q_BTHD, k_BSKD.astype(dtype), v_BSKD.astype(dtype), qs_BTH1, ks_BSK1)
     p_1 = jnp.asarray(0.0 if p is None else p, jnp.float32).reshape(1)
     p_grad = kind == "reweight" and isinstance(p, jax.Array)  # a Python number is a constant
     groups = q_BTHD.shape[2] // k_BSKD.shape[2]
-    cfg = Static(kind, mask.causal, mask.window, 0, 0, groups, static_power(p), variant.weight, dtype, p_grad)
+    split = kind != "softmax" if split_matmuls is None else bool(split_matmuls)
+    cfg = Static(kind, mask.causal, mask.window, 0, 0, groups, static_power(p), variant.weight, dtype, p_grad, key_scale, split)
     run = lambda name: functools.partial(_run, LOWERINGS[name], cfg, block_q, block_k)  # noqa: E731
     if interpret:
         per_platform = run(INTERPRETED[interpret])

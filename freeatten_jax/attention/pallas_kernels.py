@@ -31,9 +31,22 @@ def dot(a, b, dims):
     return jax.lax.dot_general(a, b, dims, precision=precision, preferred_element_type=jnp.float32)
 
 
-def pv(w, v):
-    """Σ_j w_ij v_j with w in v's dtype (the tensor cores), accumulated in float32."""
-    return dot(w.astype(v.dtype), v, NN)
+def scaled_scores(a, b, a_scale, b_scale):
+    """The scores a_i b_j (x_i·y_j) as the family reads them: the matmul on the inputs as given (bfloat16 inputs
+    rounded once, by the caller), the [M, 1] / [1, N] factors (None: none) applied in float32."""
+    s = dot(a, b, NT)
+    s = s if a_scale is None else s * a_scale
+    return s if b_scale is None else s * b_scale
+
+
+def weighted_dot(split: bool, w, x, dims=NN):
+    """w (float32: weights or ds) @ x on the tensor cores, accumulated in float32. With `split` (and x not
+    float32), w runs as two halves in x's dtype, w = hi + lo: the result is as exact as with float32 w (error
+    ~2^-17 of w instead of bfloat16's 2^-9) for one more matmul."""
+    hi = w.astype(x.dtype)
+    if not split or x.dtype == jnp.float32:
+        return dot(hi, x, dims)
+    return dot(hi, x, dims) + dot((w - hi.astype(jnp.float32)).astype(x.dtype), x, dims)
 
 
 # ----------------------------------------------------------------------------- masks inside a kernel
@@ -52,6 +65,8 @@ class Static(NamedTuple):
     weight: Callable | None
     dtype: Any  # the inputs' dtype: the matmul operands and the output
     p_grad: bool  # the dq kernel also gives each row's share of dL/dp (LSSAR with an array p)
+    key_scale: bool  # the scores carry a per-key factor b_j (LSSA, LSSAR); the per-query a_i always
+    split: bool  # the weights and ds enter their matmuls as two halves (weighted_dot)
 
 
 def visible(cfg: Static, q_pos, q_seg, k_pos, k_seg, k_valid):
@@ -81,7 +96,7 @@ def key_block(cfg: Static, key_rows, q_col):
 
 
 def kernel_ctx(cfg: Static, n, p):
-    return Ctx(n=n, p=p, static_power=cfg.static_power, weight=cfg.weight, pv=pv)
+    return Ctx(n=n, p=p, static_power=cfg.static_power, weight=cfg.weight, pv=functools.partial(weighted_dot, cfg.split))
 
 
 def sweep_spans(first, end, full, masked, interior, carry):
@@ -92,11 +107,18 @@ def sweep_spans(first, end, full, masked, interior, carry):
     return jax.lax.fori_loop(full[1], end, masked, carry)
 
 
-def forward_kernel(cfg: Static, first_ref, end_ref, full_ref, p_ref, q_ref, k_ref, v_ref, qcol_ref, kvrow_ref, n_ref, *out_refs):
+def key_factor(cfg: Static, ks_ref, index):
+    """Key block `index`'s factors b_j ([1, C], or [C, 1] key-major), or None without a key factor."""
+    return ks_ref[index] if cfg.key_scale else None
+
+
+def forward_kernel(
+    cfg: Static, first_ref, end_ref, full_ref, p_ref, q_ref, k_ref, v_ref, qs_ref, ks_ref, qcol_ref, kvrow_ref, n_ref, *out_refs
+):
     """One (batch, head, query block): out and the family's statistics, streaming visible key blocks."""
     b, i = pl.program_id(0), pl.program_id(2)
     family = FAMILIES[cfg.family]
-    q = q_ref[...]
+    q, qs = q_ref[...], qs_ref[...]
     q_col = (qcol_ref[0], qcol_ref[1])
 
     def sweep(init, step, with_values=True):
@@ -108,7 +130,7 @@ def forward_kernel(cfg: Static, first_ref, end_ref, full_ref, p_ref, q_ref, k_re
                 vis, seen = key_block(cfg, [kvrow_ref[x, j] for x in range(3)], q_col)
                 k = jnp.where(seen, k, 0)
                 v = jnp.where(seen, v, 0) if with_values else None
-            return step(carry, dot(q, k, NT), vis, v)
+            return step(carry, scaled_scores(q, k, qs, key_factor(cfg, ks_ref, j)), vis, v)
 
         row0 = jnp.zeros((cfg.block_q, 1), jnp.float32)
         acc0 = jnp.zeros((cfg.block_q, q.shape[1]), jnp.float32)
@@ -124,14 +146,30 @@ def forward_kernel(cfg: Static, first_ref, end_ref, full_ref, p_ref, q_ref, k_re
         ref[...] = stats[name]
 
 
-def dq_kernel(cfg: Static, first_ref, end_ref, full_ref, p_ref, q_ref, k_ref, v_ref, qcol_ref, kvrow_ref, n_ref, dout_ref, *refs):
-    """dq for one (batch, head, query block): Σ_j ds_ij k_j over the visible key blocks (and, if
-    cfg.p_grad, the block's rows' shares of dL/dp as [Q, 1])."""
+def dq_kernel(
+    cfg: Static,
+    first_ref,
+    end_ref,
+    full_ref,
+    p_ref,
+    q_ref,
+    k_ref,
+    v_ref,
+    qs_ref,
+    ks_ref,
+    qcol_ref,
+    kvrow_ref,
+    n_ref,
+    dout_ref,
+    *refs,
+):
+    """For one (batch, head, query block): Σ_j ds_ij b_j k_j over the visible key blocks (dL/dq_i is a_i times
+    it, pallas.py) and, if cfg.p_grad, the block's rows' shares of dL/dp as [Q, 1]."""
     b, i = pl.program_id(0), pl.program_id(2)
     family = FAMILIES[cfg.family]
     row_refs, out_refs = refs[: len(family.rows)], refs[len(family.rows) :]
     rows = {name: ref[...] for name, ref in zip(family.rows, row_refs)}
-    q, dout, ctx = q_ref[...], dout_ref[...], kernel_ctx(cfg, n_ref[...], p_ref[0])
+    q, qs, dout, ctx = q_ref[...], qs_ref[...], dout_ref[...], kernel_ctx(cfg, n_ref[...], p_ref[0])
     q_col = (qcol_ref[0], qcol_ref[1])
 
     def body(masked, j, carry):
@@ -142,11 +180,12 @@ def dq_kernel(cfg: Static, first_ref, end_ref, full_ref, p_ref, q_ref, k_ref, v_
         if masked:
             vis, seen = key_block(cfg, [kvrow_ref[x, j] for x in range(3)], q_col)
             k = jnp.where(seen, k, 0)
-        args = (dot(q, k, NT), vis, ctx, rows, dot(dout, v, NT))
+        ks = key_factor(cfg, ks_ref, j)
+        args = (scaled_scores(q, k, qs, ks), vis, ctx, rows, dot(dout, v, NT))
         _, ds = family.grad(*args)
         if cfg.p_grad:
             dpow = dpow + jnp.sum(family.power_grad(*args), axis=-1, keepdims=True)
-        return dq + dot(ds.astype(k.dtype), k, NN), dpow
+        return dq + weighted_dot(cfg.split, ds if ks is None else ds * ks, k), dpow
 
     carry = (jnp.zeros(q.shape, jnp.float32), jnp.zeros((cfg.block_q, 1), jnp.float32))
     full = (full_ref[0, b, i], full_ref[1, b, i])
@@ -158,24 +197,40 @@ def dq_kernel(cfg: Static, first_ref, end_ref, full_ref, p_ref, q_ref, k_ref, v_
 
 
 def dkv_kernel(
-    cfg: Static, first_ref, end_ref, full_ref, p_ref, q_ref, k_ref, v_ref, qrow_ref, kvcol_ref, n_ref, dout_ref, *refs
+    cfg: Static,
+    first_ref,
+    end_ref,
+    full_ref,
+    p_ref,
+    q_ref,
+    k_ref,
+    v_ref,
+    qs_ref,
+    ks_ref,
+    qrow_ref,
+    kvcol_ref,
+    n_ref,
+    dout_ref,
+    *refs,
 ):
-    """dk, dv for one (batch, kv head, key block): sums over the G query heads and visible query blocks.
-    Key-major: blocks are [C, Q] (keys as rows), so row statistics come as [1, Q] rows and every matmul
-    is a plain one; no full-length column array is needed."""
+    """For one (batch, kv head, key block): Σ_i ds_ij a_i q_i (dL/dk_j is b_j times it) and dv, summed over
+    the G query heads and visible query blocks. Key-major: blocks are [C, Q] (keys as rows), so row
+    statistics and the factors a_i come as [1, Q] rows and every matmul is a plain one."""
     b, j = pl.program_id(0), pl.program_id(2)
     family = FAMILIES[cfg.family]
     *row_refs, dk_ref, dv_ref = refs
-    k, v = k_ref[...], v_ref[...]
+    k, v, ks = k_ref[...], v_ref[...], ks_ref[...] if cfg.key_scale else None
     k_col = [kvcol_ref[x] for x in range(3)]  # each [C, 1]
 
     def body(g, masked, i, carry):
         dk, dv = carry
         q, dout = _rows(q_ref, (g,), i * cfg.block_q, cfg.block_q), _rows(dout_ref, (g,), i * cfg.block_q, cfg.block_q)
         rows = {name: ref[g, i] for name, ref in zip(family.rows, row_refs)}  # each [1, Q]
+        qs = qs_ref[g, i]
         vis_t = visible(cfg, qrow_ref[0, i], qrow_ref[1, i], *k_col) if masked else None
-        w_t, ds_t = family.grad(dot(k, q, NT), vis_t, kernel_ctx(cfg, n_ref[i], p_ref[0]), rows, dot(v, dout, NT))
-        return dk + dot(ds_t.astype(q.dtype), q, NN), dv + dot(w_t.astype(dout.dtype), dout, NN)
+        s_t = scaled_scores(k, q, ks, qs)
+        w_t, ds_t = family.grad(s_t, vis_t, kernel_ctx(cfg, n_ref[i], p_ref[0]), rows, dot(v, dout, NT))
+        return dk + weighted_dot(cfg.split, ds_t * qs, q), dv + weighted_dot(cfg.split, w_t, dout)
 
     carry = (jnp.zeros(k.shape, jnp.float32), jnp.zeros(v.shape, jnp.float32))
     full = (full_ref[0, b, j], full_ref[1, b, j])

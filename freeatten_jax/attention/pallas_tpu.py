@@ -20,7 +20,16 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
-from freeatten_jax.attention.pallas_kernels import NN, NT, Static, dot, kernel_ctx, key_block, visible
+from freeatten_jax.attention.pallas_kernels import (
+    NT,
+    Static,
+    dot,
+    kernel_ctx,
+    key_block,
+    scaled_scores,
+    visible,
+    weighted_dot,
+)
 from freeatten_jax.attention.rules import FAMILIES, forward
 
 
@@ -89,6 +98,8 @@ def forward_kernel(
     q_ref,
     k_ref,
     v_ref,
+    qs_ref,
+    ks_ref,
     qcol_ref,
     kvrow_ref,
     n_ref,
@@ -103,6 +114,7 @@ def forward_kernel(
     outputs = 1 + len(family.stats) + len(family.extras)
     out_refs, slots = refs[:outputs], iter(refs[outputs:])
     q, q_col, passes = q_ref[...], (qcol_ref[0], qcol_ref[1]), itertools.count()
+    qs, ks = qs_ref[...], ks_ref[...] if cfg.key_scale else None
 
     def sweep(init, step, with_values=True):
         which = next(passes)
@@ -119,11 +131,11 @@ def forward_kernel(
             vis, seen = key_block(cfg, [kvrow_ref[x] for x in range(3)], q_col)
             k = jnp.where(seen, k_ref[...], 0)
             v = jnp.where(seen, v_ref[...], 0) if with_values else None
-            _store(carry_refs, step(load(), dot(q, k, NT), vis, v))
+            _store(carry_refs, step(load(), scaled_scores(q, k, qs, ks), vis, v))
 
         @pl.when((now == which) & interior)
         def _():
-            _store(carry_refs, step(load(), dot(q, k_ref[...], NT), None, v_ref[...] if with_values else None))
+            _store(carry_refs, step(load(), scaled_scores(q, k_ref[...], qs, ks), None, v_ref[...] if with_values else None))
 
         return load()
 
@@ -136,9 +148,25 @@ def forward_kernel(
             ref[...] = stats[name]
 
 
-def dq_kernel(cfg: Static, first_ref, end_ref, full_ref, p_ref, q_ref, k_ref, v_ref, qcol_ref, kvrow_ref, n_ref, dout_ref, *refs):
-    """One grid step (b, h, i, j): adds key block j's share of dq (and of the rows' dL/dp if cfg.p_grad);
-    written at the last step."""
+def dq_kernel(
+    cfg: Static,
+    first_ref,
+    end_ref,
+    full_ref,
+    p_ref,
+    q_ref,
+    k_ref,
+    v_ref,
+    qs_ref,
+    ks_ref,
+    qcol_ref,
+    kvrow_ref,
+    n_ref,
+    dout_ref,
+    *refs,
+):
+    """One grid step (b, h, i, j): adds key block j's share of Σ_j ds_ij b_j k_j (and of the rows' dL/dp if
+    cfg.p_grad); written at the last step."""
     b, i, j = pl.program_id(0), pl.program_id(2), pl.program_id(3)
     family = FAMILIES[cfg.family]
     row_refs, rest = refs[: len(family.rows)], refs[len(family.rows) :]
@@ -156,9 +184,10 @@ def dq_kernel(cfg: Static, first_ref, end_ref, full_ref, p_ref, q_ref, k_ref, v_
         if masked:
             vis, seen = key_block(cfg, [kvrow_ref[x] for x in range(3)], (qcol_ref[0], qcol_ref[1]))
             k = jnp.where(seen, k, 0)
-        args = (dot(q_ref[...], k, NT), vis, ctx, rows, dot(dout_ref[...], v_ref[...], NT))
+        ks = ks_ref[...] if cfg.key_scale else None
+        args = (scaled_scores(q_ref[...], k, qs_ref[...], ks), vis, ctx, rows, dot(dout_ref[...], v_ref[...], NT))
         _, ds = family.grad(*args)
-        acc_refs[0][...] += dot(ds.astype(k.dtype), k, NN)
+        acc_refs[0][...] += weighted_dot(cfg.split, ds if ks is None else ds * ks, k)
         if cfg.p_grad:
             acc_refs[1][...] += jnp.sum(family.power_grad(*args), axis=1, keepdims=True)
 
@@ -182,14 +211,16 @@ def dkv_kernel(
     q_ref,
     k_ref,
     v_ref,
+    qs_ref,
+    ks_ref,
     qrow_ref,
     kvcol_ref,
     n_ref,
     dout_ref,
     *refs,
 ):
-    """One grid step (b, kv head, j, t): adds query block t % I of head group t // I to dk, dv (key-major
-    [C, Q] blocks, as pallas_kernels.dkv_kernel); written at the last step."""
+    """One grid step (b, kv head, j, t): adds query block t % I of head group t // I to Σ_i ds_ij a_i q_i and
+    dv (key-major [C, Q] blocks, as pallas_kernels.dkv_kernel); written at the last step."""
     b, j, t = pl.program_id(0), pl.program_id(2), pl.program_id(3)
     i = jax.lax.rem(t, q_blocks)
     family = FAMILIES[cfg.family]
@@ -201,13 +232,14 @@ def dkv_kernel(
         dv_acc[...] = jnp.zeros(dv_acc.shape, jnp.float32)
 
     def add(masked: bool):
-        q, dout = q_ref[...], dout_ref[...]
+        q, dout, qs = q_ref[...], dout_ref[...], qs_ref[...]
         rows = {name: ref[...] for name, ref in zip(family.rows, row_refs)}  # each [1, Q]
         vis_t = visible(cfg, qrow_ref[0], qrow_ref[1], *[kvcol_ref[x] for x in range(3)]) if masked else None
         ctx = kernel_ctx(cfg, n_ref[...], p_ref[0])
-        w_t, ds_t = family.grad(dot(k_ref[...], q, NT), vis_t, ctx, rows, dot(v_ref[...], dout, NT))
-        dk_acc[...] += dot(ds_t.astype(q.dtype), q, NN)
-        dv_acc[...] += dot(w_t.astype(dout.dtype), dout, NN)
+        s_t = scaled_scores(k_ref[...], q, ks_ref[...] if cfg.key_scale else None, qs)
+        w_t, ds_t = family.grad(s_t, vis_t, ctx, rows, dot(v_ref[...], dout, NT))
+        dk_acc[...] += weighted_dot(cfg.split, ds_t * qs, q)
+        dv_acc[...] += weighted_dot(cfg.split, w_t, dout)
 
     interior = (full_ref[0, b, j] <= i) & (i < full_ref[1, b, j])
     pl.when((first_ref[b, j] <= i) & (i < end_ref[b, j]) & ~interior)(functools.partial(add, True))
@@ -240,12 +272,15 @@ def calls(cfg: Static, shapes, interpret: bool):
     q_spec = pl.BlockSpec((None, None, cfg.block_q, d), lambda b, h, i, t, *_: (b, h, i, 0))
     row_spec = pl.BlockSpec((None, None, cfg.block_q, 1), lambda b, h, i, t, *_: (b, h, i, 0))
     kv_spec = pl.BlockSpec((None, None, cfg.block_k, d), lambda b, h, i, t, *s: (b, jax.lax.div(h, g), key_index(b, i, t, *s), 0))
+    key_factors = pl.BlockSpec(
+        (None, None, None, 1, cfg.block_k), lambda b, h, i, t, *s: (b, jax.lax.div(h, g), key_index(b, i, t, *s), 0, 0)
+    )
     mask_specs = [
         pl.BlockSpec((2, None, cfg.block_q, 1), lambda b, h, i, t, *_: (0, b, i, 0)),
         pl.BlockSpec((3, None, None, 1, cfg.block_k), lambda b, h, i, t, *s: (0, b, key_index(b, i, t, *s), 0, 0)),
         pl.BlockSpec((None, cfg.block_q, 1), lambda b, h, i, t, *_: (b, i, 0)),
     ]
-    in_specs = [smem, q_spec, kv_spec, kv_spec, *mask_specs]
+    in_specs = [smem, q_spec, kv_spec, kv_spec, row_spec, key_factors, *mask_specs]
     carries = _carry_shapes(cfg, cfg.block_q, d)
     stat_shapes = [jax.ShapeDtypeStruct((b, h, tp, 1), f32)] * len(family.stats)
     extra_shapes = [jax.ShapeDtypeStruct((b, h, tp, d), f32)] * len(family.extras)
@@ -258,7 +293,7 @@ def calls(cfg: Static, shapes, interpret: bool):
             out_specs=[q_spec] + [row_spec] * len(stat_shapes) + [q_spec] * len(extra_shapes),
             scratch_shapes=[pltpu.VMEM(shape, f32) for sweep in carries for shape in sweep],
         ),
-        out_shape=[jax.ShapeDtypeStruct((b, h, tp, d), cfg.dtype)] + stat_shapes + extra_shapes,
+        out_shape=[jax.ShapeDtypeStruct((b, h, tp, d), f32)] + stat_shapes + extra_shapes,
         name=f"freeatten_{cfg.family}_fwd",
         **common,
     )
@@ -288,6 +323,7 @@ def calls(cfg: Static, shapes, interpret: bool):
         (None, None, None, 1, cfg.block_q), lambda b, k, j, t, *s: (b, head(k, t), query_index(b, j, t, *s), 0, 0)
     )
     k_spec = pl.BlockSpec((None, None, cfg.block_k, d), lambda b, k, j, t, *_: (b, k, j, 0))
+    k_column = pl.BlockSpec((None, None, cfg.block_k, 1), lambda b, k, j, t, *_: (b, k, j, 0))
     dkv_mask_specs = [
         pl.BlockSpec((2, None, None, 1, cfg.block_q), lambda b, k, j, t, *s: (0, b, query_index(b, j, t, *s), 0, 0)),
         pl.BlockSpec((3, None, cfg.block_k, 1), lambda b, k, j, t, *_: (0, b, j, 0)),
@@ -298,7 +334,8 @@ def calls(cfg: Static, shapes, interpret: bool):
         grid_spec=pltpu.PrefetchScalarGridSpec(
             num_scalar_prefetch=3,
             grid=(b, kv_heads, k_blocks, g * q_blocks),
-            in_specs=[smem, group_spec, k_spec, k_spec, *dkv_mask_specs, group_spec] + [group_rows] * len(family.rows),
+            in_specs=[smem, group_spec, k_spec, k_spec, group_rows, k_column, *dkv_mask_specs, group_spec]
+            + [group_rows] * len(family.rows),
             out_specs=[k_spec, k_spec],
             scratch_shapes=[pltpu.VMEM((cfg.block_k, d), f32)] * 2,
         ),

@@ -40,7 +40,10 @@ class Pass(NamedTuple):
 
 class Family(NamedTuple):
     """`stats` / `extras` name the [Q, 1] / [Q, D] statistics the forward saves, `rows` what grad reads
-    (backward_rows' keys); power_grad (LSSAR only; grad's arguments) is each score's share of dL/dp."""
+    (backward_rows' keys); power_grad (LSSAR only; grad's arguments) is each score's share of dL/dp.
+    score_scale: the family reads scores times this (log2 e: it works in base 2, the constant cancels in
+    the normalisation); its ds is still dL/d(score), so an implementation folds the factor into the scores
+    (per query row in the kernels) and nothing else."""
 
     passes: tuple[Pass, ...]
     backward_rows: Callable  # (stats, out, dout, p) -> rows
@@ -49,6 +52,7 @@ class Family(NamedTuple):
     extras: tuple[str, ...]
     rows: tuple[str, ...]
     power_grad: Callable | None = None
+    score_scale: float = 1.0
 
 
 def forward(family: Family, sweep: Callable, ctx: Ctx):
@@ -61,13 +65,13 @@ def forward(family: Family, sweep: Callable, ctx: Ctx):
     return out, rows
 
 
-def softplus_and_sigmoid(s):
-    """softplus(s) and sigmoid(s) sharing one exp2 of -|s|. log1p(t) for t = e^-|s| in (0, 1] is a
-    3-term series below 2^-6 (relative error < 1e-6) and log(1 + t) above (error < 4e-6 relative):
-    no log1p primitive, which not every Pallas backend lowers, and accurate down to e^-87."""
-    t = jnp.exp2(-jnp.abs(s) * LOG2E)
-    log1p_t = jnp.where(t < 2.0**-6, t * (1.0 - t * (0.5 - t * (1.0 / 3.0))), jnp.log(1.0 + t))
-    return jnp.maximum(s, 0.0) + log1p_t, jnp.where(s >= 0, 1.0, t) / (1.0 + t)
+def softplus_and_sigmoid(s2):
+    """softplus in base 2, log2(1 + 2^s2) = softplus(s) / ln 2 for s2 = s log2 e, and sigmoid(s), sharing one
+    exp2 of -|s2|. log2(1 + t) for t in (0, 1] is a 3-term series below 2^-6 (relative error < 1e-6) and
+    log2(1 + t) above: no log1p primitive, which not every Pallas backend lowers, and accurate down to 2^-126."""
+    t = jnp.exp2(-jnp.abs(s2))
+    log2_1p_t = jnp.where(t < 2.0**-6, (t * LOG2E) * (1.0 - t * (0.5 - t * (1.0 / 3.0))), jnp.log2(1.0 + t))
+    return jnp.maximum(s2, 0.0) + log2_1p_t, jnp.where(s2 >= 0, 1.0, t) / (1.0 + t)
 
 
 def power_minus_one(y, ctx: Ctx):
@@ -103,23 +107,23 @@ def _zeros_and_accumulator(row0, acc0):
 
 
 def _softmax_step(carry, s, vis, v, ctx, rows):
-    """Online softmax: running max m, running sum l, rescaled accumulator."""
+    """Online softmax in base 2: running max m, running sum l, rescaled accumulator."""
     m, l, acc = carry
     s = _keep(vis, s, NEG_INF)
     m_new = jnp.maximum(m, _row_max(s))
-    w = _keep(vis, jnp.exp2((s - m_new) * LOG2E), 0.0)
-    scale = jnp.exp2((m - m_new) * LOG2E)
+    w = _keep(vis, jnp.exp2(s - m_new), 0.0)
+    scale = jnp.exp2(m - m_new)
     return m_new, l * scale + _row_sum(w), acc * scale + ctx.pv(w, v)
 
 
 def _softmax_finish(carry, ctx):
     m, l, acc = carry
     l = jnp.maximum(l, TINY)
-    return jnp.where(ctx.n > 0, acc / l, 0.0), {"lse": m + jnp.log(l)}
+    return jnp.where(ctx.n > 0, acc / l, 0.0), {"lse": m + jnp.log2(l)}
 
 
 def _softmax_grad(s, vis, ctx, rows, dp):
-    w = _keep(vis, jnp.exp2((s - rows["lse"]) * LOG2E), 0.0)
+    w = _keep(vis, jnp.exp2(s - rows["lse"]), 0.0)
     return w, _keep(vis, w * (dp - rows["d"]), 0.0)
 
 
@@ -141,8 +145,12 @@ def _sum_finish(carry, ctx):
 
 def _sum_grad(s, vis, ctx, rows, dp):
     u, slope = softplus_and_sigmoid(s)
-    inv_z = 1.0 / rows["z"]  # one division per row, a multiply per score
-    return _keep(vis, u * inv_z, 0.0), _keep(vis, (dp - rows["d"]) * (slope * inv_z), 0.0)
+    return _keep(vis, u * rows["inv_z"], 0.0), _keep(vis, (dp - rows["d"]) * (slope * (LOG2E * rows["inv_z"])), 0.0)
+
+
+def _sum_backward_rows(stats, out, dout, p):
+    """D_i and 1 / Z_i (Z in base 2: dL/ds divides by ln 2 Z, hence grad's log2 e), once per row."""
+    return {"inv_z": 1.0 / stats["z"], "d": dot_rows(dout, out)}
 
 
 # ----------------------------------------------------------------------------- none (sigmoid, relu)
@@ -220,7 +228,7 @@ def _reweight_backward_rows(stats, out, dout, p):
         "d": d,
         "e": jnp.where(sharp & (stats["thr"] > 0), e, 0.0),
         "factor": jnp.where(sharp, p * stats["alpha"] * stats["z"] * inv_l, 1.0),
-        "inv_z": 1.0 / stats["z"],
+        "inv_z": LOG2E / stats["z"],  # dL/ds divides by Z in natural units, ln 2 times Z in base 2
         "inv_l": inv_l,
     }
 
@@ -252,8 +260,17 @@ FAMILIES = {
         ("lse",),
         (),
         ("lse", "d"),
+        score_scale=LOG2E,
     ),
-    "sum": Family((Pass(_zeros_and_accumulator, _sum_step, _sum_finish),), _rows_with_d("z"), _sum_grad, ("z",), (), ("z", "d")),
+    "sum": Family(
+        (Pass(_zeros_and_accumulator, _sum_step, _sum_finish),),
+        _sum_backward_rows,
+        _sum_grad,
+        ("z",),
+        (),
+        ("inv_z", "d"),
+        score_scale=LOG2E,
+    ),
     "none": Family(
         (Pass(lambda row0, acc0: acc0, _none_step, lambda acc, ctx: (acc, {})),), lambda *_: {}, _none_grad, (), (), ()
     ),
@@ -268,5 +285,6 @@ FAMILIES = {
         ("y",),
         ("thr", "alpha", "sharp", "d", "e", "factor", "inv_z", "inv_l"),
         _reweight_power_grad,
+        LOG2E,
     ),
 }

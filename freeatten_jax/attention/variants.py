@@ -1,9 +1,9 @@
 """What each attention variant computes (docs/method.md §2), independent of how it is computed.
 
 Glossary: B batch, T queries, S keys, H query heads, K key/value heads, G = H // K, D head dim.
-A variant is `prepare` (cast to float32 and fold every per-row factor into q, so that the scores
-are plain dot products q'_i·k'_j) followed by a row normalisation named by `normalise`; each
-implementation supplies its own code for the four normalisations.
+A variant is `scales` (the float32 factors a_i, b_j of the scores a_i b_j q_i·k_j; `prepare` folds them into
+q and k) followed by a row normalisation named by `normalise`; each implementation supplies its own code for
+the four normalisations.
 """
 
 import dataclasses
@@ -75,13 +75,20 @@ def log_count(n):
 
 
 class Variant(NamedTuple):
-    """prepare(q_BTHD, k_BSKD, n_BHT, opts) -> (q', k') in float32 (n_BHT: N_i, H or 1 heads);
-    weight(scores, n) -> weights."""
+    """scales(q_BTHD, k_BSKD, n_BHT, opts) -> (a_BTH1, b_BSK1 or None) in float32: the per-query and per-key
+    factors of the scores, s_ij = a_i b_j q_i·k_j (n_BHT: N_i, H or 1 heads); weight(scores, n) -> weights.
+    The kernels take q and k as given and these factors apart, so bfloat16 inputs are rounded only once."""
 
-    prepare: Callable[..., tuple[jax.Array, jax.Array]]
+    scales: Callable[..., tuple[jax.Array, jax.Array | None]]
     normalise: str  # "softmax" | "sum" (l1) | "none" | "reweight" (LSSAR on top of "sum")
     weight: Callable[[jax.Array, jax.Array], jax.Array] | None = None  # for sum / none / reweight
     defaults: dict[str, Any] = {}  # the options the variant accepts, with their defaults
+
+    def prepare(self, q_BTHD, k_BSKD, n_BHT, opts):
+        """(q', k') = (a q, b k) in float32: every factor folded in, so that the scores are plain q'_i·k'_j."""
+        a_BTH1, b_BSK1 = self.scales(q_BTHD, k_BSKD, n_BHT, opts)
+        k_BSKD = k_BSKD.astype(jnp.float32)
+        return q_BTHD.astype(jnp.float32) * a_BTH1, k_BSKD if b_BSK1 is None else k_BSKD * b_BSK1
 
 
 def _per_head(x, num_heads: int):
@@ -89,37 +96,36 @@ def _per_head(x, num_heads: int):
     return jnp.broadcast_to(jnp.asarray(x, jnp.float32), (num_heads,))[None, None, :, None]
 
 
-def l2_normalise(x):
-    return x * jax.lax.rsqrt(jnp.maximum(jnp.sum(x * x, axis=-1, keepdims=True), 1e-12))
+def inverse_norm(x):
+    """1 / max(|x|, 1e-6) over the last axis, float32, as [.., 1]: a zero row stays zero."""
+    x = x.astype(jnp.float32)
+    return jax.lax.rsqrt(jnp.maximum(jnp.sum(x * x, axis=-1, keepdims=True), 1e-12))
 
 
 def _log_count_BTH1(n_BHT):
     return log_count(n_BHT).transpose(0, 2, 1)[..., None]
 
 
-def _prepare_dot(q_BTHD, k_BSKD, n_BHT, opts):
-    """q times `scale` (default 1/sqrt(d))."""
-    q_BTHD, k_BSKD = q_BTHD.astype(jnp.float32), k_BSKD.astype(jnp.float32)
-    if opts.get("scale") is None:
-        return q_BTHD / math.sqrt(q_BTHD.shape[-1]), k_BSKD
-    return q_BTHD * jnp.asarray(opts["scale"], jnp.float32), k_BSKD
+def _scales_dot(q_BTHD, k_BSKD, n_BHT, opts):
+    """`scale` (default 1/sqrt(d)) for every query; no key factor."""
+    b, t, h, d = q_BTHD.shape
+    scale = 1.0 / math.sqrt(d) if opts.get("scale") is None else opts["scale"]
+    return jnp.broadcast_to(jnp.asarray(scale, jnp.float32), (b, t, h, 1)), None
 
 
-def _prepare_ssmax(q_BTHD, k_BSKD, n_BHT, opts):
-    """Scale each query row by (s_h log N_i + b_h): identical to scaling its logits."""
+def _scales_ssmax(q_BTHD, k_BSKD, n_BHT, opts):
+    """Each query row's scale times (s_h log N_i + b_h): identical to scaling its logits."""
     num_heads = q_BTHD.shape[2]
     factor_BTH1 = _per_head(opts["s"], num_heads) * _log_count_BTH1(n_BHT)
     if opts["b"] is not None:
         factor_BTH1 = factor_BTH1 + _per_head(opts["b"], num_heads)
-    q_BTHD, k_BSKD = _prepare_dot(q_BTHD, k_BSKD, n_BHT, opts)
-    return q_BTHD * factor_BTH1, k_BSKD
+    return _scales_dot(q_BTHD, k_BSKD, n_BHT, opts)[0] * factor_BTH1, None
 
 
-def _prepare_lssa(q_BTHD, k_BSKD, n_BHT, opts):
-    """Unit-norm q and k (no 1/sqrt(d)); the temperature log(d) log(N_i) is folded into q."""
+def _scales_lssa(q_BTHD, k_BSKD, n_BHT, opts):
+    """Unit-norm q and k (no 1/sqrt(d)), the temperature log(d) log(N_i) on the query side."""
     temperature_BTH1 = math.log(q_BTHD.shape[-1]) * _log_count_BTH1(n_BHT)
-    q_BTHD, k_BSKD = q_BTHD.astype(jnp.float32), k_BSKD.astype(jnp.float32)
-    return l2_normalise(q_BTHD) * temperature_BTH1, l2_normalise(k_BSKD)
+    return inverse_norm(q_BTHD) * temperature_BTH1, inverse_norm(k_BSKD)
 
 
 @jax.custom_jvp
@@ -148,12 +154,12 @@ def _relu_weight(scores, n):
 # `scale` replaces 1/sqrt(d) wherever the formula has it (softmax, ssmax, sigmoid, relu); lssa and
 # lssar L2-normalise q and k, so a scale would be meaningless there and is rejected.
 VARIANTS: dict[str, Variant] = {
-    "softmax": Variant(_prepare_dot, "softmax", defaults={"scale": None}),
-    "ssmax": Variant(_prepare_ssmax, "softmax", defaults={"s": 1.0, "b": None, "scale": None}),
-    "lssa": Variant(_prepare_lssa, "sum", _softplus_weight),
-    "lssar": Variant(_prepare_lssa, "reweight", _softplus_weight, defaults={"p": 15.0}),
-    "sigmoid": Variant(_prepare_dot, "none", _sigmoid_weight, defaults={"scale": None}),
-    "relu": Variant(_prepare_dot, "none", _relu_weight, defaults={"scale": None}),
+    "softmax": Variant(_scales_dot, "softmax", defaults={"scale": None}),
+    "ssmax": Variant(_scales_ssmax, "softmax", defaults={"s": 1.0, "b": None, "scale": None}),
+    "lssa": Variant(_scales_lssa, "sum", _softplus_weight),
+    "lssar": Variant(_scales_lssa, "reweight", _softplus_weight, defaults={"p": 15.0}),
+    "sigmoid": Variant(_scales_dot, "none", _sigmoid_weight, defaults={"scale": None}),
+    "relu": Variant(_scales_dot, "none", _relu_weight, defaults={"scale": None}),
 }
 
 
