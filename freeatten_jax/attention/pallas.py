@@ -26,7 +26,7 @@ from jax.sharding import PartitionSpec as P
 
 from freeatten_jax.attention import pallas_plan, pallas_tpu
 from freeatten_jax.attention.blockwise import count_visible, static_power
-from freeatten_jax.attention.pallas_kernels import Static, dkv_kernel, dq_kernel, forward_kernel
+from freeatten_jax.attention.pallas_kernels import Static, dkv_kernel, dq_kernel, forward_kernel, low_half
 from freeatten_jax.attention.rules import FAMILIES, dot_rows
 from freeatten_jax.attention.variants import Mask, Variant, check_positive_int, hide_unseen
 
@@ -93,13 +93,14 @@ def _calls(cfg: Static, shapes, compiler_params, interpret: bool):
     ]
     in_specs = [scalar] * 4 + [q_spec, kv_full, kv_full, row_spec, key_factors, *mask_specs]
     stat_shapes = [jax.ShapeDtypeStruct((b, h, tp, 1), f32)] * len(family.stats)
+    out_shape = jax.ShapeDtypeStruct((b, h, tp, d), cfg.dtype)
     extra_shapes = [jax.ShapeDtypeStruct((b, h, tp, d), f32)] * len(family.extras)
     forward = pl.pallas_call(
         functools.partial(forward_kernel, cfg),
         grid=(b, h, q_blocks),
         in_specs=in_specs,
-        out_specs=[q_spec] + [row_spec] * len(stat_shapes) + [q_spec] * len(extra_shapes),
-        out_shape=[jax.ShapeDtypeStruct((b, h, tp, d), jnp.float32)] + stat_shapes + extra_shapes,
+        out_specs=[q_spec] + [row_spec] * len(stat_shapes) + [q_spec] * (len(extra_shapes) + low_half(cfg)),
+        out_shape=[out_shape] + stat_shapes + extra_shapes + [out_shape] * low_half(cfg),
         name=f"freeatten_{cfg.family}_fwd",
         **common,
     )
@@ -160,23 +161,25 @@ def _core(cfg: Static, lowering: Lowering, shapes):
         return x.reshape(*x.shape[:2], -1, 1, size)
 
     def run_forward(q, k, v, qs, ks, p_1, plan):
+        """The output, the statistics and (below float32) the output's low half, pallas_kernels.write_forward."""
         out, *stats = forward(
             plan.k_first, plan.k_end, plan.k_full, p_1, q, k, v, qs, by_blocks(ks, cfg.block_k), *mask_args(plan)
         )
-        return out, dict(zip(family.stats + family.extras, stats))
+        low = stats.pop() if low_half(cfg) else None
+        return out, low, dict(zip(family.stats + family.extras, stats))
 
     @jax.custom_vjp
     def core(q, k, v, qs, ks, p_1, plan):
         return run_forward(q, k, v, qs, ks, p_1, plan)[0]
 
     def core_fwd(q, k, v, qs, ks, p_1, plan):
-        out, stats = run_forward(q, k, v, qs, ks, p_1, plan)
-        return out, (q, k, v, qs, ks, p_1, plan, out, stats)
+        out, low, stats = run_forward(q, k, v, qs, ks, p_1, plan)
+        return out, (q, k, v, qs, ks, p_1, plan, out, low, stats)
 
     def core_bwd(residuals, dout):
-        q, k, v, qs, ks, p_1, plan, out, stats = residuals
-        rows = _backward_rows(cfg.family, stats, out, dout, p_1)  # D_i from the float32 output, as the reference
-        dout = dout.astype(cfg.dtype)  # exact: the cotangent of a cast from cfg.dtype
+        q, k, v, qs, ks, p_1, plan, out, low, stats = residuals
+        out_f32 = out if low is None else out.astype(jnp.float32) + low.astype(jnp.float32)
+        rows = _backward_rows(cfg.family, stats, out_f32, dout, p_1)  # D_i from the float32 output, as the reference's
         ks_blocks = by_blocks(ks, cfg.block_k)
         dq_sum, *dpow = dq_call(plan.k_first, plan.k_end, plan.k_full, p_1, q, k, v, qs, ks_blocks, *mask_args(plan), dout, *rows)
         dp_1 = jnp.sum(dpow[0]).reshape(1) if cfg.p_grad else None
@@ -205,7 +208,7 @@ def _run(lowering: Lowering, cfg: Static, block_q, block_k, q_BTHD, k_BSKD, v_BS
     qs_BHT1, ks_BKS1 = heads_first(qs_BTH1, q_size), heads_first(ks_BSK1, k_size)
     shapes = (q_BHTD.shape, (kv_heads, k_BKSD.shape[2]))
     out_BHTD = _core(cfg, lowering, shapes)(q_BHTD, k_BKSD, v_BKSD, qs_BHT1, ks_BKS1, p_1, plan)
-    return out_BHTD[:, :, :t].transpose(0, 2, 1, 3).astype(q_BTHD.dtype)
+    return out_BHTD[:, :, :t].transpose(0, 2, 1, 3)
 
 
 def _mesh_axes(mesh, names, *sizes):

@@ -95,6 +95,22 @@ def key_block(cfg: Static, key_rows, q_col):
     return vis, seen_C1 > 0
 
 
+def low_half(cfg: Static) -> bool:
+    """Whether the forward also writes the output's low half (below float32, the residual that keeps D_i exact)."""
+    return jnp.dtype(cfg.dtype) != jnp.float32
+
+
+def write_forward(cfg: Static, family, out_refs, out, stats):
+    """The output in the input dtype, the family's statistics, and (low_half) out - hi in the input dtype: hi + lo
+    is the float32 output to ~2^-17, for D_i = dO_i·O_i in the backward at half a float32 residual's memory."""
+    hi = out.astype(cfg.dtype)
+    out_refs[0][...] = hi
+    for ref, name in zip(out_refs[1:], family.stats + family.extras):
+        ref[...] = stats[name]
+    if low_half(cfg):
+        out_refs[-1][...] = (out - hi.astype(jnp.float32)).astype(cfg.dtype)
+
+
 def kernel_ctx(cfg: Static, n, p):
     return Ctx(n=n, p=p, static_power=cfg.static_power, weight=cfg.weight, pv=functools.partial(weighted_dot, cfg.split))
 
@@ -140,10 +156,7 @@ def forward_kernel(
         )
 
     out, stats = forward(family, sweep, kernel_ctx(cfg, n_ref[...], p_ref[0]))
-    out_ref, *stat_refs = out_refs
-    out_ref[...] = out.astype(out_ref.dtype)
-    for ref, name in zip(stat_refs, family.stats + family.extras):
-        ref[...] = stats[name]
+    write_forward(cfg, family, out_refs, out, stats)
 
 
 def dq_kernel(

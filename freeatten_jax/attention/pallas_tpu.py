@@ -26,9 +26,11 @@ from freeatten_jax.attention.pallas_kernels import (
     dot,
     kernel_ctx,
     key_block,
+    low_half,
     scaled_scores,
     visible,
     weighted_dot,
+    write_forward,
 )
 from freeatten_jax.attention.rules import FAMILIES, forward
 
@@ -111,7 +113,7 @@ def forward_kernel(
     interior = (full_ref[0, b, i] <= j) & (j < full_ref[1, b, i])  # every pair visible: no mask
     masked = (first_ref[b, i] <= j) & (j < end_ref[b, i]) & ~interior
     family = FAMILIES[cfg.family]
-    outputs = 1 + len(family.stats) + len(family.extras)
+    outputs = 1 + len(family.stats) + len(family.extras) + low_half(cfg)
     out_refs, slots = refs[:outputs], iter(refs[outputs:])
     q, q_col, passes = q_ref[...], (qcol_ref[0], qcol_ref[1]), itertools.count()
     qs, ks = qs_ref[...], ks_ref[...] if cfg.key_scale else None
@@ -143,9 +145,7 @@ def forward_kernel(
 
     @pl.when(t == sweeps * blocks - 1)
     def _():
-        out_refs[0][...] = out.astype(out_refs[0].dtype)
-        for ref, name in zip(out_refs[1:], family.stats + family.extras):
-            ref[...] = stats[name]
+        write_forward(cfg, family, out_refs, out, stats)
 
 
 def dq_kernel(
@@ -283,6 +283,7 @@ def calls(cfg: Static, shapes, interpret: bool):
     in_specs = [smem, q_spec, kv_spec, kv_spec, row_spec, key_factors, *mask_specs]
     carries = _carry_shapes(cfg, cfg.block_q, d)
     stat_shapes = [jax.ShapeDtypeStruct((b, h, tp, 1), f32)] * len(family.stats)
+    out_shape = jax.ShapeDtypeStruct((b, h, tp, d), cfg.dtype)
     extra_shapes = [jax.ShapeDtypeStruct((b, h, tp, d), f32)] * len(family.extras)
     forward = pl.pallas_call(
         functools.partial(forward_kernel, cfg, len(carries), k_blocks),
@@ -290,10 +291,10 @@ def calls(cfg: Static, shapes, interpret: bool):
             num_scalar_prefetch=3,
             grid=(b, h, q_blocks, len(carries) * k_blocks),
             in_specs=in_specs,
-            out_specs=[q_spec] + [row_spec] * len(stat_shapes) + [q_spec] * len(extra_shapes),
+            out_specs=[q_spec] + [row_spec] * len(stat_shapes) + [q_spec] * (len(extra_shapes) + low_half(cfg)),
             scratch_shapes=[pltpu.VMEM(shape, f32) for sweep in carries for shape in sweep],
         ),
-        out_shape=[jax.ShapeDtypeStruct((b, h, tp, d), f32)] + stat_shapes + extra_shapes,
+        out_shape=[out_shape] + stat_shapes + extra_shapes + [out_shape] * low_half(cfg),
         name=f"freeatten_{cfg.family}_fwd",
         **common,
     )
