@@ -240,6 +240,13 @@ MUTANTS = [
         ("tests/test_compile.py", "-k", "overflow"),
     ),
     Mutant(
+        "freeatten-compile: the step compiled without training's loss targets",
+        "freeatten_jax/compile/run.py",
+        "return step.lower(abstract, batch)",
+        'return step._replace(static={**step.static, "targets": None}).lower(abstract, batch)',
+        ("tests/test_compile.py::test_the_compiled_step_is_the_one_training_runs",),
+    ),
+    Mutant(
         "context parallel: K/V sent the wrong way round the ring",
         "freeatten_jax/attention/ring.py",
         "[(d, (d + 1) % size) for d in range(size)]",

@@ -5,10 +5,14 @@ extra). A real compile, unlike lowering, checks VMEM, shared memory, HBM and how
 the kernels. The full matrix (every variant x T x target) is `make compile-check`.
 """
 
+import jax
 import pytest
 
-from freeatten_jax.compile import DoesNotFit, compile_attention, compile_train_step, targets
-from freeatten_jax.configs import base
+from freeatten_jax.compile import DoesNotFit, compile_attention, compile_train_step, run, targets
+from freeatten_jax.configs import base, mqar
+from freeatten_jax.nn import sharding
+from freeatten_jax.training import config, distributed, loop, optim
+from freeatten_jax.training import state as train_state
 
 
 @pytest.mark.parametrize("target", ["v5e-8", "h100"])
@@ -67,3 +71,21 @@ def test_an_hbm_overflow_names_the_knob_of_what_was_compiled():
     )
     assert str(alone).endswith(": shorten --seq_len or lower --heads (a training step shards heads over the mesh's tensor axis)")
     assert run.explain(ValueError("unrelated"), "h100").args == ("unrelated",)
+
+
+def test_the_compiled_step_is_the_one_training_runs(tmp_path, monkeypatch):
+    """MQAR's loss counts the answers only (data.loss_targets): freeatten-compile's program, compiled for this CPU
+    and run on training's first batch from training's initial state, gives the loss training logged at step 1."""
+    cfg_dict = mqar.get_config("variant=lssar")
+    small = {"model.num_layers": 1, "model.d_model": 32, "model.num_heads": 2, "model.mlp_dim": 64}
+    run_ = {"train.seq_len": 24, "train.batch_size": 8, "train.steps": 1, "train.eval_windows": 8, "mesh.shape": (1, 1, 1)}
+    cfg_dict.update_from_flattened_dict({**small, **run_})
+    batches = []
+    place = distributed.host_local_batch_to_global
+    monkeypatch.setattr(distributed, "host_local_batch_to_global", lambda *args: batches.append(place(*args)) or batches[-1])
+    (logged,) = loop.train_and_evaluate(cfg_dict, tmp_path)
+    cfg = config.parse(cfg_dict)
+    mesh, tx = sharding.make_mesh(cfg.mesh.shape, jax.devices()[:1]), optim.make(cfg.optim, cfg.train.steps)
+    state = train_state.create(cfg, mesh, tx, train_state.abstract_state(cfg, mesh, tx)[1])
+    _, metrics = run.lower_train_step(cfg, jax.devices()[:1]).compile()(state, batches[0])
+    assert logged["step"] == 1 and float(metrics["loss"]) == logged["loss"]

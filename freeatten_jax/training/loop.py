@@ -1,7 +1,6 @@
 """The training loop: resume, steps, validation, logging, checkpoints, profiling, preemption and NaN handling."""
 
 import contextlib
-import functools
 import signal
 import time
 
@@ -95,7 +94,7 @@ def _eta(seconds: float) -> str:
 class Evaluator:
     """Mean validation loss over the first `eval_windows` held-out windows of the training length."""
 
-    def __init__(self, cfg, splits, mesh, eval_def):
+    def __init__(self, cfg, splits, mesh):
         rules = cfg.mesh.rules
         windows_WL = data.held_out_windows(cfg.data, splits, cfg.train.seq_len, cfg.train.eval_windows)
         batch = cfg.train.batch_size // cfg.train.grad_accum_steps  # a micro-batch: what fits in memory
@@ -107,16 +106,14 @@ class Evaluator:
         self.tokens_sharding = sharding.batch_sharding(mesh, rules, self.tokens_NBL.shape[1:])
         self.weights_sharding = sharding.logical_spec(("batch",), self.weights_NB.shape[1:], mesh, rules)
         self.weights_sharding = jax.sharding.NamedSharding(mesh, self.weights_sharding)
-        self.step = jax.jit(train_step.eval_step, static_argnames=("graphdef", "eos_id", "targets"))  # inputs arrive placed
-        self.graphdef, self.eos_id = eval_def, data.document_eos(cfg.data)
-        self.targets = data.loss_targets(cfg.data, cfg.train.seq_len)
+        self.step = train_step.make_eval_step(cfg)
 
     def __call__(self, state) -> float:
         total = count = 0.0
         for tokens_BL, weights_B in zip(self.tokens_NBL, self.weights_NB):
             tokens = jax.make_array_from_callback(tokens_BL.shape, self.tokens_sharding, lambda i: tokens_BL[i])
             weights = jax.make_array_from_callback(weights_B.shape, self.weights_sharding, lambda i: weights_B[i])
-            loss_sum, n = self.step(state, tokens, weights, graphdef=self.graphdef, eos_id=self.eos_id, targets=self.targets)
+            loss_sum, n = self.step(state, tokens, weights)
             total, count = total + float(loss_sum), count + float(n)
         return total / count
 
@@ -324,27 +321,12 @@ def _train(cfg: config.Config, splits, mesh, workdir) -> RunMetrics:
         data.save_to_run(splits.tokenizer, storage.path(workdir))  # the run carries its tokenizer
     if state is None:
         state = train_state.create(cfg, mesh, tx, state_shardings)
-    train_def, eval_def = train_state.graphdefs(cfg.model)
-    step_fn = jax.jit(  # the state and the batch arrive placed; the new state keeps the shardings
-        train_step.train_step,
-        static_argnames=("graphdef", "tx", "schedule", "accum_steps", "eos_id", "targets"),
-        out_shardings=(state_shardings, None),
-        donate_argnums=0,
-    )
-    step_fn = functools.partial(
-        step_fn,
-        graphdef=train_def,
-        tx=tx,
-        schedule=optim.schedule(cfg.optim, steps),
-        accum_steps=cfg.train.grad_accum_steps,
-        eos_id=data.document_eos(cfg.data),
-        targets=data.loss_targets(cfg.data, cfg.train.seq_len),
-    )
+    step_fn = train_step.make_train_step(cfg, state_shardings)
     writer = MetricsWriter(workdir, start, cfg.source)
     stop = _StopSignal()
     try:
+        evaluate = Evaluator(cfg, splits, mesh)
         with sharding.use_mesh(mesh, rules):
-            evaluate = Evaluator(cfg, splits, mesh, eval_def)
             return _loop(cfg, state, start, step_fn, evaluate, train_iter, ckpt, writer, stop, mesh, workdir)
     finally:
         stop.restore()
