@@ -247,6 +247,20 @@ MUTANTS = [
         ("tests/test_compile.py::test_the_compiled_step_is_the_one_training_runs",),
     ),
     Mutant(
+        "freeatten-compile: a config's step needs its data files",
+        "freeatten_jax/compile/run.py",
+        "config.parse(cfg_dict, reads_data=False)",
+        "config.parse(cfg_dict)",
+        ("tests/test_compile.py::test_the_readmes_compile_command_needs_no_data",),
+    ),
+    Mutant(
+        "config: training runs without data.path",
+        "freeatten_jax/training/config.py",
+        "reads_data: bool = True",
+        "reads_data: bool = False",
+        ("tests/test_config.py::test_files_need_a_path_unless_no_data_is_read",),
+    ),
+    Mutant(
         "context parallel: K/V sent the wrong way round the ring",
         "freeatten_jax/attention/ring.py",
         "[(d, (d + 1) % size) for d in range(size)]",

@@ -5,10 +5,15 @@ extra). A real compile, unlike lowering, checks VMEM, shared memory, HBM and how
 the kernels. The full matrix (every variant x T x target) is `make compile-check`.
 """
 
+import pathlib
+import re
+import shlex
+
 import jax
 import pytest
 
 from freeatten_jax.compile import DoesNotFit, compile_attention, compile_train_step, run, targets
+from freeatten_jax.compile import cli as compile_cli
 from freeatten_jax.configs import base, mqar
 from freeatten_jax.nn import sharding
 from freeatten_jax.training import config, distributed, loop, optim
@@ -89,3 +94,22 @@ def test_the_compiled_step_is_the_one_training_runs(tmp_path, monkeypatch):
     state = train_state.create(cfg, mesh, tx, train_state.abstract_state(cfg, mesh, tx)[1])
     _, metrics = run.lower_train_step(cfg, jax.devices()[:1]).compile()(state, batches[0])
     assert logged["step"] == 1 and float(metrics["loss"]) == logged["loss"]
+
+
+def test_the_readmes_compile_command_needs_no_data(run_cli, monkeypatch):
+    """The README's `freeatten-compile --config=lssar:gpt2_small ...` (.bin shards, no data.path) gets to a lowered
+    program, its kernels on each chip's share of the README's batch. The test adds one block instead of 12 and stops
+    before XLA's compile (half a minute to fail for HBM, two to fit), which the tests above run on tiny."""
+    readme = (pathlib.Path(__file__).resolve().parent.parent / "README.md").read_text()
+    (command,) = re.findall(r"^freeatten-compile --target=\S+ --config=\S+:gpt2_small.*$", readme, flags=re.M)
+    lowered = []
+
+    def lower_only(lower, target, hbm_knob=run.STEP_HBM_KNOB):
+        lowered.append(lower())
+        return run.Report(target, 0, 0, 0, 0, targets.parse(target).hbm_bytes, 0, ())
+
+    monkeypatch.setattr(run, "_compile", lower_only)
+    code, lines = run_cli(compile_cli.main, *shlex.split(command)[1:], "--config.model.num_layers=1")
+    assert code == 0 and lines[-2].startswith("target v5p-8: per device"), lines
+    text = lowered[0].as_text()
+    assert text.count("tpu_custom_call") == 3 and "tensor<128x12x1024x64xbf16>" in text, text[:2000]

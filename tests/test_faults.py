@@ -7,7 +7,6 @@ uninterrupted run of 8 steps (constant learning rate: the number of steps does n
 
 import contextlib
 import errno
-import io
 import json
 import os
 import pathlib
@@ -22,7 +21,6 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 import pytest
-from absl import flags
 from flax import nnx
 from helpers import SigtermAtBatch, tiny_config, write_corpus
 
@@ -514,33 +512,6 @@ def test_kill_9_between_checkpoints_resumes_exactly_and_the_lock_named_the_kille
 
 
 # --- bad inputs: one `error:` line and a non-zero exit, from every entry point -------------------------------------
-
-
-@pytest.fixture
-def run_cli():
-    """Runs a console script's main in this process: (exit status, its output lines)."""
-
-    def run(main, *args):
-        before, out = set(flags.FLAGS), io.StringIO()
-        argv, sys.argv = sys.argv, ["prog", *args]
-        try:
-            with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
-                main()
-            code = 0
-        except SystemExit as e:
-            code = e.code
-            if isinstance(code, str):  # sys.exit("error: ...") prints the message and exits with status 1
-                out.write(code + "\n")
-                code = 1
-        finally:
-            sys.argv = argv
-            for name in set(flags.FLAGS) - before:
-                delattr(flags.FLAGS, name)
-            flags.FLAGS.unparse_flags()
-            flags.FLAGS.mark_as_parsed()
-        return code, out.getvalue().strip().splitlines()
-
-    return run
 
 
 def _bad_data(tmp_path, kind) -> str:

@@ -149,8 +149,8 @@ def lower_train_step(cfg, devices) -> jax.stages.Lowered:
 
 
 def compile_train_step(cfg_dict, target: str) -> Report:
-    """One optimiser step of a training config (`freeatten-train`'s step: its mesh, shardings and batch)."""
+    """One optimiser step of a training config (`freeatten-train`'s step: its mesh, shardings and batch); reads no data."""
     from freeatten_jax.training import config
 
-    cfg = config.parse(cfg_dict)
+    cfg = config.parse(cfg_dict, reads_data=False)
     return _compile(lambda: lower_train_step(cfg, targets.devices(target)), target)
