@@ -441,14 +441,16 @@ def test_too_little_free_space_or_a_read_only_workdir_is_refused_before_anything
     assert not list(small.iterdir()) and not list(read_only.iterdir())
 
 
-def test_sigterm_saves_and_exits_75(run6, text_glob, run_cli, tmp_path, monkeypatch):
-    """A scheduler must not take a preempted run for a finished one (the resume is exact: test_train's preemption test)."""
+def test_sigterm_saves_and_exits_75(run6, text_glob, run_cli, tmp_path, monkeypatch, caplog):
+    """A scheduler must not take a preempted run for a finished one (the resume is exact: test_train's preemption test).
+    The run says why it stops in progress lines like the others, not in a log record."""
     monkeypatch.setattr(distributed, "host_local_batch_to_global", SigtermAtBatch(1))
     code, lines = run_cli(train_cli.main, f"--config={_config_file(tmp_path, text_glob, 8)}", f"--workdir={run6}")
-    assert (
-        code == EXIT_PREEMPTED == 75
-        and "stopped at step 7 by a signal, checkpoint saved; rerun the same command to resume" in lines
-    )
+    assert code == EXIT_PREEMPTED == 75 and lines[-2:] == [
+        "SIGTERM at step 7: saving a checkpoint, then stopping",
+        "stopped at step 7 by a signal, checkpoint saved; rerun the same command to resume",
+    ]
+    assert not [r for r in caplog.records if "signal" in r.getMessage()]
     assert checkpoint.Checkpointer(run6, read_only=True).latest_step() == 7
 
 

@@ -7,7 +7,6 @@ import time
 import jax
 import jax.numpy as jnp
 import numpy as np
-from absl import logging
 from jax.experimental import multihost_utils
 
 from freeatten_jax import data
@@ -54,17 +53,17 @@ def _mesh_devices(shape):
 
 
 class _StopSignal:
-    """Turns SIGTERM/SIGINT into a request to save and stop; a second SIGINT interrupts at once."""
+    """Turns SIGTERM/SIGINT into a request to save and stop; a second SIGINT interrupts at once. The loop says so:
+    a handler that prints could interrupt another print."""
 
     def __init__(self):
-        self.requested = False
+        self.requested, self.name = False, "a signal to another process"
         self._previous = {s: signal.signal(s, self._handle) for s in (signal.SIGTERM, signal.SIGINT)}
 
     def _handle(self, signum, frame):
         if self.requested and signum == signal.SIGINT:
             raise KeyboardInterrupt
-        self.requested = True
-        logging.warning("signal %d: saving a checkpoint, then stopping", signum)
+        self.requested, self.name = True, signal.Signals(signum).name
 
     def any_process(self) -> bool:
         if jax.process_count() == 1:
@@ -450,6 +449,7 @@ def _loop(cfg, state, start, step_fn, evaluate, train_iter, ckpt, writer, stop, 
             finish(step, metrics, state)
             pending = None
         if stopping:
+            log(f"{stop.name} at step {step}: saving a checkpoint, then stopping", flush=True)
             if step % t.checkpoint_every and step != t.steps:
                 _save(ckpt, step, state, train_iter, cfg.source)
             ckpt.wait()
