@@ -299,6 +299,27 @@ MUTANTS = [
         (FAULTS, "-k", "unreadable_checkpoints_stop"),
     ),
     Mutant(
+        "lock: the file stays after a clean exit",
+        "freeatten_jax/training/lock.py",
+        'os.unlink(path / "lock")',
+        "os.stat(path)",
+        (FAULTS, "-k", "lock_file_goes"),
+    ),
+    Mutant(
+        "lock: a file its holder removed is locked",
+        "freeatten_jax/training/lock.py",
+        "if os.stat(lock_path).st_ino == os.fstat(fd).st_ino:",
+        "if True:",
+        (FAULTS, "-k", "lock_file_goes"),
+    ),
+    Mutant(
+        "preemption: the stop not said in a progress line",
+        "freeatten_jax/training/loop.py",
+        '            log(f"{stop.name} at step {step}: saving a checkpoint, then stopping", flush=True)\n',
+        "",
+        (FAULTS, "-k", "sigterm_saves"),
+    ),
+    Mutant(
         "restore: a read error counts as bad content",
         "freeatten_jax/training/checkpoint.py",
         "error.errno is not None and error.errno not in _CONTENT_ERRNOS:",

@@ -97,6 +97,26 @@ def test_a_second_trainer_on_the_workdir_is_refused_naming_the_holder(run6, text
     assert checkpoint.Checkpointer(run6, read_only=True).all_steps() == [2, 4, 6]
 
 
+def test_the_lock_file_goes_with_its_holder_and_a_removed_one_is_not_taken(tmp_path, monkeypatch):
+    """A clean exit removes WORKDIR/lock; a trainer that opened the file just before its holder removed it locks the
+    next file, not the removed one (two trainers would each hold a lock)."""
+    with lock.hold(tmp_path):
+        assert (tmp_path / "lock").read_text() == f"pid {os.getpid()} on host {socket.gethostname()}\n"
+    assert not (tmp_path / "lock").exists()
+    opened, calls = os.open, []
+
+    def open_then_removed(path, *args):
+        fd = opened(path, *args)
+        if not calls:
+            os.unlink(path)  # its holder exits in between
+        calls.append(path)
+        return fd
+
+    monkeypatch.setattr(os, "open", open_then_removed)
+    with lock.hold(tmp_path):
+        assert len(calls) == 2 and (tmp_path / "lock").read_text().startswith(f"pid {os.getpid()} ")
+
+
 def test_a_torn_last_metrics_line_is_dropped_and_steps_are_written_once(runs, run6, text_glob, caplog):
     with open(run6 / "metrics.jsonl", "a") as f:
         f.write('{"step": 7, "loss": 4.0')
