@@ -261,6 +261,13 @@ MUTANTS = [
         ("tests/test_config.py::test_files_need_a_path_unless_no_data_is_read",),
     ),
     Mutant(
+        "freeatten-compile: an overflow keeps the compiler's units (95.74G beside 95.00 GiB)",
+        "freeatten_jax/compile/run.py",
+        'detail = _COMPILER_SIZE.sub(r"\\1 \\2iB", detail)',
+        "detail = detail",
+        ("tests/test_compile.py", "-k", "units"),
+    ),
+    Mutant(
         "context parallel: K/V sent the wrong way round the ring",
         "freeatten_jax/attention/ring.py",
         "[(d, (d + 1) % size) for d in range(size)]",
@@ -474,6 +481,13 @@ MUTANTS = [
         ("tests/test_multihost.py",),
     ),
     # --- evaluation
+    Mutant(
+        "report: a key rank without the candidates and chance's rank (passkey 0/1 beside rank 1.000)",
+        "freeatten_jax/evaluation/report.py",
+        'return f"mean rank of true key among {candidates} (chance {(candidates + 1) / 2:g})"',
+        'return "mean rank of true key"',
+        ("tests/test_eval.py::test_summary_pools_seeds_per_variant_and_switch",),
+    ),
     Mutant(
         "eval loss: first train_len positions",
         "freeatten_jax/evaluation/loss.py",

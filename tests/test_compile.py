@@ -66,16 +66,26 @@ def test_an_overflow_is_one_line_naming_the_knob():
 
 
 def test_an_hbm_overflow_names_the_knob_of_what_was_compiled():
-    from freeatten_jax.compile import run
-
     error = RuntimeError("RESOURCE_EXHAUSTED: Ran out of memory on HBM: Used 90G of 80G hbm")
     step, alone = run.explain(error, "h100"), run.explain(error, "h100", run.ATTENTION_HBM_KNOB)
     assert (
         str(step)
-        == "h100: device HBM overflow (RESOURCE_EXHAUSTED: Ran out of memory on HBM: Used 90G of 80G hbm): " + run.STEP_HBM_KNOB
+        == "h100: device HBM overflow (RESOURCE_EXHAUSTED: Ran out of memory on HBM: Used 90 GiB of 80 GiB hbm): "
+        + run.STEP_HBM_KNOB
     )
     assert str(alone).endswith(": shorten --seq_len or lower --heads (a training step shards heads over the mesh's tensor axis)")
     assert run.explain(ValueError("unrelated"), "h100").args == ("unrelated",)
+
+
+def test_an_overflow_gives_sizes_in_the_reports_units():
+    """libtpu writes 97.99G, XLA 1.50GiB, the Report 95.00 GiB: the one line writes them all as the Report does."""
+    tpu = RuntimeError(
+        "RESOURCE_EXHAUSTED: Ran out of memory on HBM, the total memory required for HLO temporaries (97.99G) exceeds "
+        "available HBM (95.74G)."
+    )
+    assert "for HLO temporaries (97.99 GiB) exceeds available HBM (95.74 GiB).)" in str(run.explain(tpu, "v5p-8"))
+    gpu = RuntimeError("RESOURCE_EXHAUSTED: Out of memory while trying to allocate 1.50GiB on h100, v5p-8.")
+    assert "allocate 1.50 GiB on h100, v5p-8.)" in str(run.explain(gpu, "h100"))
 
 
 def test_the_compiled_step_is_the_one_training_runs(tmp_path, monkeypatch):

@@ -18,6 +18,7 @@ from freeatten_jax.compile import targets
 from freeatten_jax.errors import UserError
 
 GIB = 2**30
+_COMPILER_SIZE = re.compile(r"(?<![\w.])(\d+(?:\.\d+)?)([KMGT])(?:iB)?(?!\w)")  # "95.74G", "85.00GiB": binary units
 _KERNEL_CALLS = re.compile(r'custom_call_target="(tpu_custom_call|__gpu\$xla\.gpu\.triton)"')
 _OPERANDS = re.compile(r"operand_layout_constraints=\{((?:\w+\[[\d,]*\](?:\{[\d,]*\})?(?:, )?)*)\}")
 
@@ -74,6 +75,7 @@ def explain(error: Exception, target: str, hbm_knob: str = STEP_HBM_KNOB) -> Exc
             detail = next(
                 (line.strip() for line in text.splitlines() if re.search(r"Used|exceed|limit", line)), text.splitlines()[0]
             )
+            detail = _COMPILER_SIZE.sub(r"\1 \2iB", detail)  # the compilers' units written as the Report writes them
             return DoesNotFit(f"{target}: {what} overflow ({detail[:200]}): {knob}")
     return error
 
