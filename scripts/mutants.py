@@ -480,6 +480,13 @@ MUTANTS = [
         "elif False:",
         ("tests/test_multihost.py",),
     ),
+    Mutant(
+        "corpus: the first download silent",
+        "freeatten_jax/data/corpus.py",
+        'print(f"fetching the default corpus',
+        '(lambda *args, **kwargs: None)(f"fetching the default corpus',
+        ("tests/test_data.py::test_the_first_fetch_says_what_it_does_and_a_cached_corpus_is_silent",),
+    ),
     # --- evaluation
     Mutant(
         "report: a key rank without the candidates and chance's rank (passkey 0/1 beside rank 1.000)",
