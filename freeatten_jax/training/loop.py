@@ -37,14 +37,6 @@ class NoUsableCheckpointError(UserError, RuntimeError):
     """Every checkpoint of a workdir was bad, and config.checkpoint.allow_fresh_start is off."""
 
 
-def _check_vocab(cfg: config.Config, splits: data.Splits) -> None:
-    if cfg.model.vocab_size < splits.vocab_size:
-        raise ConfigError(
-            f"config.model.vocab_size={cfg.model.vocab_size} is smaller than the data's "
-            f"vocabulary ({splits.vocab_size}); allowed: None (take the data's) or >= {splits.vocab_size}"
-        )
-
-
 def _mesh_devices(shape):
     """A single process may use fewer devices than it has: all of them for a -1 in the shape, else the first ones."""
     if -1 in shape or jax.process_count() > 1:
@@ -277,7 +269,11 @@ def _check_batch(cfg: config.Config, mesh) -> None:
 
 def _check_data(cfg: config.Config, splits: data.Splits) -> None:
     """The vocabulary fits the model, and the data fills one training window per process and one validation window."""
-    _check_vocab(cfg, splits)
+    if cfg.model.vocab_size < splits.vocab_size:
+        raise ConfigError(
+            f"config.model.vocab_size={cfg.model.vocab_size} is smaller than the data's "
+            f"vocabulary ({splits.vocab_size}); allowed: None (take the data's) or >= {splits.vocab_size}"
+        )
     if data.synthetic_windows(cfg.data, cfg.train.seq_len, cfg.train.seed) is not None:
         return  # drawn per window: any number of them
     length = cfg.train.seq_len + 1
