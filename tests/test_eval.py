@@ -9,6 +9,7 @@ import sys
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from helpers import read_metrics
 from tqdm import tqdm
 
 from freeatten_jax import data
@@ -16,7 +17,6 @@ from freeatten_jax.configs import base
 from freeatten_jax.errors import ConfigError, UserError
 from freeatten_jax.evaluation import loss, passkey, suite, switches
 from freeatten_jax.training import config
-from freeatten_jax.training.metrics import read_metrics
 
 
 def _config(variant, text_glob):

@@ -22,14 +22,13 @@ import numpy as np
 import orbax.checkpoint as ocp
 import pytest
 from flax import nnx
-from helpers import SigtermAtBatch, tiny_config, write_corpus
+from helpers import SigtermAtBatch, read_metrics, tiny_config, write_corpus
 
 from freeatten_jax.data import DataError, shards
 from freeatten_jax.errors import EXIT_PREEMPTED
 from freeatten_jax.evaluation import cli as eval_cli
 from freeatten_jax.training import checkpoint, distributed, generate_cli, lock, loop, storage
 from freeatten_jax.training import cli as train_cli
-from freeatten_jax.training.metrics import read_metrics
 
 STEPS = {"train.checkpoint_every": 2, "optim.schedule": "constant", "train.eval_every": 100}
 

@@ -7,6 +7,7 @@ import jax
 import numpy as np
 import pytest
 from flax import nnx
+from helpers import read_metrics
 
 from freeatten_jax import data
 from freeatten_jax.configs import mqar as mqar_config
@@ -17,7 +18,6 @@ from freeatten_jax.training import config, optim
 from freeatten_jax.training import state as train_state
 from freeatten_jax.training import step as train_step
 from freeatten_jax.training.loss import next_token_losses
-from freeatten_jax.training.metrics import read_metrics
 
 
 def _cfg(variant="softmax", **overrides):

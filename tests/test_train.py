@@ -11,7 +11,7 @@ import jax
 import numpy as np
 import pytest
 from flax import nnx
-from helpers import SigtermAtBatch, tiny_config
+from helpers import SigtermAtBatch, read_metrics, tiny_config
 
 from freeatten_jax import data
 from freeatten_jax.errors import ConfigError
@@ -19,7 +19,6 @@ from freeatten_jax.nn import sharding
 from freeatten_jax.training import checkpoint, config, distributed, loop, optim
 from freeatten_jax.training import state as train_state
 from freeatten_jax.training import step as train_step
-from freeatten_jax.training.metrics import read_metrics
 
 
 def test_a_second_run_of_the_same_config_in_one_process_reuses_the_traced_steps(text_glob, tmp_path, monkeypatch):
