@@ -6,6 +6,7 @@ library ships no test data; one place shows the whole catalogue. Add a mutant wh
 the tests missed. Test paths not on this branch yet are skipped by the script (and named in its output).
 """
 
+import pathlib
 from typing import NamedTuple
 
 
@@ -15,6 +16,16 @@ class Mutant(NamedTuple):
     original: str
     replacement: str
     tests: tuple[str, ...]  # pytest arguments: paths / node ids, optionally "-k", expression
+
+
+def misplaced(mutants, root: pathlib.Path) -> list[str]:
+    """One line for each mutant whose snippet is not in its file exactly once (tests/test_mutants.py keeps it empty)."""
+    counts = [(m, (root / m.file).read_text().count(m.original)) for m in mutants]
+    return [
+        f"mutant {m.name!r}: its original snippet occurs {n} times in {m.file} (must be once); update scripts/mutants.py"
+        for m, n in counts
+        if n != 1
+    ]
 
 
 VARIANTS_PY = "freeatten_jax/attention/variants.py"
