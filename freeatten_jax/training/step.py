@@ -95,7 +95,8 @@ class Step(NamedTuple):
 
 def make_train_step(cfg, state_shardings) -> Step:
     """The config's train step `(state, tokens_BL) -> (state, metrics)`: the state arrives placed in `state_shardings`
-    and is donated; the new state keeps them (training and freeatten-compile run this one)."""
+    and is donated; the new state keeps them (training and freeatten-compile run this one). Build it outside a mesh
+    context (the model's graphdef is traced without one); call or lower it inside (sharding.use_mesh)."""
     jitted = jax.jit(
         train_step,
         static_argnames=("graphdef", "tx", "schedule", "accum_steps", "eos_id", "targets"),
