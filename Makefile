@@ -10,7 +10,7 @@ DEMO_REPORT := reports/demo
 DEMO_TRAIN_FLAGS := --config.train.steps=200 --config.train.eval_every=100 --config.train.checkpoint_every=100
 DEMO_EVAL_FLAGS := --switch=p=15 --eval_tokens=8200 --passkey_keys=2
 
-.PHONY: install test lint format demo compile-check
+.PHONY: install test lint format demo compile-check mutants
 
 # uv installs the pinned set (bytecode compiled, as pip does) in a fraction of pip's time; pip stays the fallback.
 $(VENV)/.installed: pyproject.toml constraints.txt
@@ -48,3 +48,8 @@ demo: $(DEMO_REPORT)/report.md
 compile-check: $(VENV)/.installed
 	$(PY) -m pip install -q -c constraints.txt -e '.[compile]'
 	$(PY) benchmarks/compile_matrix.py
+
+# Each curated mutant (scripts/mutants.py) applied alone, its tests run, caught or survived printed (about 10 minutes
+# of both cores; refuses to start while a target file has uncommitted changes). tests/test_mutants.py keeps it runnable.
+mutants: $(VENV)/.installed
+	$(PY) scripts/mutation_check.py

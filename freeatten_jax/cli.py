@@ -10,7 +10,7 @@ from typing import Callable, NoReturn
 from absl import app, flags, logging
 
 from freeatten_jax import configs, usage
-from freeatten_jax.errors import UserError
+from freeatten_jax.errors import EXIT_ERROR, UserError
 
 # Raised while parsing the command line (bad flag values, config files that fail to load, unknown fields).
 _ARGV_ERRORS = (flags.Error, AttributeError, KeyError, TypeError, ValueError, OSError)
@@ -107,7 +107,7 @@ def _exit_last(line: str) -> NoReturn:
         sys.stderr.write(line + "\n")
         sys.stderr.flush()
         os.dup2(os.open(os.devnull, os.O_WRONLY), 2)
-    sys.exit(1)
+    sys.exit(EXIT_ERROR)
 
 
 def run(main: Callable[[list[str]], None], argv: list[str], verbosity=logging.WARNING) -> None:
@@ -147,7 +147,7 @@ def run(main: Callable[[list[str]], None], argv: list[str], verbosity=logging.WA
 
     if _console():
         sys.unraisablehook, threading.excepthook = _locked(sys.__unraisablehook__), _locked(threading.__excepthook__)
-    if usage.wanted(argv):
+    if any(a in usage.HELP_FLAGS for a in argv[1:]):
         try:
             print(usage.text(main.__module__, argv))
         except _ARGV_ERRORS + (UserError,) as e:

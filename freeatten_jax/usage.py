@@ -13,10 +13,6 @@ HELP_FLAGS = ("--help", "-h", "--helpfull", "--helpshort", "-?")
 _REQUIRED = "must have a value other than None"  # absl's message for flags marked required
 
 
-def wanted(argv: list[str]) -> bool:
-    return any(a in HELP_FLAGS for a in argv[1:])
-
-
 def _entry(name: str, value, kind: str, allowed: str | None, help_text: str) -> str:
     return f"  --{name}={value} ({kind}" + (f"; allowed: {allowed}" if allowed else "") + f")\n      {help_text}"
 

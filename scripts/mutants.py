@@ -6,6 +6,7 @@ library ships no test data; one place shows the whole catalogue. Add a mutant wh
 the tests missed. Test paths not on this branch yet are skipped by the script (and named in its output).
 """
 
+import pathlib
 from typing import NamedTuple
 
 
@@ -15,6 +16,16 @@ class Mutant(NamedTuple):
     original: str
     replacement: str
     tests: tuple[str, ...]  # pytest arguments: paths / node ids, optionally "-k", expression
+
+
+def misplaced(mutants, root: pathlib.Path) -> list[str]:
+    """One line for each mutant whose snippet is not in its file exactly once (tests/test_mutants.py keeps it empty)."""
+    counts = [(m, (root / m.file).read_text().count(m.original)) for m in mutants]
+    return [
+        f"mutant {m.name!r}: its original snippet occurs {n} times in {m.file} (must be once); update scripts/mutants.py"
+        for m, n in counts
+        if n != 1
+    ]
 
 
 VARIANTS_PY = "freeatten_jax/attention/variants.py"
@@ -240,6 +251,34 @@ MUTANTS = [
         ("tests/test_compile.py", "-k", "overflow"),
     ),
     Mutant(
+        "freeatten-compile: the step compiled without training's loss targets",
+        "freeatten_jax/compile/run.py",
+        "return step.lower(abstract, batch)",
+        'return step._replace(static={**step.static, "targets": None}).lower(abstract, batch)',
+        ("tests/test_compile.py::test_the_compiled_step_is_the_one_training_runs",),
+    ),
+    Mutant(
+        "freeatten-compile: a config's step needs its data files",
+        "freeatten_jax/compile/run.py",
+        "config.parse(cfg_dict, reads_data=False)",
+        "config.parse(cfg_dict)",
+        ("tests/test_compile.py::test_the_readmes_compile_command_needs_no_data",),
+    ),
+    Mutant(
+        "config: training runs without data.path",
+        "freeatten_jax/training/config.py",
+        "reads_data: bool = True",
+        "reads_data: bool = False",
+        ("tests/test_config.py::test_files_need_a_path_unless_no_data_is_read",),
+    ),
+    Mutant(
+        "freeatten-compile: an overflow keeps the compiler's units (95.74G beside 95.00 GiB)",
+        "freeatten_jax/compile/run.py",
+        'detail = _COMPILER_SIZE.sub(r"\\1 \\2iB", detail)',
+        "detail = detail",
+        ("tests/test_compile.py", "-k", "units"),
+    ),
+    Mutant(
         "context parallel: K/V sent the wrong way round the ring",
         "freeatten_jax/attention/ring.py",
         "[(d, (d + 1) % size) for d in range(size)]",
@@ -276,6 +315,27 @@ MUTANTS = [
         "        ckpt.check_readable(step)\n",
         "",
         (FAULTS, "-k", "unreadable_checkpoints_stop"),
+    ),
+    Mutant(
+        "lock: the file stays after a clean exit",
+        "freeatten_jax/training/lock.py",
+        'os.unlink(path / "lock")',
+        "os.stat(path)",
+        (FAULTS, "-k", "lock_file_goes"),
+    ),
+    Mutant(
+        "lock: a file its holder removed is locked",
+        "freeatten_jax/training/lock.py",
+        "if os.stat(lock_path).st_ino == os.fstat(fd).st_ino:",
+        "if True:",
+        (FAULTS, "-k", "lock_file_goes"),
+    ),
+    Mutant(
+        "preemption: the stop not said in a progress line",
+        "freeatten_jax/training/loop.py",
+        '            log(f"{stop.name} at step {step}: saving a checkpoint, then stopping", flush=True)\n',
+        "",
+        (FAULTS, "-k", "sigterm_saves"),
     ),
     Mutant(
         "restore: a read error counts as bad content",
@@ -431,7 +491,21 @@ MUTANTS = [
         "elif False:",
         ("tests/test_multihost.py",),
     ),
+    Mutant(
+        "corpus: the first download silent",
+        "freeatten_jax/data/corpus.py",
+        'print(f"fetching the default corpus',
+        '(lambda *args, **kwargs: None)(f"fetching the default corpus',
+        ("tests/test_data.py::test_the_first_fetch_says_what_it_does_and_a_cached_corpus_is_silent",),
+    ),
     # --- evaluation
+    Mutant(
+        "report: a key rank without the candidates and chance's rank (passkey 0/1 beside rank 1.000)",
+        "freeatten_jax/evaluation/report.py",
+        'return f"mean rank of true key among {candidates} (chance {(candidates + 1) / 2:g})"',
+        'return "mean rank of true key"',
+        ("tests/test_eval.py::test_summary_pools_seeds_per_variant_and_switch",),
+    ),
     Mutant(
         "eval loss: first train_len positions",
         "freeatten_jax/evaluation/loss.py",

@@ -1,6 +1,6 @@
 """Applies each mutant of scripts/mutants.py alone, runs its tests, and reports whether they caught it.
 
-Run on demand (not in CI) from the repository root: `python scripts/mutation_check.py [-k SUBSTRING]`.
+Run on demand (not in CI) from the repository root: `make mutants`, or `python scripts/mutation_check.py [-k SUBSTRING]`.
 A mutant is caught when its tests fail. Files are restored after each mutant, also on Ctrl-C or SIGTERM;
 the script refuses to start if a target file has uncommitted changes or a mutant's snippet is not found once.
 """
@@ -12,7 +12,7 @@ import subprocess
 import sys
 import time
 
-from mutants import MUTANTS
+from mutants import MUTANTS, misplaced
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
@@ -28,12 +28,8 @@ def _check_targets(mutants) -> None:
     ).stdout
     if dirty.strip():
         sys.exit(f"refusing to start: target files have uncommitted changes:\n{dirty}")
-    for m in mutants:
-        count = (ROOT / m.file).read_text().count(m.original)
-        if count != 1:
-            sys.exit(
-                f"mutant {m.name!r}: its original snippet occurs {count} times in {m.file} (must be once); update scripts/mutants.py"  # noqa: E501
-            )
+    if problems := misplaced(mutants, ROOT):
+        sys.exit("\n".join(problems))
 
 
 def _present(tests) -> tuple[list[str], list[str]]:

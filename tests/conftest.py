@@ -1,13 +1,16 @@
 """Test setup: 8 forced host devices for sharding tests, cheap CPU compiles, one compilation cache for the session,
-absl flags parsed for Grain workers, and the session's shared text corpus and trained runs.
+absl flags parsed for Grain workers, the session's shared text corpus and trained runs, and console scripts run in-process.
 
 The tests are compile-bound (tiny shapes): XLA's CPU backend compiles without LLVM's expensive passes, which changes
 no semantics (no fast-math either way), and every process of a session (pytest-xdist workers, the subprocesses of
 CLI and kill -9 tests) shares one on-disk cache, so a program compiled by one test is loaded by the next.
 """
 
+import contextlib
+import io
 import os
 import shutil
+import sys
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 # unoptimised CPU code from XLA's classic emitters compiles in under half the time of its fusion emitters' code
@@ -77,3 +80,30 @@ def trained_run(tmp_path_factory):
 def text_glob(tmp_path_factory):
     """A small pseudo-English corpus with learnable structure, written once per session."""
     return helpers.write_corpus(_session_root(tmp_path_factory) / "text")
+
+
+@pytest.fixture
+def run_cli():
+    """Runs a console script's main in this process: (exit status, its output lines)."""
+
+    def run(main, *args):
+        before, out = set(flags.FLAGS), io.StringIO()
+        argv, sys.argv = sys.argv, ["prog", *args]
+        try:
+            with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
+                main()
+            code = 0
+        except SystemExit as e:
+            code = 0 if e.code is None else e.code
+            if isinstance(code, str):  # sys.exit("error: ...") prints the message and exits with status 1
+                out.write(code + "\n")
+                code = 1
+        finally:
+            sys.argv = argv
+            for name in set(flags.FLAGS) - before:
+                delattr(flags.FLAGS, name)
+            flags.FLAGS.unparse_flags()
+            flags.FLAGS.mark_as_parsed()
+        return code, out.getvalue().strip().splitlines()
+
+    return run

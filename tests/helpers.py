@@ -5,6 +5,7 @@ Glossary: B batch, T queries, S keys, H heads, K kv heads, D head dim. The appli
 where it is used: the kernel tests also run on a device machine that has only jax, flax, optax and orbax.
 """
 
+import json
 import os
 import pathlib
 import signal
@@ -140,6 +141,13 @@ def write_corpus(root: pathlib.Path) -> str:
             if not (root / f"{name}.txt").exists():
                 (root / f"{name}.txt").write_text("\n".join(lines))
     return str(root / "*.txt")
+
+
+def read_metrics(workdir) -> list[dict]:
+    """The rows of WORKDIR/metrics.jsonl (local or gs://); every line must be whole JSON, as a run's writer leaves it."""
+    from freeatten_jax.training import storage
+
+    return [json.loads(line) for line in (storage.path(workdir) / "metrics.jsonl").read_text().splitlines()]
 
 
 def tiny_config(variant, text_glob, **overrides):

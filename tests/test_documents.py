@@ -7,6 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
+from helpers import read_metrics
 
 from freeatten_jax import data
 from freeatten_jax.configs import base
@@ -15,7 +16,6 @@ from freeatten_jax.errors import ConfigError
 from freeatten_jax.nn import Transformer, preset
 from freeatten_jax.training import config, loop
 from freeatten_jax.training.loss import next_token_losses
-from freeatten_jax.training.metrics import read_metrics
 
 EOS = data.sources.GPT2_EOS
 

@@ -9,6 +9,7 @@ import sys
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from helpers import read_metrics
 from tqdm import tqdm
 
 from freeatten_jax import data
@@ -16,7 +17,6 @@ from freeatten_jax.configs import base
 from freeatten_jax.errors import ConfigError, UserError
 from freeatten_jax.evaluation import loss, passkey, suite, switches
 from freeatten_jax.training import config
-from freeatten_jax.training.metrics import read_metrics
 
 
 def _config(variant, text_glob):
@@ -400,7 +400,8 @@ def test_summary_pools_seeds_per_variant_and_switch():
         _summary_run("softmax", "none", (2.0, 4.0), (1, 1)),
         _summary_run("softmax", "rope_theta=50x", (1.5, 1.5), (0, 0)),
     ]
-    text = report.grouped_tables(runs, (1, 2))
+    text = report.grouped_tables(runs, (1, 2), candidates=5)
+    assert "| variant | task | 8 | 16 | mean rank of true key among 5 (chance 3) |" in text  # a rank beside its chance
     assert "| softmax (2 runs) | 1.500 [0.900, 2.100] | 3.000 [1.900, 4.100] |" in text
     assert "| softmax [rope_theta=50x] | 1.500 [1.400, 1.600] | 1.500 [1.400, 1.600] |" in text
     assert "| softmax (2 runs) | retrieval | 3/4 | 1/4 | 2.000 |" in text

@@ -7,7 +7,6 @@ uninterrupted run of 8 steps (constant learning rate: the number of steps does n
 
 import contextlib
 import errno
-import io
 import json
 import os
 import pathlib
@@ -22,16 +21,14 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 import pytest
-from absl import flags
 from flax import nnx
-from helpers import SigtermAtBatch, tiny_config, write_corpus
+from helpers import SigtermAtBatch, read_metrics, tiny_config, write_corpus
 
 from freeatten_jax.data import DataError, shards
 from freeatten_jax.errors import EXIT_PREEMPTED
 from freeatten_jax.evaluation import cli as eval_cli
 from freeatten_jax.training import checkpoint, distributed, generate_cli, lock, loop, storage
 from freeatten_jax.training import cli as train_cli
-from freeatten_jax.training.metrics import read_metrics
 
 STEPS = {"train.checkpoint_every": 2, "optim.schedule": "constant", "train.eval_every": 100}
 
@@ -97,6 +94,26 @@ def test_a_second_trainer_on_the_workdir_is_refused_naming_the_holder(run6, text
         with pytest.raises(lock.WorkdirBusyError, match=f"is in use by pid {os.getpid()} on host {socket.gethostname()};"):
             loop.train_and_evaluate(_cfg(text_glob, 8), run6)
     assert checkpoint.Checkpointer(run6, read_only=True).all_steps() == [2, 4, 6]
+
+
+def test_the_lock_file_goes_with_its_holder_and_a_removed_one_is_not_taken(tmp_path, monkeypatch):
+    """A clean exit removes WORKDIR/lock; a trainer that opened the file just before its holder removed it locks the
+    next file, not the removed one (two trainers would each hold a lock)."""
+    with lock.hold(tmp_path):
+        assert (tmp_path / "lock").read_text() == f"pid {os.getpid()} on host {socket.gethostname()}\n"
+    assert not (tmp_path / "lock").exists()
+    opened, calls = os.open, []
+
+    def open_then_removed(path, *args):
+        fd = opened(path, *args)
+        if not calls:
+            os.unlink(path)  # its holder exits in between
+        calls.append(path)
+        return fd
+
+    monkeypatch.setattr(os, "open", open_then_removed)
+    with lock.hold(tmp_path):
+        assert len(calls) == 2 and (tmp_path / "lock").read_text().startswith(f"pid {os.getpid()} ")
 
 
 def test_a_torn_last_metrics_line_is_dropped_and_steps_are_written_once(runs, run6, text_glob, caplog):
@@ -443,14 +460,16 @@ def test_too_little_free_space_or_a_read_only_workdir_is_refused_before_anything
     assert not list(small.iterdir()) and not list(read_only.iterdir())
 
 
-def test_sigterm_saves_and_exits_75(run6, text_glob, run_cli, tmp_path, monkeypatch):
-    """A scheduler must not take a preempted run for a finished one (the resume is exact: test_train's preemption test)."""
+def test_sigterm_saves_and_exits_75(run6, text_glob, run_cli, tmp_path, monkeypatch, caplog):
+    """A scheduler must not take a preempted run for a finished one (the resume is exact: test_train's preemption test).
+    The run says why it stops in progress lines like the others, not in a log record."""
     monkeypatch.setattr(distributed, "host_local_batch_to_global", SigtermAtBatch(1))
     code, lines = run_cli(train_cli.main, f"--config={_config_file(tmp_path, text_glob, 8)}", f"--workdir={run6}")
-    assert (
-        code == EXIT_PREEMPTED == 75
-        and "stopped at step 7 by a signal, checkpoint saved; rerun the same command to resume" in lines
-    )
+    assert code == EXIT_PREEMPTED == 75 and lines[-2:] == [
+        "SIGTERM at step 7: saving a checkpoint, then stopping",
+        "stopped at step 7 by a signal, checkpoint saved; rerun the same command to resume",
+    ]
+    assert not [r for r in caplog.records if "signal" in r.getMessage()]
     assert checkpoint.Checkpointer(run6, read_only=True).latest_step() == 7
 
 
@@ -514,33 +533,6 @@ def test_kill_9_between_checkpoints_resumes_exactly_and_the_lock_named_the_kille
 
 
 # --- bad inputs: one `error:` line and a non-zero exit, from every entry point -------------------------------------
-
-
-@pytest.fixture
-def run_cli():
-    """Runs a console script's main in this process: (exit status, its output lines)."""
-
-    def run(main, *args):
-        before, out = set(flags.FLAGS), io.StringIO()
-        argv, sys.argv = sys.argv, ["prog", *args]
-        try:
-            with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
-                main()
-            code = 0
-        except SystemExit as e:
-            code = e.code
-            if isinstance(code, str):  # sys.exit("error: ...") prints the message and exits with status 1
-                out.write(code + "\n")
-                code = 1
-        finally:
-            sys.argv = argv
-            for name in set(flags.FLAGS) - before:
-                delattr(flags.FLAGS, name)
-            flags.FLAGS.unparse_flags()
-            flags.FLAGS.mark_as_parsed()
-        return code, out.getvalue().strip().splitlines()
-
-    return run
 
 
 def _bad_data(tmp_path, kind) -> str:

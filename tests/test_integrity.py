@@ -10,6 +10,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from helpers import read_metrics
 
 from freeatten_jax import data
 from freeatten_jax.data import shards
@@ -103,13 +104,13 @@ def test_bad_metrics_lines_are_dropped_with_a_notice_and_new_lines_are_appended(
         writer = metrics.MetricsWriter(tmp_path, resumed_step=2)
     notices = [r.getMessage() for r in caplog.records if "dropped line" in r.getMessage()]
     assert len(notices) == 4 and "not a step record" in notices[0] and "not whole JSON" in notices[-1]
-    assert [m["step"] for m in metrics.read_metrics(tmp_path)] == [1, 2]
+    assert [m["step"] for m in read_metrics(tmp_path)] == [1, 2]
     writer.write(3, {"loss": 0.5})
     with open(path, "a") as f:  # a line the writer never saw: appending keeps it, rewriting from memory would not
         f.write('{"step": 99}\n')
     writer.write(4, {"loss": 0.4})
     writer.close()
-    assert [m["step"] for m in metrics.read_metrics(tmp_path)] == [1, 2, 3, 99, 4]
+    assert [m["step"] for m in read_metrics(tmp_path)] == [1, 2, 3, 99, 4]
 
 
 def test_state_files_are_replaced_atomically_and_a_damaged_confirmed_json_confirms_nothing(tmp_path, monkeypatch, caplog):

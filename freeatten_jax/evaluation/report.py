@@ -37,11 +37,16 @@ def _mean(cells: list[dict], key: str) -> float | None:
     return float(np.mean(values)) if values else None
 
 
-def retrieval_table(runs: list[dict], task: str) -> str:
+def _rank_header(candidates: int) -> str:
+    """The rank column's header: a rank means little without the number of candidates and chance's rank."""
+    return f"mean rank of true key among {candidates} (chance {(candidates + 1) / 2:g})"
+
+
+def retrieval_table(runs: list[dict], task: str, candidates: int) -> str:
     """Accuracy by length and mean key rank per run, then why the cells that could not be scored were not."""
     lengths = sorted({c["length"] for r in runs for c in r[task]})
     table = _md_table(
-        ["run", *[str(n) for n in lengths], "mean rank of true key"],
+        ["run", *[str(n) for n in lengths], _rank_header(candidates)],
         [
             [
                 label(r),
@@ -82,7 +87,7 @@ def _pooled_rank(rs: list[dict], task: str) -> str:
     return _fmt(sum(c["mean_key_rank"] * c["keys"] for c in cells) / scored) if scored else "n/a"
 
 
-def grouped_tables(runs: list[dict], multipliers) -> str:
+def grouped_tables(runs: list[dict], multipliers, candidates: int) -> str:
     """Runs of one variant under one switch (e.g. seeds) as one row: loss and retrieval by length."""
     groups = plots.groups(runs)
     names = {key: plots.group_name(*key, len(rs)) for key, rs in groups.items()}
@@ -92,7 +97,7 @@ def grouped_tables(runs: list[dict], multipliers) -> str:
         [[names[g], *[_envelope(rs, m, key) for m in multipliers]] for g, rs in groups.items()],
     )
     retrieval = _md_table(
-        ["variant", "task", *[str(n) for n in lengths], "mean rank of true key"],
+        ["variant", "task", *[str(n) for n in lengths], _rank_header(candidates)],
         [
             [names[g], task, *[_pooled_accuracy(rs, task, n) for n in lengths], _pooled_rank(rs, task)]
             for g, rs in groups.items()
@@ -104,7 +109,8 @@ def grouped_tables(runs: list[dict], multipliers) -> str:
         + loss("loss")
         + "\n\nLoss over the last training-length positions of each window (same format)\n\n"
         + loss("loss_last_train_len")
-        + "\n\nRetrieval: prompts retrieved / prompts scored by length, pooled over runs, depths and keys\n\n"
+        + "\n\nRetrieval: prompts retrieved (greedy) / prompts scored by length, pooled over runs, depths and keys; "
+        + "the key's rank is of its likelihood among the candidate keys (1: the most likely), not of what is generated\n\n"
         + retrieval
     )
 
@@ -237,7 +243,7 @@ def markdown(runs: list[dict], settings: dict, figures: dict[str, str]) -> str:
         "# Length-extrapolation report",
         *comparability_warnings(runs),
         "## Checkpoints\n\n" + checkpoints,
-        "## Summary by variant and switch\n\n" + grouped_tables(runs, multipliers),
+        "## Summary by variant and switch\n\n" + grouped_tables(runs, multipliers, settings["passkey_candidates"]),
         *[part for part in [paired.markdown(runs, multipliers)] if part],
         f"## Loss vs length (mean next-token loss, nats, [95% bootstrap interval over windows])\n\n"
         f"Every length scores the same held-out span: the first {spans} validation tokens, cut into non-overlapping "
@@ -247,10 +253,10 @@ def markdown(runs: list[dict], settings: dict, figures: dict[str, str]) -> str:
         + _md_table(["run", *mult_header], [[label(r), *by_mult(r, "loss_last_train_len")] for r in runs]),
         f"## Passkey retrieval, Landmark format (greedy: first integer generated equals the key; by prompt length, mean over "
         f"depths {settings['passkey_depths']} and {settings['passkey_keys']} keys; rank among {settings['passkey_candidates']} "
-        f"candidate keys)\n\n" + retrieval_table(runs, "passkey"),
+        f"candidate keys)\n\n" + retrieval_table(runs, "passkey", settings["passkey_candidates"]),
         '## Retrieval in the training mix\'s format (data.retrieval: filler, "The pass key is NNNNN. ", then '
         '"\\nThe pass key is"; windows of length + 1 tokens as in training; same scoring)\n\n'
-        + retrieval_table(runs, "retrieval"),
+        + retrieval_table(runs, "retrieval", settings["passkey_candidates"]),
         "## Attention entropy (nats, mean over layers and heads) by visible keys N_i at the longest length\n\n" + entropy,
         "## Attention mass of the final query on the needle (mean over layers, heads and prompts)\n\n"
         + _md_table(

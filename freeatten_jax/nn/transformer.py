@@ -126,10 +126,6 @@ class Block(nnx.Module):
         return sharding.constrain(x_BTE, ACTIVATIONS_BTE), cache
 
 
-def _run_block(block: Block, x_BTE, positions_BT, segment_ids_BT, cache):
-    return block(x_BTE, positions_BT, segment_ids_BT, cache)
-
-
 # ----------------------------------------------------------------------------- model
 
 
@@ -161,7 +157,7 @@ class Transformer(nnx.Module):
         and sharding constraints.
         """
         x_BTE = self._embed(tokens_BT)
-        run = _run_block if self.remat == "none" else nnx.remat(_run_block, policy=REMAT_POLICIES[self.remat])
+        run = Block.__call__ if self.remat == "none" else nnx.remat(Block.__call__, policy=REMAT_POLICIES[self.remat])
         layer_caches = [None] * len(self.blocks) if cache is None else list(cache)
         for i, block in enumerate(self.blocks):
             x_BTE, layer_caches[i] = run(block, x_BTE, positions_BT, segment_ids_BT, layer_caches[i])

@@ -226,8 +226,10 @@ def from_json(d: dict) -> ml_collections.ConfigDict:
     return cfg
 
 
-def parse(cfg: ml_collections.ConfigDict) -> Config:
-    """The typed configs of a run; raises ConfigError for the first invalid field (before any data is read)."""
+def parse(cfg: ml_collections.ConfigDict, *, reads_data: bool = True) -> Config:
+    """The typed configs of a run; raises ConfigError for the first invalid field (before any data is read).
+
+    reads_data=False: for a program that reads no data (freeatten-compile), data.path may be empty."""
     cfg = cfg.copy_and_resolve_references()
     sections = {name: cfg[name].to_dict() for name in SECTIONS if name != "model"}
     if sections["data"].get("val_path"):
@@ -239,7 +241,7 @@ def parse(cfg: ml_collections.ConfigDict) -> Config:
             f"config.train.batch_size={cfg.train.batch_size} must be divisible by "
             f"config.train.grad_accum_steps={cfg.train.grad_accum_steps}"
         )
-    if cfg.data.source in ("text", "bin") and not cfg.data.path:
+    if reads_data and cfg.data.source in ("text", "bin") and not cfg.data.path:
         raise ConfigError(f"config.data.path is empty; data.source={cfg.data.source!r} needs a glob of files")
     data_cfg, train = _section(DataConfig, cfg.data), _section(TrainConfig, cfg.train)
     return Config(

@@ -1,6 +1,7 @@
 """One owner per run folder: process 0 holds an exclusive `fcntl.flock` on WORKDIR/lock while it trains.
 
-The kernel releases the lock when the process exits or crashes, so a stale lock cannot block a rerun.
+The holder removes the file as it exits; the kernel releases the lock when the process exits or crashes, so a file
+left by a crash cannot block a rerun.
 Cloud workdirs (`gs://...`) have no advisory locks: they are not locked (a warning says so).
 """
 
@@ -32,15 +33,29 @@ def hold(workdir):
         yield
         return
     path.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path / "lock", os.O_RDWR | os.O_CREAT, 0o644)
+    fd = _locked(path / "lock", path)
     try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = os.pread(fd, 200, 0).decode(errors="replace").strip() or "another process"
-            raise WorkdirBusyError(f"{path} is in use by {holder}; wait for it, stop it, or use another --workdir") from None
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"pid {os.getpid()} on host {socket.gethostname()}\n".encode(), 0)
         yield
     finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path / "lock")  # still held: whoever opened the file meanwhile finds it gone and opens the next one
         os.close(fd)  # releases the lock
+
+
+def _locked(lock_path, workdir) -> int:
+    """An open fd of `lock_path` holding its exclusive flock: of the file there now, not one its holder removed while
+    this process opened it."""
+    while True:
+        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 200, 0).decode(errors="replace").strip() or "another process"
+            os.close(fd)
+            raise WorkdirBusyError(f"{workdir} is in use by {holder}; wait for it, stop it, or use another --workdir") from None
+        with contextlib.suppress(FileNotFoundError):
+            if os.stat(lock_path).st_ino == os.fstat(fd).st_ino:
+                return fd
+        os.close(fd)

@@ -1,14 +1,12 @@
 """The training loop: resume, steps, validation, logging, checkpoints, profiling, preemption and NaN handling."""
 
 import contextlib
-import functools
 import signal
 import time
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-from absl import logging
 from jax.experimental import multihost_utils
 
 from freeatten_jax import data
@@ -39,14 +37,6 @@ class NoUsableCheckpointError(UserError, RuntimeError):
     """Every checkpoint of a workdir was bad, and config.checkpoint.allow_fresh_start is off."""
 
 
-def _check_vocab(cfg: config.Config, splits: data.Splits) -> None:
-    if cfg.model.vocab_size < splits.vocab_size:
-        raise ConfigError(
-            f"config.model.vocab_size={cfg.model.vocab_size} is smaller than the data's "
-            f"vocabulary ({splits.vocab_size}); allowed: None (take the data's) or >= {splits.vocab_size}"
-        )
-
-
 def _mesh_devices(shape):
     """A single process may use fewer devices than it has: all of them for a -1 in the shape, else the first ones."""
     if -1 in shape or jax.process_count() > 1:
@@ -55,17 +45,17 @@ def _mesh_devices(shape):
 
 
 class _StopSignal:
-    """Turns SIGTERM/SIGINT into a request to save and stop; a second SIGINT interrupts at once."""
+    """Turns SIGTERM/SIGINT into a request to save and stop; a second SIGINT interrupts at once. The loop says so:
+    a handler that prints could interrupt another print."""
 
     def __init__(self):
-        self.requested = False
+        self.requested, self.name = False, "a signal to another process"
         self._previous = {s: signal.signal(s, self._handle) for s in (signal.SIGTERM, signal.SIGINT)}
 
     def _handle(self, signum, frame):
         if self.requested and signum == signal.SIGINT:
             raise KeyboardInterrupt
-        self.requested = True
-        logging.warning("signal %d: saving a checkpoint, then stopping", signum)
+        self.requested, self.name = True, signal.Signals(signum).name
 
     def any_process(self) -> bool:
         if jax.process_count() == 1:
@@ -95,7 +85,7 @@ def _eta(seconds: float) -> str:
 class Evaluator:
     """Mean validation loss over the first `eval_windows` held-out windows of the training length."""
 
-    def __init__(self, cfg, splits, mesh, eval_def):
+    def __init__(self, cfg, splits, mesh):
         rules = cfg.mesh.rules
         windows_WL = data.held_out_windows(cfg.data, splits, cfg.train.seq_len, cfg.train.eval_windows)
         batch = cfg.train.batch_size // cfg.train.grad_accum_steps  # a micro-batch: what fits in memory
@@ -107,16 +97,14 @@ class Evaluator:
         self.tokens_sharding = sharding.batch_sharding(mesh, rules, self.tokens_NBL.shape[1:])
         self.weights_sharding = sharding.logical_spec(("batch",), self.weights_NB.shape[1:], mesh, rules)
         self.weights_sharding = jax.sharding.NamedSharding(mesh, self.weights_sharding)
-        self.step = jax.jit(train_step.eval_step, static_argnames=("graphdef", "eos_id", "targets"))  # inputs arrive placed
-        self.graphdef, self.eos_id = eval_def, data.document_eos(cfg.data)
-        self.targets = data.loss_targets(cfg.data, cfg.train.seq_len)
+        self.step = train_step.make_eval_step(cfg)
 
     def __call__(self, state) -> float:
         total = count = 0.0
         for tokens_BL, weights_B in zip(self.tokens_NBL, self.weights_NB):
             tokens = jax.make_array_from_callback(tokens_BL.shape, self.tokens_sharding, lambda i: tokens_BL[i])
             weights = jax.make_array_from_callback(weights_B.shape, self.weights_sharding, lambda i: weights_B[i])
-            loss_sum, n = self.step(state, tokens, weights, graphdef=self.graphdef, eos_id=self.eos_id, targets=self.targets)
+            loss_sum, n = self.step(state, tokens, weights)
             total, count = total + float(loss_sum), count + float(n)
         return total / count
 
@@ -281,7 +269,11 @@ def _check_batch(cfg: config.Config, mesh) -> None:
 
 def _check_data(cfg: config.Config, splits: data.Splits) -> None:
     """The vocabulary fits the model, and the data fills one training window per process and one validation window."""
-    _check_vocab(cfg, splits)
+    if cfg.model.vocab_size < splits.vocab_size:
+        raise ConfigError(
+            f"config.model.vocab_size={cfg.model.vocab_size} is smaller than the data's "
+            f"vocabulary ({splits.vocab_size}); allowed: None (take the data's) or >= {splits.vocab_size}"
+        )
     if data.synthetic_windows(cfg.data, cfg.train.seq_len, cfg.train.seed) is not None:
         return  # drawn per window: any number of them
     length = cfg.train.seq_len + 1
@@ -324,27 +316,12 @@ def _train(cfg: config.Config, splits, mesh, workdir) -> RunMetrics:
         data.save_to_run(splits.tokenizer, storage.path(workdir))  # the run carries its tokenizer
     if state is None:
         state = train_state.create(cfg, mesh, tx, state_shardings)
-    train_def, eval_def = train_state.graphdefs(cfg.model)
-    step_fn = jax.jit(  # the state and the batch arrive placed; the new state keeps the shardings
-        train_step.train_step,
-        static_argnames=("graphdef", "tx", "schedule", "accum_steps", "eos_id", "targets"),
-        out_shardings=(state_shardings, None),
-        donate_argnums=0,
-    )
-    step_fn = functools.partial(
-        step_fn,
-        graphdef=train_def,
-        tx=tx,
-        schedule=optim.schedule(cfg.optim, steps),
-        accum_steps=cfg.train.grad_accum_steps,
-        eos_id=data.document_eos(cfg.data),
-        targets=data.loss_targets(cfg.data, cfg.train.seq_len),
-    )
+    step_fn = train_step.make_train_step(cfg, state_shardings)
     writer = MetricsWriter(workdir, start, cfg.source)
     stop = _StopSignal()
     try:
+        evaluate = Evaluator(cfg, splits, mesh)
         with sharding.use_mesh(mesh, rules):
-            evaluate = Evaluator(cfg, splits, mesh, eval_def)
             return _loop(cfg, state, start, step_fn, evaluate, train_iter, ckpt, writer, stop, mesh, workdir)
     finally:
         stop.restore()
@@ -468,6 +445,7 @@ def _loop(cfg, state, start, step_fn, evaluate, train_iter, ckpt, writer, stop, 
             finish(step, metrics, state)
             pending = None
         if stopping:
+            log(f"{stop.name} at step {step}: saving a checkpoint, then stopping", flush=True)
             if step % t.checkpoint_every and step != t.steps:
                 _save(ckpt, step, state, train_iter, cfg.source)
             ckpt.wait()

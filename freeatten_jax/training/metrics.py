@@ -103,9 +103,3 @@ class MetricsWriter:
                 self._tb.close()
             except OSError as e:  # a full disk: the error that stopped the run says so; the events' tail is lost
                 logging.warning("TensorBoard events not flushed: %s", e)
-
-
-def read_metrics(workdir) -> list[dict]:
-    """The lines of WORKDIR/metrics.jsonl as dicts."""
-    path = storage.path(workdir) / "metrics.jsonl"
-    return [row for _, row in _parsed(path)]

@@ -1,4 +1,5 @@
-"""Pure step functions: `train_step(state, tokens_BL) -> (state, metrics)` and the validation loss sums.
+"""The steps every caller runs: `make_train_step` and `make_eval_step` (jitted, a config's static arguments bound), and
+the pure functions under them, `train_step(state, tokens_BL) -> (state, metrics)` and the validation loss sums.
 
 Glossary: B batch, L = T + 1 window (inputs tokens[:, :-1], targets tokens[:, 1:]), T length,
 A gradient-accumulation micro-batches. The graphdef is always the static keyword `graphdef`; `eos_id`
@@ -6,11 +7,17 @@ A gradient-accumulation micro-batches. The graphdef is always the static keyword
 are the target positions the loss counts (data.loss_targets: MQAR's answers).
 """
 
+from collections.abc import Callable
+from typing import NamedTuple
+
 import jax
 import jax.numpy as jnp
 import optax
 from flax import nnx
 
+from freeatten_jax import data
+from freeatten_jax.training import optim
+from freeatten_jax.training import state as train_state
 from freeatten_jax.training.loss import next_token_losses
 
 
@@ -71,3 +78,48 @@ def eval_step(state, tokens_BL, weights_B, *, graphdef, eos_id: int | None = Non
     """(sum of weighted token losses, number of weighted tokens) for a batch of validation windows."""
     losses_BT = scored(next_token_losses(nnx.merge(graphdef, state["params"], state["rest"]), tokens_BL, eos_id=eos_id), targets)
     return jnp.sum(losses_BT * weights_B[:, None]), jnp.sum(weights_B) * losses_BT.shape[1]
+
+
+class Step(NamedTuple):
+    """A jitted step with a config's static arguments bound: call it on arrays, or `lower` it on abstract ones."""
+
+    jitted: Callable
+    static: dict
+
+    def __call__(self, *args):
+        return self.jitted(*args, **self.static)
+
+    def lower(self, *args) -> jax.stages.Lowered:
+        return self.jitted.lower(*args, **self.static)
+
+
+def make_train_step(cfg, state_shardings) -> Step:
+    """The config's train step `(state, tokens_BL) -> (state, metrics)`: the state arrives placed in `state_shardings`
+    and is donated; the new state keeps them (training and freeatten-compile run this one). Build it outside a mesh
+    context (the model's graphdef is traced without one); call or lower it inside (sharding.use_mesh)."""
+    jitted = jax.jit(
+        train_step,
+        static_argnames=("graphdef", "tx", "schedule", "accum_steps", "eos_id", "targets"),
+        out_shardings=(state_shardings, None),
+        donate_argnums=0,
+    )
+    static = dict(
+        graphdef=train_state.graphdefs(cfg.model)[0],
+        tx=optim.make(cfg.optim, cfg.train.steps),
+        schedule=optim.schedule(cfg.optim, cfg.train.steps),
+        accum_steps=cfg.train.grad_accum_steps,
+        eos_id=data.document_eos(cfg.data),
+        targets=data.loss_targets(cfg.data, cfg.train.seq_len),
+    )
+    return Step(jitted, static)
+
+
+def make_eval_step(cfg) -> Step:
+    """The config's validation step `(state, tokens_BL, weights_B) -> (loss sum, token count)` (inputs arrive placed)."""
+    jitted = jax.jit(eval_step, static_argnames=("graphdef", "eos_id", "targets"))
+    static = dict(
+        graphdef=train_state.graphdefs(cfg.model)[1],
+        eos_id=data.document_eos(cfg.data),
+        targets=data.loss_targets(cfg.data, cfg.train.seq_len),
+    )
+    return Step(jitted, static)
