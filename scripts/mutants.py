@@ -88,8 +88,8 @@ MUTANTS = [
     Mutant(
         "softmax: 1/d instead of 1/sqrt(d)",
         VARIANTS_PY,
-        "return q_BTHD / math.sqrt(q_BTHD.shape[-1]), k_BSKD",
-        "return q_BTHD / q_BTHD.shape[-1], k_BSKD",
+        'scale = 1.0 / math.sqrt(d) if opts.get("scale") is None else opts["scale"]',
+        'scale = 1.0 / d if opts.get("scale") is None else opts["scale"]',
         oracle("softmax"),
     ),
     Mutant(
@@ -102,15 +102,15 @@ MUTANTS = [
     Mutant(
         "lssa: k not L2-normalised",
         VARIANTS_PY,
-        "return l2_normalise(q_BTHD) * temperature_BTH1, l2_normalise(k_BSKD)",
-        "return l2_normalise(q_BTHD) * temperature_BTH1, k_BSKD",
+        "return inverse_norm(q_BTHD) * temperature_BTH1, inverse_norm(k_BSKD)",
+        "return inverse_norm(q_BTHD) * temperature_BTH1, None",
         oracle("lssa"),
     ),
     Mutant(
         "lssa/lssar: softplus wrong for negative scores",
         VARIANTS_PY,
-        "jnp.log1p(jnp.exp(-jnp.abs(scores)))",
-        "jnp.log1p(jnp.exp(-scores))",
+        "jnp.log1p(jnp.exp(-jnp.abs(x)))",
+        "jnp.log1p(jnp.exp(-x))",
         oracle("lssa"),
     ),
     Mutant(
@@ -148,12 +148,12 @@ MUTANTS = [
     ),
     *every_implementation(
         "rules: LSSAR's integer power one too high",
+        "jax.lax.integer_pow(y, ctx.static_power - 1)",
         "jax.lax.integer_pow(y, ctx.static_power)",
-        "jax.lax.integer_pow(y, ctx.static_power + 1)",
         "lssar",
     ),
     *every_implementation(
-        "rules: LSSAR's dk/dq without the E_i term", 'e = rows["e"] * reweight_offset(ctx.n)', "e = 0.0", "lssar"
+        "rules: LSSAR's dk/dq without the E_i term", '(rho_pm1 * rows["factor"]) - rows["e"])', '(rho_pm1 * rows["factor"]))', "lssar"
     ),
     Mutant(
         "fused: 1/sqrt(d) applied twice",
@@ -168,6 +168,42 @@ MUTANTS = [
         "jnp.arange(1, t + 1)[None, None] if mask.causal else jnp.full((1, 1, t), t)",
         "jnp.arange(1, t + 1)[None, None]",
         ("tests/test_blockwise.py", "-k", "fused_path_matches_reference"),
+    ),
+    # --- rare inputs and bfloat16 (issue 32)
+    Mutant(
+        "lssar: a row within rounding of uniform re-weighted (no margin)",
+        RULES_PY,
+        "sharp = u_max > thr * (1.0 + REWEIGHT_MARGIN)",
+        "sharp = u_max > thr",
+        ("tests/test_degenerate.py", "-k", "lssar-blockwise"),
+    ),
+    Mutant(
+        "reference: softplus's slope at 0 left to autodiff (0, not 1/2)",
+        VARIANTS_PY,
+        "_softplus.defjvp(",
+        "_softplus = _softplus.fun or _softplus.defjvp(",
+        ("tests/test_degenerate.py", "-k", "lssa-blockwise"),
+    ),
+    Mutant(
+        "kernels: log2(1 + t)'s polynomial one coefficient short",
+        RULES_PY,
+        "    for c in LOG2_1P[2:]:",
+        "    for c in LOG2_1P[3:]:",
+        ("tests/test_degenerate.py", "-k", "base_2"),
+    ),
+    Mutant(
+        "pallas: weights and ds rounded to bfloat16 once for every variant",
+        "freeatten_jax/attention/pallas.py",
+        'split = kind != "softmax" if split_matmuls is None else bool(split_matmuls)',
+        "split = False if split_matmuls is None else bool(split_matmuls)",
+        ("tests/test_pallas.py", "-k", "bfloat16_as and (sigmoid or relu)"),
+    ),
+    Mutant(
+        "pallas: D_i from the bfloat16 output (no low half)",
+        "freeatten_jax/attention/pallas.py",
+        "out_f32 = out if low is None else out.astype(jnp.float32) + low.astype(jnp.float32)",
+        "out_f32 = out",
+        ("tests/test_pallas.py", "-k", "bfloat16_as"),
     ),
     # --- attention/block_plan.py: block skipping at the exact boundary (issues 15, 20), one planner for every implementation
     *every_skipping("plan: causal skip k_lo < q_hi", "maybe &= k_lo <= q_hi", "maybe &= k_lo < q_hi"),
@@ -205,13 +241,13 @@ MUTANTS = [
     # --- LSSAR's p differentiable on every path (issue 20)
     *every_p_path(
         "rules: dL/dp without the -D_i term",
-        'jnp.log(jnp.where(active, x, 1.0)) * (dp - rows["d"])',
-        "jnp.log(jnp.where(active, x, 1.0)) * dp",
+        'jnp.log(rho) * (dp - rows["d"])',
+        "jnp.log(rho) * dp",
     ),
     *every_p_path(
         "rules: dL/dp with unnormalised weights",
-        'r / rows["l"] * jnp.log(jnp.where(active, x, 1.0))',
-        "r * jnp.log(jnp.where(active, x, 1.0))",
+        'r * rows["inv_l"] * jnp.log(rho)',
+        "r * jnp.log(rho)",
     ),
     Mutant(
         "pallas: dL/dp dropped (the old silent zero)",
