@@ -55,7 +55,9 @@ def _triton_params():
 
 
 LOWERINGS = {  # GPU blocks are not tuned (no device measurement yet); TPU ones: pallas_tpu.TUNING
-    "cuda": Lowering(lambda: (64, 64), 16, True, lambda cfg, shapes: _calls(cfg, shapes, _triton_params(), False)),
+    "cuda": Lowering(
+        lambda: (64, 64), 16, True, lambda cfg, shapes: _calls(cfg._replace(ptx=True), shapes, _triton_params(), False)
+    ),
     "tpu": Lowering(lambda: pallas_tpu.tuning().blocks, 16, True, functools.partial(pallas_tpu.calls, interpret=False)),
     "interpret": Lowering(lambda: (64, 64), 8, False, lambda cfg, shapes: _calls(cfg, shapes, None, True)),
     "interpret_tpu": Lowering(lambda: (64, 64), 8, False, functools.partial(pallas_tpu.calls, interpret=True)),

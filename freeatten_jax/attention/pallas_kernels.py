@@ -67,6 +67,7 @@ class Static(NamedTuple):
     p_grad: bool  # the dq kernel also gives each row's share of dL/dp (LSSAR with an array p)
     key_scale: bool  # the scores carry a per-key factor b_j (LSSA, LSSAR); the per-query a_i always
     split: bool  # the weights and ds enter their matmuls as two halves (weighted_dot)
+    ptx: bool = False  # a CUDA compile: fused multiply-adds as inline PTX (fma_ptx)
 
 
 def visible(cfg: Static, q_pos, q_seg, k_pos, k_seg, k_valid):
@@ -111,8 +112,31 @@ def write_forward(cfg: Static, family, out_refs, out, stats):
         out_refs[-1][...] = (out - hi.astype(jnp.float32)).astype(cfg.dtype)
 
 
+def _ptx(asm: str, *args):
+    """One float32 PTX instruction elementwise over args (broadcast to one shape)."""
+    from jax.experimental.pallas import triton as pltriton
+
+    args = jnp.broadcast_arrays(*(jnp.asarray(x, jnp.float32) for x in args))
+    constraints = ",".join(["=f"] + ["f"] * len(args))
+    shape = [jax.ShapeDtypeStruct(args[0].shape, jnp.float32)]
+    return pltriton.elementwise_inline_asm(asm, args=args, constraints=constraints, pack=1, result_shape_dtypes=shape)[0]
+
+
+def fma_ptx(a, b, c):
+    """a * b + c in one rounding, as PTX fma.rn.f32: Triton writes mul.rn and add.rn, which ptxas never fuses
+    (the base-2 softplus's polynomial took twice the FP32 instructions)."""
+    return _ptx("fma.rn.f32 $0, $1, $2, $3;", a, b, c)
+
+
+def rcp_ptx(x):
+    """1 / x by the hardware's reciprocal (PTX rcp.approx.ftz.f32, within 1 ulp) instead of an IEEE division."""
+    return _ptx("rcp.approx.ftz.f32 $0, $1;", x)
+
+
 def kernel_ctx(cfg: Static, n, p):
-    return Ctx(n=n, p=p, static_power=cfg.static_power, weight=cfg.weight, pv=functools.partial(weighted_dot, cfg.split))
+    pv = functools.partial(weighted_dot, cfg.split)
+    fast = dict(fma=fma_ptx, rcp=rcp_ptx) if cfg.ptx else {}
+    return Ctx(n=n, p=p, static_power=cfg.static_power, weight=cfg.weight, pv=pv, **fast)
 
 
 def sweep_spans(first, end, full, masked, interior, carry):

@@ -18,6 +18,15 @@ TINY = float(jnp.finfo(jnp.float32).tiny)
 LOG2E = 1.4426950408889634
 
 
+def mul_add(a, b, c):
+    """a * b + c (one FMA where the compiler contracts it)."""
+    return a * b + c
+
+
+def reciprocal(x):
+    return 1.0 / x
+
+
 class Ctx(NamedTuple):
     """What a family sees of the current query block besides its scores."""
 
@@ -26,6 +35,8 @@ class Ctx(NamedTuple):
     static_power: int | None  # p when a known whole number (an exact integer power)
     weight: Callable | None  # the variant's elementwise weight(s, n), for the "none" family
     pv: Callable  # pv(w, v) = Σ_j w_ij v_j in float32, in the caller's layout
+    fma: Callable = mul_add  # fma(a, b, c) = a * b + c, elementwise (a fused instruction where one must be asked for)
+    rcp: Callable = reciprocal  # 1 / x, elementwise (the hardware's reciprocal where an IEEE division is slow)
 
 
 class Pass(NamedTuple):
@@ -81,18 +92,18 @@ LOG2_1P = (
 )
 
 
-def softplus_and_sigmoid(s2):
+def softplus_and_sigmoid(s2, fma=mul_add, rcp=reciprocal):
     """softplus in base 2, log2(1 + 2^s2) = softplus(s) / ln 2 for s2 = s log2 e, and sigmoid(s), sharing one
     exp2 of -|s2|: max(s2, 0) + log2(1 + t) with t = 2^-|s2| in (0, 1], accurate down to t = 2^-126."""
     t = jnp.exp2(-jnp.abs(s2))
-    return jnp.maximum(s2, 0.0) + log2_1p(t), jnp.where(s2 >= 0, 1.0, t) / (1.0 + t)
+    return jnp.maximum(s2, 0.0) + log2_1p(t, fma), jnp.where(s2 >= 0, 1.0, t) * rcp(1.0 + t)
 
 
-def log2_1p(t):
-    """log2(1 + t) for t in [0, 1] as t·P(t) (LOG2_1P), in Horner's form."""
-    acc = LOG2_1P[0] * t + LOG2_1P[1]
+def log2_1p(t, fma=mul_add):
+    """log2(1 + t) for t in [0, 1] as t·P(t) (LOG2_1P), in Horner's form: one fma per coefficient."""
+    acc = fma(t, LOG2_1P[0], LOG2_1P[1])
     for c in LOG2_1P[2:]:
-        acc = acc * t + c
+        acc = fma(acc, t, c)
     return acc * t
 
 
@@ -155,7 +166,7 @@ def _softmax_grad(s, vis, ctx, rows, dp):
 def _sum_step(carry, s, vis, v, ctx, rows):
     """u = softplus(s) >= 0 grows at most linearly in a bounded score: no running max, no rescale."""
     z, acc = carry
-    u = _keep(vis, softplus_and_sigmoid(s)[0], 0.0)
+    u = _keep(vis, softplus_and_sigmoid(s, ctx.fma, ctx.rcp)[0], 0.0)
     return z + _row_sum(u), acc + ctx.pv(u, v)
 
 
@@ -166,7 +177,7 @@ def _sum_finish(carry, ctx):
 
 
 def _sum_grad(s, vis, ctx, rows, dp):
-    u, slope = softplus_and_sigmoid(s)
+    u, slope = softplus_and_sigmoid(s, ctx.fma, ctx.rcp)
     return _keep(vis, u * rows["inv_z"], 0.0), _keep(vis, (dp - rows["d"]) * (slope * (LOG2E * rows["inv_z"])), 0.0)
 
 
@@ -201,7 +212,7 @@ def _none_grad(s, vis, ctx, rows, dp):
 def _reweight_terms(s, vis, ctx, rows):
     """sigmoid(s), whether each score counts, ρ^(p-1) there (1 on a flat row, 0 where it does not count) and
     r = ρ^p (ρ on a flat row), each before the row normalisation."""
-    u, slope = softplus_and_sigmoid(s)
+    u, slope = softplus_and_sigmoid(s, ctx.fma, ctx.rcp)
     active = u > rows["thr"] if vis is None else vis & (u > rows["thr"])
     rho = jnp.where(active, (u - rows["thr"]) * rows["alpha"], 1.0)
     rho_pm1 = jnp.where(active, jnp.where(rows["sharp"] > 0, power_minus_one(rho, ctx), 1.0), 0.0)
@@ -210,7 +221,7 @@ def _reweight_terms(s, vis, ctx, rows):
 
 def _reweight_step1(carry, s, vis, v, ctx, rows):
     z, u_max = carry
-    u = _keep(vis, softplus_and_sigmoid(s)[0], 0.0)
+    u = _keep(vis, softplus_and_sigmoid(s, ctx.fma, ctx.rcp)[0], 0.0)
     return z + _row_sum(u), jnp.maximum(u_max, _row_max(u))
 
 
