@@ -153,7 +153,10 @@ MUTANTS = [
         "lssar",
     ),
     *every_implementation(
-        "rules: LSSAR's dk/dq without the E_i term", '(rho_pm1 * rows["factor"]) - rows["e"])', '(rho_pm1 * rows["factor"]))', "lssar"
+        "rules: LSSAR's dk/dq without the E_i term",
+        '(rho_pm1 * rows["factor"]) - rows["e"])',
+        '(rho_pm1 * rows["factor"]))',
+        "lssar",
     ),
     Mutant(
         "fused: 1/sqrt(d) applied twice",

@@ -27,7 +27,7 @@ from jax.sharding import PartitionSpec as P
 from freeatten_jax.attention import pallas_plan, pallas_tpu
 from freeatten_jax.attention.blockwise import count_visible, static_power
 from freeatten_jax.attention.pallas_kernels import Static, dkv_kernel, dq_kernel, forward_kernel, low_half
-from freeatten_jax.attention.rules import FAMILIES, dot_rows
+from freeatten_jax.attention.rules import FAMILIES
 from freeatten_jax.attention.variants import Mask, Variant, check_positive_int, hide_unseen
 
 # Mesh axes that shard the batch and the heads when present (sized > 1) and dividing them: the names of
@@ -93,7 +93,8 @@ def _calls(cfg: Static, shapes, compiler_params, interpret: bool):
         pl.BlockSpec((3, None, k_blocks, 1, cfg.block_k), lambda b, h, i: (0, b, 0, 0, 0)),
         pl.BlockSpec((None, cfg.block_q, 1), lambda b, h, i: (b, i, 0)),
     ]
-    in_specs = [scalar] * 4 + [q_spec, kv_full, kv_full, row_spec, key_factors, *mask_specs]
+    q_factors = pl.BlockSpec((None, None, None, 1, cfg.block_q), lambda b, h, i: (b, h, i, 0, 0))
+    in_specs = [scalar] * 4 + [q_spec, kv_full, kv_full, q_factors, key_factors, *mask_specs]
     stat_shapes = [jax.ShapeDtypeStruct((b, h, tp, 1), f32)] * len(family.stats)
     out_shape = jax.ShapeDtypeStruct((b, h, tp, d), cfg.dtype)
     extra_shapes = [jax.ShapeDtypeStruct((b, h, tp, d), f32)] * len(family.extras)
@@ -120,7 +121,7 @@ def _calls(cfg: Static, shapes, compiler_params, interpret: bool):
     group_spec = pl.BlockSpec((None, g, tp, d), lambda b, k, j: (b, k, 0, 0))
     group_rows = pl.BlockSpec((None, g, q_blocks, 1, cfg.block_q), lambda b, k, j: (b, k, 0, 0, 0))
     k_spec = pl.BlockSpec((None, None, cfg.block_k, d), lambda b, k, j: (b, k, j, 0))
-    k_column = pl.BlockSpec((None, None, cfg.block_k, 1), lambda b, k, j: (b, k, j, 0))
+    k_factors = pl.BlockSpec((None, None, None, 1, cfg.block_k), lambda b, k, j: (b, k, j, 0, 0))
     dkv_mask_specs = [
         pl.BlockSpec((2, None, q_blocks, 1, cfg.block_q), lambda b, k, j: (0, b, 0, 0, 0)),
         pl.BlockSpec((3, None, cfg.block_k, 1), lambda b, k, j: (0, b, j, 0)),
@@ -130,7 +131,7 @@ def _calls(cfg: Static, shapes, compiler_params, interpret: bool):
         functools.partial(dkv_kernel, cfg),
         grid=(b, kv_heads, k_blocks),
         in_specs=[scalar] * 4
-        + [group_spec, k_spec, k_spec, group_rows, k_column, *dkv_mask_specs, group_spec]
+        + [group_spec, k_spec, k_spec, group_rows, k_factors, *dkv_mask_specs, group_spec]
         + [group_rows] * len(family.rows),
         out_specs=[k_spec, k_spec],
         out_shape=[jax.ShapeDtypeStruct((b, kv_heads, sp, d), f32)] * 2,
@@ -148,9 +149,9 @@ def _backward_rows(family: str, stats, out, dout, p_1):
 
 def _core(cfg: Static, lowering: Lowering, shapes):
     """out = kernels(q, k, v, qs, ks) with a custom VJP whose residuals are the inputs, the output and row
-    statistics. The scores are qs_i ks_j q_i·k_j (qs [B, H, Tp, 1], ks [B, K, Sp, 1], float32, the family's
-    score_scale in qs); the kernels' dq and dk sums come without the factors of their own side, which the
-    backward applies here, with the factors' own gradients."""
+    statistics. The scores are qs_i ks_j q_i·k_j (float32 factors, the family's score_scale in qs, lane-dense
+    as one row per block: qs [B, H, I, 1, Q], ks [B, K, J, 1, C]); the kernels' dq and dk sums come without
+    the factors of their own side, which the backward applies here, with the factors' own gradients."""
     forward, dq_call, dkv_call = lowering.calls(cfg, shapes)
     family = FAMILIES[cfg.family]
     inv_scale = 1.0 / family.score_scale  # the family's ds is dL/d(score / score_scale)
@@ -159,14 +160,16 @@ def _core(cfg: Static, lowering: Lowering, shapes):
         return plan.q_col, plan.kv_row, plan.n_col
 
     def by_blocks(x, size):
-        """[B, heads, L, 1] -> [B, heads, L / size, 1, size]: one row of factors per block."""
+        """[B, heads, L, 1] -> [B, heads, L / size, 1, size]: one row per block."""
         return x.reshape(*x.shape[:2], -1, 1, size)
+
+    def factor_sum(x, sums, shape):
+        """Σ_d x_d sums_d as [B, heads, L] reshaped to the factors' block rows `shape` (lane-dense)."""
+        return jnp.sum(x.astype(jnp.float32) * sums, axis=-1).reshape(shape)
 
     def run_forward(q, k, v, qs, ks, p_1, plan):
         """The output, the statistics and (below float32) the output's low half, pallas_kernels.write_forward."""
-        out, *stats = forward(
-            plan.k_first, plan.k_end, plan.k_full, p_1, q, k, v, qs, by_blocks(ks, cfg.block_k), *mask_args(plan)
-        )
+        out, *stats = forward(plan.k_first, plan.k_end, plan.k_full, p_1, q, k, v, qs, ks, *mask_args(plan))
         low = stats.pop() if low_half(cfg) else None
         return out, low, dict(zip(family.stats + family.extras, stats))
 
@@ -182,20 +185,26 @@ def _core(cfg: Static, lowering: Lowering, shapes):
         q, k, v, qs, ks, p_1, plan, out, low, stats = residuals
         out_f32 = out if low is None else out.astype(jnp.float32) + low.astype(jnp.float32)
         rows = _backward_rows(cfg.family, stats, out_f32, dout, p_1)  # D_i from the float32 output, as the reference's
-        ks_blocks = by_blocks(ks, cfg.block_k)
-        dq_sum, *dpow = dq_call(plan.k_first, plan.k_end, plan.k_full, p_1, q, k, v, qs, ks_blocks, *mask_args(plan), dout, *rows)
+        dq_sum, *dpow = dq_call(plan.k_first, plan.k_end, plan.k_full, p_1, q, k, v, qs, ks, *mask_args(plan), dout, *rows)
         dp_1 = jnp.sum(dpow[0]).reshape(1) if cfg.p_grad else None
         rows_t = [by_blocks(x, cfg.block_q) for x in rows]  # [B, H, I, 1, Q]
         dkv_masks = (plan.q_row, plan.kv_col, plan.n_row)
-        qs_t = by_blocks(qs, cfg.block_q)
-        dk_sum, dv = dkv_call(plan.q_first, plan.q_end, plan.q_full, p_1, q, k, v, qs_t, ks, *dkv_masks, dout, *rows_t)
+        dk_sum, dv = dkv_call(plan.q_first, plan.q_end, plan.q_full, p_1, q, k, v, qs, ks, *dkv_masks, dout, *rows_t)
         dq_sum, dk_sum = dq_sum * inv_scale, dk_sum * inv_scale
-        dk, dks = (dk_sum * ks, dot_rows(k, dk_sum)) if cfg.key_scale else (dk_sum, jnp.zeros_like(ks))
-        dq, dqs = dq_sum * qs, dot_rows(q, dq_sum)
+        dq, dqs = dq_sum * qs.reshape(q.shape[:3])[..., None], factor_sum(q, dq_sum, qs.shape)
+        if not cfg.key_scale:
+            return dq.astype(q.dtype), dk_sum.astype(k.dtype), dv.astype(v.dtype), dqs, jnp.zeros_like(ks), dp_1, None
+        dk, dks = dk_sum * ks.reshape(k.shape[:3])[..., None], factor_sum(k, dk_sum, ks.shape)
         return dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype), dqs, dks, dp_1, None
 
     core.defvjp(core_fwd, core_bwd)
     return core
+
+
+def _factor_rows(x_BLH1, size: int):
+    """[B, L, heads, 1] float32 factors -> [B, heads, L / size, 1, size], padding L to whole blocks with 0."""
+    x_BHL = jnp.pad(x_BLH1[..., 0].transpose(0, 2, 1), ((0, 0), (0, 0), (0, -x_BLH1.shape[1] % size)))
+    return x_BHL.reshape(*x_BHL.shape[:2], -1, 1, size)
 
 
 def _run(lowering: Lowering, cfg: Static, block_q, block_k, q_BTHD, k_BSKD, v_BSKD, qs_BTH1, ks_BSK1, p_1, mask: Mask, n_BT):
@@ -207,9 +216,9 @@ def _run(lowering: Lowering, cfg: Static, block_q, block_k, q_BTHD, k_BSKD, v_BS
     plan = pallas_plan.plan(mask, n_BT, q_size, k_size)
     heads_first = lambda x, size: jnp.pad(x.transpose(0, 2, 1, 3), ((0, 0), (0, 0), (0, -x.shape[1] % size), (0, 0)))  # noqa: E731
     q_BHTD, k_BKSD, v_BKSD = heads_first(q_BTHD, q_size), heads_first(k_BSKD, k_size), heads_first(v_BSKD, k_size)
-    qs_BHT1, ks_BKS1 = heads_first(qs_BTH1, q_size), heads_first(ks_BSK1, k_size)
+    qs_BHI1Q, ks_BKJ1C = _factor_rows(qs_BTH1, q_size), _factor_rows(ks_BSK1, k_size)
     shapes = (q_BHTD.shape, (kv_heads, k_BKSD.shape[2]))
-    out_BHTD = _core(cfg, lowering, shapes)(q_BHTD, k_BKSD, v_BKSD, qs_BHT1, ks_BKS1, p_1, plan)
+    out_BHTD = _core(cfg, lowering, shapes)(q_BHTD, k_BKSD, v_BKSD, qs_BHI1Q, ks_BKJ1C, p_1, plan)
     return out_BHTD[:, :, :t].transpose(0, 2, 1, 3)
 
 

@@ -91,9 +91,13 @@ def key_block(cfg: Static, key_rows, q_col):
     keys that no query of the block sees (the row of per-key maxima turned into a column through an
     [8, C] transpose, which every backend lowers)."""
     vis = visible(cfg, *q_col, *key_rows)
-    seen_1C = jnp.max(vis.astype(jnp.float32), axis=0, keepdims=True)
-    seen_C1 = jnp.max(jnp.broadcast_to(seen_1C, (8, seen_1C.shape[1])).T, axis=1, keepdims=True)
-    return vis, seen_C1 > 0
+    return vis, column(jnp.max(vis.astype(jnp.float32), axis=0, keepdims=True)) > 0
+
+
+def column(x_1N):
+    """A [1, N] row as an [N, 1] column, through an [8, N] transpose, which every backend lowers: per-row
+    values travel lane-dense in HBM ([.., 1, N]; a [.., N, 1] float32 array is padded 128x on a TPU)."""
+    return jnp.max(jnp.broadcast_to(x_1N, (8, x_1N.shape[1])).T, axis=1, keepdims=True)
 
 
 def low_half(cfg: Static) -> bool:
@@ -158,7 +162,7 @@ def forward_kernel(
     """One (batch, head, query block): out and the family's statistics, streaming visible key blocks."""
     b, i = pl.program_id(0), pl.program_id(2)
     family = FAMILIES[cfg.family]
-    q, qs = q_ref[...], qs_ref[...]
+    q, qs = q_ref[...], column(qs_ref[...])
     q_col = (qcol_ref[0], qcol_ref[1])
 
     def sweep(init, step, with_values=True):
@@ -206,7 +210,7 @@ def dq_kernel(
     family = FAMILIES[cfg.family]
     row_refs, out_refs = refs[: len(family.rows)], refs[len(family.rows) :]
     rows = {name: ref[...] for name, ref in zip(family.rows, row_refs)}
-    q, qs, dout, ctx = q_ref[...], qs_ref[...], dout_ref[...], kernel_ctx(cfg, n_ref[...], p_ref[0])
+    q, qs, dout, ctx = q_ref[...], column(qs_ref[...]), dout_ref[...], kernel_ctx(cfg, n_ref[...], p_ref[0])
     q_col = (qcol_ref[0], qcol_ref[1])
 
     def body(masked, j, carry):
@@ -256,7 +260,7 @@ def dkv_kernel(
     b, j = pl.program_id(0), pl.program_id(2)
     family = FAMILIES[cfg.family]
     *row_refs, dk_ref, dv_ref = refs
-    k, v, ks = k_ref[...], v_ref[...], ks_ref[...] if cfg.key_scale else None
+    k, v, ks = k_ref[...], v_ref[...], column(ks_ref[...]) if cfg.key_scale else None
     k_col = [kvcol_ref[x] for x in range(3)]  # each [C, 1]
 
     def body(g, masked, i, carry):

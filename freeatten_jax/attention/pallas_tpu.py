@@ -23,6 +23,7 @@ from jax.experimental.pallas import tpu as pltpu
 from freeatten_jax.attention.pallas_kernels import (
     NT,
     Static,
+    column,
     dot,
     kernel_ctx,
     key_block,
@@ -116,7 +117,7 @@ def forward_kernel(
     outputs = 1 + len(family.stats) + len(family.extras) + low_half(cfg)
     out_refs, slots = refs[:outputs], iter(refs[outputs:])
     q, q_col, passes = q_ref[...], (qcol_ref[0], qcol_ref[1]), itertools.count()
-    qs, ks = qs_ref[...], ks_ref[...] if cfg.key_scale else None
+    qs, ks = column(qs_ref[...]), ks_ref[...] if cfg.key_scale else None
 
     def sweep(init, step, with_values=True):
         which = next(passes)
@@ -185,7 +186,7 @@ def dq_kernel(
             vis, seen = key_block(cfg, [kvrow_ref[x] for x in range(3)], (qcol_ref[0], qcol_ref[1]))
             k = jnp.where(seen, k, 0)
         ks = ks_ref[...] if cfg.key_scale else None
-        args = (scaled_scores(q_ref[...], k, qs_ref[...], ks), vis, ctx, rows, dot(dout_ref[...], v_ref[...], NT))
+        args = (scaled_scores(q_ref[...], k, column(qs_ref[...]), ks), vis, ctx, rows, dot(dout_ref[...], v_ref[...], NT))
         _, ds = family.grad(*args)
         acc_refs[0][...] += weighted_dot(cfg.split, ds if ks is None else ds * ks, k)
         if cfg.p_grad:
@@ -236,7 +237,7 @@ def dkv_kernel(
         rows = {name: ref[...] for name, ref in zip(family.rows, row_refs)}  # each [1, Q]
         vis_t = visible(cfg, qrow_ref[0], qrow_ref[1], *[kvcol_ref[x] for x in range(3)]) if masked else None
         ctx = kernel_ctx(cfg, n_ref[...], p_ref[0])
-        s_t = scaled_scores(k_ref[...], q, ks_ref[...] if cfg.key_scale else None, qs)
+        s_t = scaled_scores(k_ref[...], q, column(ks_ref[...]) if cfg.key_scale else None, qs)
         w_t, ds_t = family.grad(s_t, vis_t, ctx, rows, dot(v_ref[...], dout, NT))
         dk_acc[...] += weighted_dot(cfg.split, ds_t * qs, q)
         dv_acc[...] += weighted_dot(cfg.split, w_t, dout)
@@ -280,7 +281,8 @@ def calls(cfg: Static, shapes, interpret: bool):
         pl.BlockSpec((3, None, None, 1, cfg.block_k), lambda b, h, i, t, *s: (0, b, key_index(b, i, t, *s), 0, 0)),
         pl.BlockSpec((None, cfg.block_q, 1), lambda b, h, i, t, *_: (b, i, 0)),
     ]
-    in_specs = [smem, q_spec, kv_spec, kv_spec, row_spec, key_factors, *mask_specs]
+    q_factors = pl.BlockSpec((None, None, None, 1, cfg.block_q), lambda b, h, i, t, *_: (b, h, i, 0, 0))
+    in_specs = [smem, q_spec, kv_spec, kv_spec, q_factors, key_factors, *mask_specs]
     carries = _carry_shapes(cfg, cfg.block_q, d)
     stat_shapes = [jax.ShapeDtypeStruct((b, h, tp, 1), f32)] * len(family.stats)
     out_shape = jax.ShapeDtypeStruct((b, h, tp, d), cfg.dtype)
@@ -324,7 +326,7 @@ def calls(cfg: Static, shapes, interpret: bool):
         (None, None, None, 1, cfg.block_q), lambda b, k, j, t, *s: (b, head(k, t), query_index(b, j, t, *s), 0, 0)
     )
     k_spec = pl.BlockSpec((None, None, cfg.block_k, d), lambda b, k, j, t, *_: (b, k, j, 0))
-    k_column = pl.BlockSpec((None, None, cfg.block_k, 1), lambda b, k, j, t, *_: (b, k, j, 0))
+    k_factors = pl.BlockSpec((None, None, None, 1, cfg.block_k), lambda b, k, j, t, *_: (b, k, j, 0, 0))
     dkv_mask_specs = [
         pl.BlockSpec((2, None, None, 1, cfg.block_q), lambda b, k, j, t, *s: (0, b, query_index(b, j, t, *s), 0, 0)),
         pl.BlockSpec((3, None, cfg.block_k, 1), lambda b, k, j, t, *_: (0, b, j, 0)),
@@ -335,7 +337,7 @@ def calls(cfg: Static, shapes, interpret: bool):
         grid_spec=pltpu.PrefetchScalarGridSpec(
             num_scalar_prefetch=3,
             grid=(b, kv_heads, k_blocks, g * q_blocks),
-            in_specs=[smem, group_spec, k_spec, k_spec, group_rows, k_column, *dkv_mask_specs, group_spec]
+            in_specs=[smem, group_spec, k_spec, k_spec, group_rows, k_factors, *dkv_mask_specs, group_spec]
             + [group_rows] * len(family.rows),
             out_specs=[k_spec, k_spec],
             scratch_shapes=[pltpu.VMEM((cfg.block_k, d), f32)] * 2,
