@@ -271,9 +271,10 @@ def attend(
     block_q, block_k: block lengths (default: the platform's LOWERINGS entry). interpret=True: run
     the GPU kernels in Pallas interpret mode on any platform (CPU always uses it); "tpu": the TPU ones.
     split_matmuls: the float32 weights and score gradients enter their bfloat16 matmuls as two halves
-    (pallas_kernels.weighted_dot): outputs and gradients as exact as the reference's, for 1.3-1.5x the
-    matmuls; None: on for every variant but softmax and ssmax, whose kernels are bound by the matmuls (for the
-    others they hide behind the per-score math). batch_axes, head_axes:
+    (pallas_kernels.weighted_dot), and the output's low half is kept for the backward: outputs and gradients
+    as exact as the reference's, for 1.3-1.5x the matmuls and a second bfloat16 output; None: on for every
+    variant but softmax and ssmax, whose kernels are bound by the matmuls (for the others they hide behind the
+    per-score math). batch_axes, head_axes:
     the ambient mesh's axes that shard the batch and the heads (the kernels run per shard). Keys no
     query sees are zeroed first (hide_unseen, as in blockwise); a dense `mask` is refused (the
     kernels read only the structured mask fields)."""

@@ -101,8 +101,9 @@ def column(x_1N):
 
 
 def low_half(cfg: Static) -> bool:
-    """Whether the forward also writes the output's low half (below float32, the residual that keeps D_i exact)."""
-    return jnp.dtype(cfg.dtype) != jnp.float32
+    """Whether the forward also writes the output's low half, the residual that keeps D_i exact: below float32,
+    with split matmuls (the other half of the kernels' exactness; softmax keeps FlashAttention's memory)."""
+    return cfg.split and jnp.dtype(cfg.dtype) != jnp.float32
 
 
 def write_forward(cfg: Static, family, out_refs, out, stats):
