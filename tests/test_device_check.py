@@ -54,11 +54,13 @@ def test_tiny_mode_runs_end_to_end_without_the_packages_the_device_lacks(tmp_pat
     assert list(summary) == list(_module("device_check").STEP_LIMITS)
 
     failed = [row[0] for row in tables["correctness"] if row[-1] == "FAIL"]
-    for variant, out, grads, ref_out, ref_grads, ok in tables["correctness"]:
-        rule = float(out) <= 2 * float(ref_out) + 2**-8 and float(grads) <= 2 * float(ref_grads) + 2**-8
+    numbers = lambda cell: [float(x) for x in cell.split(",")]  # noqa: E731
+    for variant, _, ratios, split_ratios, ref_errors, _, ok in tables["correctness"]:
+        rule = max(numbers(ratios if split_ratios == "(default)" else split_ratios)) <= 1.5
         assert ok == ("ok" if rule else "FAIL"), variant
+        assert min(numbers(ratios)) > 0.5 and max(numbers(ref_errors)) < 1e-2, variant  # errors measured, none zero
     assert [row[0] for row in tables["correctness"]] == ["softmax", "lssar"]
-    assert "softmax" not in failed and float(tables["correctness"][0][1]) < 1e-2
+    assert "softmax" not in failed and tables["correctness"][0][5]  # cuDNN's (here XLA's) errors beside softmax
     assert summary == {**dict.fromkeys(summary, 0), "correctness": int(bool(failed))}, result.stdout[-3000:]
     assert result.returncode == max(summary.values())
 
