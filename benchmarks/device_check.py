@@ -6,10 +6,11 @@
 Each step runs in its own process under its own limit (STEP_LIMITS, 420 s together, so the whole check
 ends within 8 minutes by construction): the environment; correctness at T=2048 and 8192, D=128, bf16,
 default blocks, each variant's error in values and gradients over the bf16 reference's own (cuDNN's
-beside softmax's); every variant's Pallas row beside cuDNN softmax; packed documents against cuDNN given the same documents as a batch; the block-size sweep whose
-fastest blocks fill the GPU block table; the kernel tests on the compiled kernels. Writes
-$OUT/device_check.md (the summary, then each step's table) when $OUT is set. Needs only the standard
-library here; the steps need jax, numpy and pytest (no grain, ml_collections, tokenizers, matplotlib).
+beside softmax's); every variant's Pallas row beside cuDNN softmax; packed documents against cuDNN given
+the same documents as a batch; the block-size sweep whose fastest blocks fill the GPU block table; the
+kernel tests on the compiled kernels. Writes $OUT/device_check.md (the summary, then each step's table)
+when $OUT is set. Needs only the standard library here; the steps need jax, numpy and pytest (no grain,
+ml_collections, tokenizers, matplotlib).
 """
 
 import argparse
