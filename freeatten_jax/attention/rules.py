@@ -24,6 +24,7 @@ def mul_add(a, b, c):
 
 
 def reciprocal(x):
+    """1 / x (an IEEE division where nothing faster is asked for)."""
     return 1.0 / x
 
 
