@@ -195,6 +195,13 @@ MUTANTS = [
         ("tests/test_degenerate.py", "-k", "base_2"),
     ),
     Mutant(
+        "TPU kernels: log2(1 + t) without its small-t series",
+        RULES_PY,
+        "jnp.where(t < 2.0**-6, (t * LOG2E)",
+        "jnp.where(t < 0.0, (t * LOG2E)",
+        ("tests/test_degenerate.py", "-k", "base_2"),
+    ),
+    Mutant(
         "pallas: weights and ds rounded to bfloat16 once for every variant",
         "freeatten_jax/attention/pallas.py",
         'split = kind != "softmax" if split_matmuls is None else bool(split_matmuls)',

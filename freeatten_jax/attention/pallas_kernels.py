@@ -19,7 +19,7 @@ import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
-from freeatten_jax.attention.rules import FAMILIES, Ctx, forward
+from freeatten_jax.attention.rules import FAMILIES, Ctx, forward, log2_1p, log2_1p_eup
 
 NT = (((1,), (1,)), ((), ()))  # a [M, D] x b [N, D] -> [M, N]
 NN = (((1,), (0,)), ((), ()))  # a [M, N] x b [N, D] -> [M, D]
@@ -68,6 +68,7 @@ class Static(NamedTuple):
     key_scale: bool  # the scores carry a per-key factor b_j (LSSA, LSSAR); the per-query a_i always
     split: bool  # the weights and ds enter their matmuls as two halves (weighted_dot)
     ptx: bool = False  # a CUDA compile: fused multiply-adds as inline PTX (fma_ptx)
+    eup_log: bool = False  # the TPU kernels: log2(1 + t) by the transcendental unit (rules.log2_1p_eup)
 
 
 def visible(cfg: Static, q_pos, q_seg, k_pos, k_seg, k_valid):
@@ -140,7 +141,8 @@ def rcp_ptx(x):
 
 def kernel_ctx(cfg: Static, n, p):
     pv = functools.partial(weighted_dot, cfg.split)
-    fast = dict(fma=fma_ptx, rcp=rcp_ptx) if cfg.ptx else {}
+    fast = dict(log2_1p=functools.partial(log2_1p, fma=fma_ptx), rcp=rcp_ptx) if cfg.ptx else {}
+    fast |= dict(log2_1p=log2_1p_eup) if cfg.eup_log else {}
     return Ctx(n=n, p=p, static_power=cfg.static_power, weight=cfg.weight, pv=pv, **fast)
 
 

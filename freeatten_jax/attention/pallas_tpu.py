@@ -254,6 +254,7 @@ def dkv_kernel(
 def calls(cfg: Static, shapes, interpret: bool):
     """The three pallas_calls (forward, dq, dkv) for arrays of the given padded shapes, with the same
     arguments as pallas.py's GPU calls (the three span arrays first, as scalar prefetch)."""
+    cfg = cfg._replace(eup_log=True)
     (b, h, tp, d), (kv_heads, sp) = shapes
     q_blocks, k_blocks, g = tp // cfg.block_q, sp // cfg.block_k, cfg.kv_groups
     family, f32 = FAMILIES[cfg.family], jnp.float32

@@ -36,7 +36,7 @@ class Ctx(NamedTuple):
     static_power: int | None  # p when a known whole number (an exact integer power)
     weight: Callable | None  # the variant's elementwise weight(s, n), for the "none" family
     pv: Callable  # pv(w, v) = Σ_j w_ij v_j in float32, in the caller's layout
-    fma: Callable = mul_add  # fma(a, b, c) = a * b + c, elementwise (a fused instruction where one must be asked for)
+    log2_1p: Callable | None = None  # log2(1 + t) for t in [0, 1] (None: log2_1p, the polynomial)
     rcp: Callable = reciprocal  # 1 / x, elementwise (the hardware's reciprocal where an IEEE division is slow)
 
 
@@ -93,11 +93,11 @@ LOG2_1P = (
 )
 
 
-def softplus_and_sigmoid(s2, fma=mul_add, rcp=reciprocal):
+def softplus_and_sigmoid(s2, log2_1p_fn=None, rcp=reciprocal):
     """softplus in base 2, log2(1 + 2^s2) = softplus(s) / ln 2 for s2 = s log2 e, and sigmoid(s), sharing one
     exp2 of -|s2|: max(s2, 0) + log2(1 + t) with t = 2^-|s2| in (0, 1], accurate down to t = 2^-126."""
     t = jnp.exp2(-jnp.abs(s2))
-    return jnp.maximum(s2, 0.0) + log2_1p(t, fma), jnp.where(s2 >= 0, 1.0, t) * rcp(1.0 + t)
+    return jnp.maximum(s2, 0.0) + (log2_1p_fn or log2_1p)(t), jnp.where(s2 >= 0, 1.0, t) * rcp(1.0 + t)
 
 
 def log2_1p(t, fma=mul_add):
@@ -106,6 +106,12 @@ def log2_1p(t, fma=mul_add):
     for c in LOG2_1P[2:]:
         acc = fma(acc, t, c)
     return acc * t
+
+
+def log2_1p_eup(t):
+    """log2(1 + t) for t in [0, 1] by the hardware log, where it is one transcendental-unit op (a TPU's vlog2; the
+    polynomial's nine VPU ops cost more there), with a 3-term series below 2^-6 for small t."""
+    return jnp.where(t < 2.0**-6, (t * LOG2E) * (1.0 - t * (0.5 - t * (1.0 / 3.0))), jnp.log2(1.0 + t))
 
 
 def power_minus_one(y, ctx: Ctx):
@@ -167,7 +173,7 @@ def _softmax_grad(s, vis, ctx, rows, dp):
 def _sum_step(carry, s, vis, v, ctx, rows):
     """u = softplus(s) >= 0 grows at most linearly in a bounded score: no running max, no rescale."""
     z, acc = carry
-    u = _keep(vis, softplus_and_sigmoid(s, ctx.fma, ctx.rcp)[0], 0.0)
+    u = _keep(vis, softplus_and_sigmoid(s, ctx.log2_1p, ctx.rcp)[0], 0.0)
     return z + _row_sum(u), acc + ctx.pv(u, v)
 
 
@@ -178,7 +184,7 @@ def _sum_finish(carry, ctx):
 
 
 def _sum_grad(s, vis, ctx, rows, dp):
-    u, slope = softplus_and_sigmoid(s, ctx.fma, ctx.rcp)
+    u, slope = softplus_and_sigmoid(s, ctx.log2_1p, ctx.rcp)
     return _keep(vis, u * rows["inv_z"], 0.0), _keep(vis, (dp - rows["d"]) * (slope * (LOG2E * rows["inv_z"])), 0.0)
 
 
@@ -213,7 +219,7 @@ def _none_grad(s, vis, ctx, rows, dp):
 def _reweight_terms(s, vis, ctx, rows):
     """sigmoid(s), whether each score counts, ρ^(p-1) there (1 on a flat row, 0 where it does not count) and
     r = ρ^p (ρ on a flat row), each before the row normalisation."""
-    u, slope = softplus_and_sigmoid(s, ctx.fma, ctx.rcp)
+    u, slope = softplus_and_sigmoid(s, ctx.log2_1p, ctx.rcp)
     active = u > rows["thr"] if vis is None else vis & (u > rows["thr"])
     rho = jnp.where(active, (u - rows["thr"]) * rows["alpha"], 1.0)
     rho_pm1 = jnp.where(active, jnp.where(rows["sharp"] > 0, power_minus_one(rho, ctx), 1.0), 0.0)
@@ -222,7 +228,7 @@ def _reweight_terms(s, vis, ctx, rows):
 
 def _reweight_step1(carry, s, vis, v, ctx, rows):
     z, u_max = carry
-    u = _keep(vis, softplus_and_sigmoid(s, ctx.fma, ctx.rcp)[0], 0.0)
+    u = _keep(vis, softplus_and_sigmoid(s, ctx.log2_1p, ctx.rcp)[0], 0.0)
     return z + _row_sum(u), jnp.maximum(u_max, _row_max(u))
 
 
