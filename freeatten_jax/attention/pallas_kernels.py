@@ -155,7 +155,8 @@ def sweep_spans(first, end, full, masked, interior, carry):
 
 
 def key_factor(cfg: Static, ks_ref, index):
-    """Key block `index`'s factors b_j ([1, C], or [C, 1] key-major), or None without a key factor."""
+    """Key block `index`'s factors b_j as a [1, C] row (index `...`: the block a TPU grid step holds), or None
+    without a key factor."""
     return ks_ref[index] if cfg.key_scale else None
 
 

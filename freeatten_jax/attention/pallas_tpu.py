@@ -27,6 +27,7 @@ from freeatten_jax.attention.pallas_kernels import (
     dot,
     kernel_ctx,
     key_block,
+    key_factor,
     low_half,
     scaled_scores,
     visible,
@@ -117,7 +118,7 @@ def forward_kernel(
     outputs = 1 + len(family.stats) + len(family.extras) + low_half(cfg)
     out_refs, slots = refs[:outputs], iter(refs[outputs:])
     q, q_col, passes = q_ref[...], (qcol_ref[0], qcol_ref[1]), itertools.count()
-    qs, ks = column(qs_ref[...]), ks_ref[...] if cfg.key_scale else None
+    qs, ks = column(qs_ref[...]), key_factor(cfg, ks_ref, ...)
 
     def sweep(init, step, with_values=True):
         which = next(passes)
@@ -185,7 +186,7 @@ def dq_kernel(
         if masked:
             vis, seen = key_block(cfg, [kvrow_ref[x] for x in range(3)], (qcol_ref[0], qcol_ref[1]))
             k = jnp.where(seen, k, 0)
-        ks = ks_ref[...] if cfg.key_scale else None
+        ks = key_factor(cfg, ks_ref, ...)
         args = (scaled_scores(q_ref[...], k, column(qs_ref[...]), ks), vis, ctx, rows, dot(dout_ref[...], v_ref[...], NT))
         _, ds = family.grad(*args)
         acc_refs[0][...] += weighted_dot(cfg.split, ds if ks is None else ds * ks, k)

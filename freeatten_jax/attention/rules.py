@@ -28,6 +28,36 @@ def reciprocal(x):
     return 1.0 / x
 
 
+# log2(1 + t) / t on [0, 1], highest degree first: a least-squares fit at Chebyshev nodes. t·P(t) in float32
+# Horner has relative error < 2e-7 for every t in [0, 1] (tests/test_degenerate.py), with FMAs only: no log
+# (libdevice's log2f is ~20 FP32 instructions on a GPU), no branch for small t.
+LOG2_1P = (
+    0.007579170033664805,
+    -0.04268733110468889,
+    0.1130522317371463,
+    -0.1972854490107223,
+    0.275719787232146,
+    -0.35842852801670605,
+    0.48069548098852677,
+    -0.7213403292569158,
+    1.4426949983965531,
+)
+
+
+def log2_1p(t, fma=mul_add):
+    """log2(1 + t) for t in [0, 1] as t·P(t) (LOG2_1P), in Horner's form: one fma per coefficient."""
+    acc = fma(t, LOG2_1P[0], LOG2_1P[1])
+    for c in LOG2_1P[2:]:
+        acc = fma(acc, t, c)
+    return acc * t
+
+
+def log2_1p_eup(t):
+    """log2(1 + t) for t in [0, 1] by the hardware log, where it is one transcendental-unit op (a TPU's vlog2; the
+    polynomial's nine VPU ops cost more there), with a 3-term series below 2^-6 for small t."""
+    return jnp.where(t < 2.0**-6, (t * LOG2E) * (1.0 - t * (0.5 - t * (1.0 / 3.0))), jnp.log2(1.0 + t))
+
+
 class Ctx(NamedTuple):
     """What a family sees of the current query block besides its scores."""
 
@@ -36,7 +66,7 @@ class Ctx(NamedTuple):
     static_power: int | None  # p when a known whole number (an exact integer power)
     weight: Callable | None  # the variant's elementwise weight(s, n), for the "none" family
     pv: Callable  # pv(w, v) = Σ_j w_ij v_j in float32, in the caller's layout
-    log2_1p: Callable | None = None  # log2(1 + t) for t in [0, 1] (None: log2_1p, the polynomial)
+    log2_1p: Callable = log2_1p  # log2(1 + t) for t in [0, 1] (a kernel may take the hardware's log instead)
     rcp: Callable = reciprocal  # 1 / x, elementwise (the hardware's reciprocal where an IEEE division is slow)
 
 
@@ -77,41 +107,11 @@ def forward(family: Family, sweep: Callable, ctx: Ctx):
     return out, rows
 
 
-# log2(1 + t) / t on [0, 1], highest degree first: a least-squares fit at Chebyshev nodes. t·P(t) in float32
-# Horner has relative error < 2e-7 for every t in [0, 1] (tests/test_degenerate.py), with FMAs only: no log
-# (libdevice's log2f is ~20 FP32 instructions on a GPU), no branch for small t.
-LOG2_1P = (
-    0.007579170033664805,
-    -0.04268733110468889,
-    0.1130522317371463,
-    -0.1972854490107223,
-    0.275719787232146,
-    -0.35842852801670605,
-    0.48069548098852677,
-    -0.7213403292569158,
-    1.4426949983965531,
-)
-
-
-def softplus_and_sigmoid(s2, log2_1p_fn=None, rcp=reciprocal):
+def softplus_and_sigmoid(s2, log2_1p_fn=log2_1p, rcp=reciprocal):
     """softplus in base 2, log2(1 + 2^s2) = softplus(s) / ln 2 for s2 = s log2 e, and sigmoid(s), sharing one
     exp2 of -|s2|: max(s2, 0) + log2(1 + t) with t = 2^-|s2| in (0, 1], accurate down to t = 2^-126."""
     t = jnp.exp2(-jnp.abs(s2))
-    return jnp.maximum(s2, 0.0) + (log2_1p_fn or log2_1p)(t), jnp.where(s2 >= 0, 1.0, t) * rcp(1.0 + t)
-
-
-def log2_1p(t, fma=mul_add):
-    """log2(1 + t) for t in [0, 1] as t·P(t) (LOG2_1P), in Horner's form: one fma per coefficient."""
-    acc = fma(t, LOG2_1P[0], LOG2_1P[1])
-    for c in LOG2_1P[2:]:
-        acc = fma(acc, t, c)
-    return acc * t
-
-
-def log2_1p_eup(t):
-    """log2(1 + t) for t in [0, 1] by the hardware log, where it is one transcendental-unit op (a TPU's vlog2; the
-    polynomial's nine VPU ops cost more there), with a 3-term series below 2^-6 for small t."""
-    return jnp.where(t < 2.0**-6, (t * LOG2E) * (1.0 - t * (0.5 - t * (1.0 / 3.0))), jnp.log2(1.0 + t))
+    return jnp.maximum(s2, 0.0) + log2_1p_fn(t), jnp.where(s2 >= 0, 1.0, t) * rcp(1.0 + t)
 
 
 def power_minus_one(y, ctx: Ctx):
