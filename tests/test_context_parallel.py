@@ -7,6 +7,7 @@ Tolerances and comparison from tests/helpers.py: 1e-4 of the largest reference v
 
 import functools
 import math
+import re
 
 import jax
 import jax.numpy as jnp
@@ -55,6 +56,12 @@ def _scenario(name):
         q, k, v, g = inputs(key(name), 2, 16, 16, 4, 2, 8, jnp.bfloat16)
         axes = dict(batch_axis="data", head_axis="tensor")
         return _mesh(data=2, context=2, tensor=2), axes, q, k, v, g, True, dict(q_segment_ids=jnp.array([0] * 4 + [1] * 12))
+    if name == "data2_context4_packed_padded_gqa":  # batch over data; segments cross device boundaries, padding
+        q, k, v, g = inputs(key(name), 2, 32, 32, 4, 2, 8)
+        segments = jnp.array([[0] * 5 + [1] * 11 + [2] * 16, [0] * 24 + [1] * 8])
+        kv_mask = jnp.array([[True] * 30 + [False] * 2, [True] * 20 + [False] * 12])
+        axes = dict(batch_axis="data")
+        return _mesh(data=2, context=4), axes, q, k, v, g, True, dict(q_segment_ids=segments, kv_mask=kv_mask)
     raise ValueError(name)
 
 
@@ -98,6 +105,58 @@ def test_matches_reference(scenario, variant, strategy):
     for name, got, want in zip(["dq", "dk", "dv", "params"], grads, grads_ref):
         for (path, leaf), leaf_ref in zip(jax.tree_util.tree_leaves_with_path(got), jax.tree.leaves(want)):
             assert_close(leaf, leaf_ref, tolerance, f"{name}{jax.tree_util.keystr(path)}")
+
+
+def _kernel_names(fn, *args) -> set[str]:
+    """The names of the Pallas kernels that fn's jaxpr calls (inside shard_map and the ring's loops included)."""
+    return set(re.findall(r"name=(freeatten_\w+)", str(jax.make_jaxpr(fn)(*args))))
+
+
+KERNEL_CASES = [
+    *[("data2_context4_packed_padded_gqa", variant, True) for variant in ALL],
+    ("data2_context4_packed_padded_gqa", "lssar", "tpu"),
+    ("data2_context4_packed_padded_gqa", "softmax", "tpu"),
+    ("context2_bidirectional_window_positions_mqa", "lssar", True),
+    ("context8_kv_cache_offset", "ssmax", True),
+]
+
+
+@pytest.mark.parametrize("scenario, variant, interpret", KERNEL_CASES)
+def test_kernel_ring_matches_reference(scenario, variant, interpret):
+    """implementation="pallas": every ring step runs the kernels (interpret mode; True the GPU ones, "tpu" the
+    TPU ones), forward passes and backward, and the result equals the reference, values and gradients. A ring
+    step that fell back to the blockwise rules would call no kernel."""
+    mesh, axes, q, k, v, g, causal, mask_options = _scenario(scenario)
+    params = variant_params(variant, q.shape[2])
+    options = dict(variant=variant, causal=causal, **mask_options)
+    split = functools.partial(
+        context_parallel.context_parallel_attend, mesh=mesh, axis_name="context", implementation="pallas", **axes, **options
+    )
+    split = functools.partial(split, interpret=interpret, block_q=8, block_k=8)
+    whole = functools.partial(attention.attend, implementation="reference", **options)
+    attend = lambda q, k, v, p: split(q, k, v, **p)  # noqa: E731
+    names = _kernel_names(lambda *a: jax.vjp(attend, *a)[1](g), q, k, v, params)
+    family = attention.get_variant(variant).normalise
+    passes = {f"freeatten_{family}_pass{which}" for which in range(2 if family == "reweight" else 1)}
+    assert names == passes | {f"freeatten_{family}_dq", f"freeatten_{family}_dkv"}
+    (out, grads), (out_ref, grads_ref) = (
+        _value_and_grads(lambda q, k, v, p, f=f: f(q, k, v, **p), q, k, v, g, params) for f in (split, whole)
+    )
+    assert_close(out, out_ref, TOLERANCE[q.dtype.type], "output")
+    for name, got, want in zip(["dq", "dk", "dv", "params"], grads, grads_ref):
+        for (path, leaf), leaf_ref in zip(jax.tree_util.tree_leaves_with_path(got), jax.tree.leaves(want)):
+            assert_close(leaf, leaf_ref, TOLERANCE[q.dtype.type], f"{name}{jax.tree_util.keystr(path)}")
+
+
+def test_auto_rings_the_kernels_on_accelerators_only():
+    """implementation="auto" traces the kernels for CUDA and TPU but lowers the blockwise rules on CPU; "pallas"
+    lowers the kernels there too (interpret mode; their names stay in the lowered module's locations)."""
+    mesh, axes, q, k, v, g, causal, mask_options = _scenario("data2_context4_packed_padded_gqa")
+    split = functools.partial(context_parallel.context_parallel_attend, mesh=mesh, axis_name="context", variant="lssa", **axes)
+    lowered = {impl: jax.jit(functools.partial(split, implementation=impl)).lower(q, k, v) for impl in ("auto", "pallas")}
+    assert _kernel_names(split, q, k, v) == {"freeatten_sum_pass0"}  # platform_dependent holds every platform's branch
+    assert "freeatten_sum_pass0" not in lowered["auto"].as_text(debug_info=True)
+    assert "freeatten_sum_pass0" in lowered["pallas"].as_text(debug_info=True)
 
 
 @pytest.mark.parametrize("variant, extra", [("lssa", {}), ("softmax", {"scale": 0.3})], ids=["lssa", "softmax_scale"])
@@ -167,7 +226,11 @@ def test_bad_arguments_raise_one_line_errors():
     with pytest.raises(ValueError, match="unknown strategy 'scatter'"):
         call(axis_name="context", strategy="scatter")
     with pytest.raises(ValueError, match="unknown option"):
-        call(axis_name="context", implementation="reference")
+        call(axis_name="context", block_size=8)
+    with pytest.raises(ValueError, match="unknown implementation 'cudnn'"):
+        call(axis_name="context", implementation="cudnn")
+    with pytest.raises(ValueError, match="interpret must be False, True"):
+        call(axis_name="context", interpret="gpu")
     with pytest.raises(ValueError, match="does not support a dense mask"):
         call(axis_name="context", mask=jnp.ones((1, 1, 20, 20), bool))
 

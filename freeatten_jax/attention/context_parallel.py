@@ -3,10 +3,11 @@
 Glossary: B batch, T queries, S keys, H heads, K kv heads, D head dim, n the context axis size, c = T / 2n
 (a zig-zag chunk). Three steps: (1) N_i of each device's queries over every key, from the key-side mask
 arrays all-gathered (int32/bool, B·S each: tiny next to K/V), and which keys some query sees (the others'
-keys and values are zeroed before any arithmetic, docs/method.md §8, as in blockwise); (2) `variant.prepare` on the
-sharded arrays outside shard_map, so autodiff carries SSMax's s, b gradients as in blockwise; (3) in shard_map:
-reorder the sequence to zig-zag (device d holds chunks d and 2n-1-d, so every device does the same
-causal work), ring attention (ring.py), and back to the natural order.
+keys and values are zeroed before any arithmetic, docs/method.md §8, as in blockwise); (2) the variant's factors
+of the scores (`variant.scales`) on the sharded arrays outside shard_map, so autodiff carries SSMax's s, b
+gradients as elsewhere; (3) in shard_map: reorder the sequence to zig-zag (device d holds chunks d and 2n-1-d,
+so every device does the same causal work), ring attention (the Pallas kernels, ring_kernels.py, or the
+blockwise rules, ring.py), and back to the natural order.
 """
 
 import dataclasses
@@ -16,10 +17,12 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 
-from freeatten_jax.attention import arguments, blockwise, ring
+from freeatten_jax.attention import arguments, blockwise, pallas, ring, ring_kernels
 from freeatten_jax.attention.variants import hide_unseen
 
 STRATEGIES = ("ring", "gather")
+# attend's implementation names -> what a ring step runs (the reference has no ring form: blockwise rules)
+IMPLEMENTATIONS = {"auto": "auto", "pallas": "pallas", "blockwise": "blockwise", "reference": "blockwise"}
 
 
 def _holder(chunk: int, size: int) -> int:
@@ -60,23 +63,42 @@ def _count_visible(mask, *, axis_name: str, block_k: int):
     return n_BHT, seen_BHS
 
 
-def _ring_attend(qp_BTHD, kp_BSKD, v_BSKD, mask, n_BHT, *, core, axis_name: str, size: int, blocks, gather: bool):
-    """Inside shard_map: to zig-zag, ring attention over the local blocks, back to the natural order.
-
-    gather: all-gather K/V (autodiff reduce-scatters dK/dV) and run a ring of one step instead."""
-    zigzag = functools.partial(to_zigzag, axis_name=axis_name, size=size)
-    qp_BTHD, kp_BSKD, v_BSKD, mask = jax.tree.map(zigzag, (qp_BTHD, kp_BSKD, v_BSKD, mask))
-    context = ring.Ring.around(mask, zigzag(n_BHT, axis=2), axis_name, size)
-    (b, t, h, d), kv_heads = qp_BTHD.shape, kp_BSKD.shape[2]
-    if gather:
-        kp_BSKD, v_BSKD = (jax.lax.all_gather(x, axis_name, axis=1, tiled=True) for x in (kp_BSKD, v_BSKD))
-        kv_masks = tuple(x.transpose(1, 0, 2).reshape(1, b, -1) for x in context.kv_masks)  # one chunk: all keys
-        context = dataclasses.replace(context, size=1, kv_masks=kv_masks)
+def _blockwise_ring(q_BTHD, k_BSKD, v_BSKD, qs_BTH1, ks_BSK1, p_1, context, *, core, blocks, key_scale: bool):
+    """This device's output by the blockwise rules round the ring (ring.py), the factors folded into q and k."""
+    (b, t, h, d), kv_heads = q_BTHD.shape, k_BSKD.shape[2]
+    qp_BTHD, kp_BSKD = q_BTHD.astype(jnp.float32) * qs_BTH1, k_BSKD * ks_BSK1 if key_scale else k_BSKD
     q_IBKGQD = blockwise.query_blocks(qp_BTHD, blocks[0], kv_heads)
     kt_JBKDC = blockwise.swap_last(blockwise.key_blocks(kp_BSKD, blocks[1]))
     out_IBKGQD = core(q_IBKGQD, kt_JBKDC, blockwise.key_blocks(v_BSKD, blocks[1]), context)
-    out_BTHD = out_IBKGQD.transpose(1, 0, 4, 2, 3, 5).reshape(b, -1, h, d)[:, :t]
-    return from_zigzag(out_BTHD, axis_name, size)
+    return out_IBKGQD.transpose(1, 0, 4, 2, 3, 5).reshape(b, -1, h, d)[:, :t].astype(q_BTHD.dtype)
+
+
+def _ring_attend(q_BTHD, k_BSKD, v_BSKD, qs_BTH1, ks_BSK1, p_1, mask, n_BHT, *, run, axis_name: str, size: int, gather: bool):
+    """Inside shard_map: to zig-zag, `run` round the ring (the kernels or the blockwise rules), back to the
+    natural order. gather: all-gather K/V (autodiff reduce-scatters dK/dV) and run a ring of one step instead."""
+    zigzag = functools.partial(to_zigzag, axis_name=axis_name, size=size)
+    q_BTHD, k_BSKD, v_BSKD, qs_BTH1, ks_BSK1, mask = jax.tree.map(zigzag, (q_BTHD, k_BSKD, v_BSKD, qs_BTH1, ks_BSK1, mask))
+    context = ring.Ring.around(mask, zigzag(n_BHT, axis=2), axis_name, size)
+    if gather:
+        b = q_BTHD.shape[0]
+        k_BSKD, v_BSKD, ks_BSK1 = (jax.lax.all_gather(x, axis_name, axis=1, tiled=True) for x in (k_BSKD, v_BSKD, ks_BSK1))
+        kv_masks = tuple(x.transpose(1, 0, 2).reshape(1, b, -1) for x in context.kv_masks)  # one chunk: all keys
+        context = dataclasses.replace(context, size=1, kv_masks=kv_masks)
+    return from_zigzag(run(q_BTHD, k_BSKD, v_BSKD, qs_BTH1, ks_BSK1, p_1, context), axis_name, size)
+
+
+def _runs(spec, opts, cfg, implementation: str, interpret, blocks, kernel_blocks):
+    """The per-device ring `run` for the implementation: the kernels of the platform it runs on (Triton on CUDA,
+    Mosaic on TPU; "auto": the blockwise rules on CPU, "pallas": interpret mode there), or the blockwise rules."""
+    core = blockwise.make_core(spec, opts, ring.forward, ring.backward)
+    rules = functools.partial(_blockwise_ring, core=core, blocks=blocks, key_scale=cfg.key_scale)
+    if implementation == "blockwise":
+        return rules
+    kernels = lambda name: functools.partial(ring_kernels.attend, pallas.LOWERINGS[name], cfg, *kernel_blocks)  # noqa: E731
+    if interpret:
+        return kernels(pallas.INTERPRETED[interpret])
+    on_cpu = kernels("interpret") if implementation == "pallas" else rules
+    return lambda *args: jax.lax.platform_dependent(*args, cuda=kernels("cuda"), tpu=kernels("tpu"), cpu=on_cpu)
 
 
 def context_parallel_attend(
@@ -93,16 +115,22 @@ def context_parallel_attend(
     head_axis=None,
     block_q=None,
     block_k=None,
+    implementation: str = "auto",
+    interpret=False,
+    split_matmuls=None,
     **options,
 ) -> jax.Array:
     """`attend(q, k, v, ...)` for q, k, v sharded along the sequence over mesh axis `axis_name`.
 
     strategy: "ring" passes K/V chunks round the axis (O(S/n) K/V per device); "gather" all-gathers them
     (O(S) K/V per device, one collective: worth it when K/V are small, e.g. GQA with few kv heads).
-    batch_axis, head_axis: the mesh axes (or None) that shard the batch and the heads. options: attend's
-    variant and mask options. block_q, block_k: the per-device block lengths (default blockwise.BLOCKS).
-    q_len and kv_len must be multiples of 2n (zig-zag chunks): pad and hide the padding with kv_mask.
-    A dense `mask` is not supported (it would need its [T, S] tiles sent round the ring).
+    implementation: what each ring step runs: "pallas" the fused kernels of the platform (Triton on CUDA,
+    Mosaic on TPU, interpret mode on CPU), "auto" the kernels on accelerators and the blockwise rules on CPU,
+    "blockwise" (or "reference", which has no ring form) the blockwise rules; interpret and split_matmuls as
+    in implementation "pallas". batch_axis, head_axis: the mesh axes (or None) that shard the batch and the
+    heads. options: attend's variant and mask options. block_q, block_k: the per-device block lengths
+    (default: the implementation's). q_len and kv_len must be multiples of 2n (zig-zag chunks): pad and hide
+    the padding with kv_mask. A dense `mask` is not supported (it would need its [T, S] tiles sent round the ring).
     """
     spec, mask, opts, rest = arguments.parse(q, k, v, variant, causal, dict(options))
     if rest:
@@ -116,6 +144,10 @@ def context_parallel_attend(
         raise ValueError(f"axis_name {axis_name!r} is not an axis of the mesh {dict(mesh.shape)}")
     if strategy not in STRATEGIES:
         raise ValueError(f"unknown strategy {strategy!r}; valid: {', '.join(STRATEGIES)}")
+    if implementation not in IMPLEMENTATIONS:
+        raise ValueError(f"unknown implementation {implementation!r}; valid: {', '.join(IMPLEMENTATIONS)}")
+    if interpret and interpret not in pallas.INTERPRETED:
+        raise ValueError(f"interpret must be False, True (the GPU kernels) or 'tpu' (the TPU kernels), got {interpret!r}")
     size = mesh.shape[axis_name]
     for name, length in (("q_len", q.shape[1]), ("kv_len", k.shape[1])):
         if length % (2 * size):
@@ -133,10 +165,9 @@ def context_parallel_attend(
     count = functools.partial(_count_visible, axis_name=axis_name, block_k=blocks[1])
     n_BHT, seen_BHS = shard(count, in_specs=(rows,), out_specs=(counts, counts))(mask)
     k, v = hide_unseen(k, v, seen_BHS)  # docs/method.md §8: NaN/Inf in keys no query sees reach nothing
-    qp_BTHD, kp_BSKD = spec.prepare(q, k, n_BHT, opts)
-
-    core = blockwise.make_core(spec, opts, ring.forward, ring.backward)
-    local = functools.partial(_ring_attend, core=core, axis_name=axis_name, size=size, blocks=blocks, gather=strategy == "gather")
-    local = shard(local, in_specs=(tokens, tokens, tokens, rows, counts), out_specs=tokens)
-    out_BTHD = local(qp_BTHD, kp_BSKD, v, mask, n_BHT)
-    return out_BTHD.astype(q.dtype)
+    # the variant's factors outside shard_map, so autodiff carries their gradients (e.g. to SSMax's s, b)
+    cfg, args = pallas.kernel_arguments(spec, mask, opts, q, k, v, n_BHT, split_matmuls)
+    run = _runs(spec, opts, cfg, IMPLEMENTATIONS[implementation], interpret, blocks, (block_q, block_k))
+    local = functools.partial(_ring_attend, run=run, axis_name=axis_name, size=size, gather=strategy == "gather")
+    local = shard(local, in_specs=(tokens,) * 5 + (P(), rows, counts), out_specs=tokens)
+    return local(*args, mask, n_BHT)

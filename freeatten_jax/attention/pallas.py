@@ -26,7 +26,15 @@ from jax.sharding import PartitionSpec as P
 
 from freeatten_jax.attention import pallas_plan, pallas_tpu
 from freeatten_jax.attention.blockwise import count_visible, static_power
-from freeatten_jax.attention.pallas_kernels import Static, dkv_kernel, dq_kernel, forward_kernel, low_half
+from freeatten_jax.attention.pallas_kernels import (
+    Static,
+    carry_widths,
+    dkv_kernel,
+    dq_kernel,
+    forward_kernel,
+    low_half,
+    pass_kernel,
+)
 from freeatten_jax.attention.rules import FAMILIES
 from freeatten_jax.attention.variants import Mask, Variant, check_positive_int, hide_unseen
 
@@ -43,6 +51,7 @@ class Lowering(NamedTuple):
     min_block: int
     power_of_two: bool  # block lengths must be powers of two (Triton, Mosaic)
     calls: Callable  # calls(cfg, shapes) -> the (forward, dq, dkv) pallas_calls
+    pass_call: Callable  # pass_call(cfg, shapes, which, row_names) -> one forward pass from a carry (ring_kernels.py)
 
 
 TRITON_WARPS = 4
@@ -54,13 +63,29 @@ def _triton_params():
     return pltriton.CompilerParams(num_warps=TRITON_WARPS, num_stages=2)
 
 
+def _gpu(ptx: bool, interpret: bool):
+    """The GPU kernels' (calls, pass_call) builders: compiled by Triton (inline PTX) or run in interpret mode."""
+    params = lambda: None if interpret else _triton_params()  # noqa: E731
+    fix = lambda cfg: cfg._replace(ptx=ptx)  # noqa: E731
+    return dict(
+        calls=lambda cfg, shapes: _calls(fix(cfg), shapes, params(), interpret),
+        pass_call=lambda cfg, shapes, which, rows: _pass_call(fix(cfg), shapes, which, rows, params(), interpret),
+    )
+
+
+def _tpu(interpret: bool):
+    """The TPU kernels' (calls, pass_call) builders: compiled by Mosaic or run in interpret mode."""
+    return dict(
+        calls=functools.partial(pallas_tpu.calls, interpret=interpret),
+        pass_call=functools.partial(pallas_tpu.pass_call, interpret=interpret),
+    )
+
+
 LOWERINGS = {  # GPU blocks are not tuned (no device measurement yet); TPU ones: pallas_tpu.TUNING
-    "cuda": Lowering(
-        lambda: (64, 64), 16, True, lambda cfg, shapes: _calls(cfg._replace(ptx=True), shapes, _triton_params(), False)
-    ),
-    "tpu": Lowering(lambda: pallas_tpu.tuning().blocks, 16, True, functools.partial(pallas_tpu.calls, interpret=False)),
-    "interpret": Lowering(lambda: (64, 64), 8, False, lambda cfg, shapes: _calls(cfg, shapes, None, True)),
-    "interpret_tpu": Lowering(lambda: (64, 64), 8, False, functools.partial(pallas_tpu.calls, interpret=True)),
+    "cuda": Lowering(lambda: (64, 64), 16, True, **_gpu(ptx=True, interpret=False)),
+    "tpu": Lowering(lambda: pallas_tpu.tuning().blocks, 16, True, **_tpu(interpret=False)),
+    "interpret": Lowering(lambda: (64, 64), 8, False, **_gpu(ptx=False, interpret=True)),
+    "interpret_tpu": Lowering(lambda: (64, 64), 8, False, **_tpu(interpret=True)),
 }
 INTERPRETED = {True: "interpret", "tpu": "interpret_tpu"}  # the `interpret` option: which kernels interpret mode runs
 
@@ -74,16 +99,10 @@ def _fit(block: int, length: int, lowering: Lowering) -> int:
     return max(lowering.min_block, size)
 
 
-def _calls(cfg: Static, shapes, compiler_params, interpret: bool):
-    """The GPU kernels' three pallas_calls (forward, dq, dkv) for arrays of the given padded shapes."""
+def _query_major_specs(cfg: Static, shapes):
+    """The forward and dq kernels' input specs (grid (b, h, i)), and those of a [Q, D] block and a [Q, 1] row."""
     (b, h, tp, d), (kv_heads, sp) = shapes
-    q_blocks, k_blocks, g = tp // cfg.block_q, sp // cfg.block_k, cfg.kv_groups
-    family = FAMILIES[cfg.family]
-    scalar = pl.BlockSpec()
-    common = dict(interpret=interpret, compiler_params=compiler_params)
-    f32 = jnp.float32
-
-    # forward and dq: grid (b, h, i)
+    k_blocks, g = sp // cfg.block_k, cfg.kv_groups
     q_spec = pl.BlockSpec((None, None, cfg.block_q, d), lambda b, h, i: (b, h, i, 0))
     row_spec = pl.BlockSpec((None, None, cfg.block_q, 1), lambda b, h, i: (b, h, i, 0))
     kv_full = pl.BlockSpec((None, None, sp, d), lambda b, h, i: (b, jax.lax.div(h, g), 0, 0))
@@ -94,7 +113,40 @@ def _calls(cfg: Static, shapes, compiler_params, interpret: bool):
         pl.BlockSpec((None, cfg.block_q, 1), lambda b, h, i: (b, i, 0)),
     ]
     q_factors = pl.BlockSpec((None, None, None, 1, cfg.block_q), lambda b, h, i: (b, h, i, 0, 0))
-    in_specs = [scalar] * 4 + [q_spec, kv_full, kv_full, q_factors, key_factors, *mask_specs]
+    return [pl.BlockSpec()] * 4 + [q_spec, kv_full, kv_full, q_factors, key_factors, *mask_specs], q_spec, row_spec
+
+
+def _pass_call(cfg: Static, shapes, which: int, row_names, compiler_params, interpret: bool):
+    """The GPU pass kernel's pallas_call: the forward's inputs, the earlier passes' rows and the carry in; the
+    carry out (aliasing the carry in)."""
+    (b, h, tp, d), _ = shapes
+    in_specs, _, row_spec = _query_major_specs(cfg, shapes)
+    widths = carry_widths(cfg, which, d)
+    carry_specs = [pl.BlockSpec((None, None, cfg.block_q, w), lambda b, h, i: (b, h, i, 0)) for w in widths]
+    first_carry = len(in_specs) + len(row_names)
+    return pl.pallas_call(
+        functools.partial(pass_kernel, cfg, which, tuple(row_names)),
+        grid=(b, h, tp // cfg.block_q),
+        in_specs=in_specs + [row_spec] * len(row_names) + carry_specs,
+        out_specs=carry_specs,
+        out_shape=[jax.ShapeDtypeStruct((b, h, tp, w), jnp.float32) for w in widths],
+        input_output_aliases={first_carry + x: x for x in range(len(widths))},
+        name=f"freeatten_{cfg.family}_pass{which}",
+        interpret=interpret,
+        compiler_params=compiler_params,
+    )
+
+
+def _calls(cfg: Static, shapes, compiler_params, interpret: bool):
+    """The GPU kernels' three pallas_calls (forward, dq, dkv) for arrays of the given padded shapes."""
+    (b, h, tp, d), (kv_heads, sp) = shapes
+    q_blocks, k_blocks, g = tp // cfg.block_q, sp // cfg.block_k, cfg.kv_groups
+    family = FAMILIES[cfg.family]
+    common = dict(interpret=interpret, compiler_params=compiler_params)
+    f32 = jnp.float32
+
+    # forward and dq: grid (b, h, i)
+    in_specs, q_spec, row_spec = _query_major_specs(cfg, shapes)
     stat_shapes = [jax.ShapeDtypeStruct((b, h, tp, 1), f32)] * len(family.stats)
     out_shape = jax.ShapeDtypeStruct((b, h, tp, d), cfg.dtype)
     extra_shapes = [jax.ShapeDtypeStruct((b, h, tp, d), f32)] * len(family.extras)
@@ -130,7 +182,7 @@ def _calls(cfg: Static, shapes, compiler_params, interpret: bool):
     dkv = pl.pallas_call(
         functools.partial(dkv_kernel, cfg),
         grid=(b, kv_heads, k_blocks),
-        in_specs=[scalar] * 4
+        in_specs=[pl.BlockSpec()] * 4
         + [group_spec, k_spec, k_spec, group_rows, k_factors, *dkv_mask_specs, group_spec]
         + [group_rows] * len(family.rows),
         out_specs=[k_spec, k_spec],
@@ -141,55 +193,45 @@ def _calls(cfg: Static, shapes, compiler_params, interpret: bool):
     return forward, dq, dkv
 
 
-def _backward_rows(family: str, stats, out, dout, p_1):
+def backward_rows(family: str, stats, out, dout, p_1):
     """The [B, H, Tp, 1] row terms of the gradient (D_i = dO_i·O_i, and LSSAR's E_i) in the kernels' order."""
     rows = FAMILIES[family].backward_rows(stats, out, dout, p_1[0])
     return [rows[name] for name in FAMILIES[family].rows]
 
 
-def _core(cfg: Static, lowering: Lowering, shapes):
-    """out = kernels(q, k, v, qs, ks) with a custom VJP whose residuals are the inputs, the output and row
-    statistics. The scores are qs_i ks_j q_i·k_j (float32 factors, the family's score_scale in qs, lane-dense
-    as one row per block: qs [B, H, I, 1, Q], ks [B, K, J, 1, C]); the kernels' dq and dk sums come without
-    the factors of their own side, which the backward applies here, with the factors' own gradients."""
-    forward, dq_call, dkv_call = lowering.calls(cfg, shapes)
-    family = FAMILIES[cfg.family]
-    inv_scale = 1.0 / family.score_scale  # the family's ds is dL/d(score / score_scale)
+def by_blocks(x, size: int):
+    """[B, heads, L, 1] -> [B, heads, L / size, 1, size]: one row per block."""
+    return x.reshape(*x.shape[:2], -1, 1, size)
 
-    def mask_args(plan: pallas_plan.Plan):
-        return plan.q_col, plan.kv_row, plan.n_col
 
-    def by_blocks(x, size):
-        """[B, heads, L, 1] -> [B, heads, L / size, 1, size]: one row per block."""
-        return x.reshape(*x.shape[:2], -1, 1, size)
+def make_core(cfg: Static, run_forward, run_backward):
+    """core(q, k, v, qs, ks, p_1, where) = the kernels' output, with a custom VJP whose residuals are the inputs,
+    the output and row statistics. The scores are qs_i ks_j q_i·k_j (float32 factors, the family's score_scale
+    in qs, lane-dense as one row per block: qs [B, H, I, 1, Q], ks [B, K, J, 1, C]). run_forward(q, k, v, qs, ks,
+    p_1, where) gives (out, its low half or None, statistics); run_backward(q, k, v, qs, ks, p_1, where, rows,
+    dout) the kernels' (dq, dk sums, dv, dL/dp per row or None): sums without the factors of their own side,
+    which this applies, with the factors' own gradients. `where` is a pallas_plan.Plan here, a ring in
+    ring_kernels.py."""
+    inv_scale = 1.0 / FAMILIES[cfg.family].score_scale  # the family's ds is dL/d(score / score_scale)
 
     def factor_sum(x, sums, shape):
         """Σ_d x_d sums_d as [B, heads, L] reshaped to the factors' block rows `shape` (lane-dense)."""
         return jnp.sum(x.astype(jnp.float32) * sums, axis=-1).reshape(shape)
 
-    def run_forward(q, k, v, qs, ks, p_1, plan):
-        """The output, the statistics and (below float32) the output's low half, pallas_kernels.write_forward."""
-        out, *stats = forward(plan.k_first, plan.k_end, plan.k_full, p_1, q, k, v, qs, ks, *mask_args(plan))
-        low = stats.pop() if low_half(cfg) else None
-        return out, low, dict(zip(family.stats + family.extras, stats))
-
     @jax.custom_vjp
-    def core(q, k, v, qs, ks, p_1, plan):
-        return run_forward(q, k, v, qs, ks, p_1, plan)[0]
+    def core(q, k, v, qs, ks, p_1, where):
+        return run_forward(q, k, v, qs, ks, p_1, where)[0]
 
-    def core_fwd(q, k, v, qs, ks, p_1, plan):
-        out, low, stats = run_forward(q, k, v, qs, ks, p_1, plan)
-        return out, (q, k, v, qs, ks, p_1, plan, out, low, stats)
+    def core_fwd(q, k, v, qs, ks, p_1, where):
+        out, low, stats = run_forward(q, k, v, qs, ks, p_1, where)
+        return out, (q, k, v, qs, ks, p_1, where, out, low, stats)
 
     def core_bwd(residuals, dout):
-        q, k, v, qs, ks, p_1, plan, out, low, stats = residuals
+        q, k, v, qs, ks, p_1, where, out, low, stats = residuals
         out_f32 = out if low is None else out.astype(jnp.float32) + low.astype(jnp.float32)
-        rows = _backward_rows(cfg.family, stats, out_f32, dout, p_1)  # D_i from the float32 output, as the reference's
-        dq_sum, *dpow = dq_call(plan.k_first, plan.k_end, plan.k_full, p_1, q, k, v, qs, ks, *mask_args(plan), dout, *rows)
-        dp_1 = jnp.sum(dpow[0]).reshape(1) if cfg.p_grad else None
-        rows_t = [by_blocks(x, cfg.block_q) for x in rows]  # [B, H, I, 1, Q]
-        dkv_masks = (plan.q_row, plan.kv_col, plan.n_row)
-        dk_sum, dv = dkv_call(plan.q_first, plan.q_end, plan.q_full, p_1, q, k, v, qs, ks, *dkv_masks, dout, *rows_t)
+        rows = backward_rows(cfg.family, stats, out_f32, dout, p_1)  # D_i from the float32 output, as the reference's
+        dq_sum, dk_sum, dv, dpow = run_backward(q, k, v, qs, ks, p_1, where, rows, dout)
+        dp_1 = jnp.sum(dpow).reshape(1) if cfg.p_grad else None
         dq_sum, dk_sum = dq_sum * inv_scale, dk_sum * inv_scale
         dq, dqs = dq_sum * qs.reshape(q.shape[:3])[..., None], factor_sum(q, dq_sum, qs.shape)
         if not cfg.key_scale:
@@ -201,22 +243,63 @@ def _core(cfg: Static, lowering: Lowering, shapes):
     return core
 
 
-def _factor_rows(x_BLH1, size: int):
+def mask_args(plan: pallas_plan.Plan, key_major: bool = False):
+    """The span arrays and mask arrays a query-major (forward, dq) or the key-major dkv kernel reads."""
+    if key_major:
+        return plan.q_first, plan.q_end, plan.q_full, plan.q_row, plan.kv_col, plan.n_row
+    return plan.k_first, plan.k_end, plan.k_full, plan.q_col, plan.kv_row, plan.n_col
+
+
+def kernel_backward(cfg: Static, dq_call, dkv_call, q, k, v, qs, ks, p_1, plan: pallas_plan.Plan, rows, dout):
+    """The dq and dkv kernels on one plan: (dq sum, dk sum, dv, dL/dp per row or None), as make_core takes them."""
+    first, end, full, *masks = mask_args(plan)
+    dq_sum, *dpow = dq_call(first, end, full, p_1, q, k, v, qs, ks, *masks, dout, *rows)
+    first, end, full, *masks = mask_args(plan, key_major=True)
+    rows_t = [by_blocks(x, cfg.block_q) for x in rows]  # [B, H, I, 1, Q]
+    dk_sum, dv = dkv_call(first, end, full, p_1, q, k, v, qs, ks, *masks, dout, *rows_t)
+    return dq_sum, dk_sum, dv, dpow[0] if cfg.p_grad else None
+
+
+def _core(cfg: Static, lowering: Lowering, shapes):
+    """The kernels with their custom VJP (make_core) on one device's whole sequence (`where` a Plan)."""
+    forward, dq_call, dkv_call = lowering.calls(cfg, shapes)
+    family = FAMILIES[cfg.family]
+
+    def run_forward(q, k, v, qs, ks, p_1, plan):
+        """The output, the statistics and (below float32) the output's low half, pallas_kernels.write_forward."""
+        first, end, full, *masks = mask_args(plan)
+        out, *stats = forward(first, end, full, p_1, q, k, v, qs, ks, *masks)
+        low = stats.pop() if low_half(cfg) else None
+        return out, low, dict(zip(family.stats + family.extras, stats))
+
+    return make_core(cfg, run_forward, functools.partial(kernel_backward, cfg, dq_call, dkv_call))
+
+
+def factor_rows(x_BLH1, size: int):
     """[B, L, heads, 1] float32 factors -> [B, heads, L / size, 1, size], padding L to whole blocks with 0."""
     x_BHL = jnp.pad(x_BLH1[..., 0].transpose(0, 2, 1), ((0, 0), (0, 0), (0, -x_BLH1.shape[1] % size)))
     return x_BHL.reshape(*x_BHL.shape[:2], -1, 1, size)
 
 
+def heads_first(x_BLHD, size: int):
+    """[B, L, heads, D] -> [B, heads, L padded to whole blocks of `size`, D]."""
+    return jnp.pad(x_BLHD.transpose(0, 2, 1, 3), ((0, 0), (0, 0), (0, -x_BLHD.shape[1] % size), (0, 0)))
+
+
+def block_lengths(lowering: Lowering, block_q, block_k, t: int, s: int) -> tuple[int, int]:
+    """The (query, key) block lengths the kernels use for t queries and s keys (default: the platform's)."""
+    default_q, default_k = lowering.blocks()
+    return _fit(block_q or default_q, t, lowering), _fit(block_k or default_k, s, lowering)
+
+
 def _run(lowering: Lowering, cfg: Static, block_q, block_k, q_BTHD, k_BSKD, v_BSKD, qs_BTH1, ks_BSK1, p_1, mask: Mask, n_BT):
     """Pad to whole blocks, lay out as [B, heads, length, D], run the kernels, undo the layout."""
     t, (s, kv_heads) = q_BTHD.shape[1], k_BSKD.shape[1:3]
-    default_q, default_k = lowering.blocks()
-    q_size, k_size = _fit(block_q or default_q, t, lowering), _fit(block_k or default_k, s, lowering)
+    q_size, k_size = block_lengths(lowering, block_q, block_k, t, s)
     cfg = cfg._replace(block_q=q_size, block_k=k_size)
     plan = pallas_plan.plan(mask, n_BT, q_size, k_size)
-    heads_first = lambda x, size: jnp.pad(x.transpose(0, 2, 1, 3), ((0, 0), (0, 0), (0, -x.shape[1] % size), (0, 0)))  # noqa: E731
     q_BHTD, k_BKSD, v_BKSD = heads_first(q_BTHD, q_size), heads_first(k_BSKD, k_size), heads_first(v_BSKD, k_size)
-    qs_BHI1Q, ks_BKJ1C = _factor_rows(qs_BTH1, q_size), _factor_rows(ks_BSK1, k_size)
+    qs_BHI1Q, ks_BKJ1C = factor_rows(qs_BTH1 * FAMILIES[cfg.family].score_scale, q_size), factor_rows(ks_BSK1, k_size)
     shapes = (q_BHTD.shape, (kv_heads, k_BKSD.shape[2]))
     out_BHTD = _core(cfg, lowering, shapes)(q_BHTD, k_BKSD, v_BKSD, qs_BHI1Q, ks_BKJ1C, p_1, plan)
     return out_BHTD[:, :, :t].transpose(0, 2, 1, 3)
@@ -248,6 +331,24 @@ def _per_shard(run, batch_axes, head_axes):
         )
 
     return sharded
+
+
+def kernel_arguments(variant: Variant, mask: Mask, opts, q_BTHD, k_BSKD, v_BSKD, n_B1T, split_matmuls=None):
+    """The kernels' Static (blocks unset) and arguments: q, k, v in q's dtype, the variant's float32 factors qs
+    [B, T, H, 1] and ks [B, S, K, 1] (ones when it has none; the family's score_scale not yet in qs) and p_1."""
+    kind, p = variant.normalise, opts.get("p")
+    if kind == "reweight" and p is None:
+        kind = "sum"  # re-weighting switched off: plain LSSA
+    dtype = q_BTHD.dtype
+    qs_BTH1, ks_BSK1 = variant.scales(q_BTHD, k_BSKD, n_B1T, opts)
+    key_scale = ks_BSK1 is not None
+    ks_BSK1 = ks_BSK1 if key_scale else jnp.ones((*k_BSKD.shape[:3], 1), jnp.float32)  # read by no kernel
+    p_1 = jnp.asarray(0.0 if p is None else p, jnp.float32).reshape(1)
+    p_grad = kind == "reweight" and isinstance(p, jax.Array)  # a Python number is a constant
+    groups = q_BTHD.shape[2] // k_BSKD.shape[2]
+    split = kind != "softmax" if split_matmuls is None else bool(split_matmuls)
+    cfg = Static(kind, mask.causal, mask.window, 0, 0, groups, static_power(p), variant.weight, dtype, p_grad, key_scale, split)
+    return cfg, (q_BTHD, k_BSKD.astype(dtype), v_BSKD.astype(dtype), qs_BTH1, ks_BSK1, p_1)
 
 
 def attend(
@@ -289,26 +390,12 @@ def attend(
     check_positive_int("block_k", block_k)
     if interpret and interpret not in INTERPRETED:
         raise ValueError(f"interpret must be False, True (the GPU kernels) or 'tpu' (the TPU kernels), got {interpret!r}")
-    kind, p = variant.normalise, opts.get("p")
-    if kind == "reweight" and p is None:
-        kind = "sum"  # re-weighting switched off: plain LSSA
-    dtype = q_BTHD.dtype
     n_B1T, seen_B1S = count_visible(mask, 512)
     k_BSKD, v_BSKD = hide_unseen(k_BSKD, v_BSKD, seen_B1S)
-    qs_BTH1, ks_BSK1 = variant.scales(q_BTHD, k_BSKD, n_B1T, opts)
-    key_scale = ks_BSK1 is not None
-    ks_BSK1 = ks_BSK1 if key_scale else jnp.ones((*k_BSKD.shape[:3], 1), jnp.float32)  # read by no kernel
-    qs_BTH1 = qs_BTH1 * FAMILIES[kind].score_scale
-    n_BT = n_B1T[:, 0]
-    args = (q_BTHD, k_BSKD.astype(dtype), v_BSKD.astype(dtype), qs_BTH1, ks_BSK1)
-    p_1 = jnp.asarray(0.0 if p is None else p, jnp.float32).reshape(1)
-    p_grad = kind == "reweight" and isinstance(p, jax.Array)  # a Python number is a constant
-    groups = q_BTHD.shape[2] // k_BSKD.shape[2]
-    split = kind != "softmax" if split_matmuls is None else bool(split_matmuls)
-    cfg = Static(kind, mask.causal, mask.window, 0, 0, groups, static_power(p), variant.weight, dtype, p_grad, key_scale, split)
+    cfg, args = kernel_arguments(variant, mask, opts, q_BTHD, k_BSKD, v_BSKD, n_B1T, split_matmuls)
     run = lambda name: functools.partial(_run, LOWERINGS[name], cfg, block_q, block_k)  # noqa: E731
     if interpret:
         per_platform = run(INTERPRETED[interpret])
     else:
         per_platform = functools.partial(jax.lax.platform_dependent, cuda=run("cuda"), tpu=run("tpu"), cpu=run("interpret"))
-    return _per_shard(per_platform, batch_axes, head_axes)(*args, p_1, mask, n_BT)
+    return _per_shard(per_platform, batch_axes, head_axes)(*args, mask, n_B1T[:, 0])

@@ -107,15 +107,21 @@ def low_half(cfg: Static) -> bool:
     return cfg.split and jnp.dtype(cfg.dtype) != jnp.float32
 
 
-def write_forward(cfg: Static, family, out_refs, out, stats):
-    """The output in the input dtype, the family's statistics, and (low_half) out - hi in the input dtype: hi + lo
-    is the float32 output to ~2^-17, for D_i = dO_i·O_i in the backward at half a float32 residual's memory."""
+def split_output(cfg: Static, out):
+    """The float32 output as (hi, lo): hi in the input dtype and (low_half, else None) out - hi in the input dtype;
+    hi + lo is the float32 output to ~2^-17, for D_i = dO_i·O_i in the backward at half a float32 residual's memory."""
     hi = out.astype(cfg.dtype)
+    return hi, (out - hi.astype(jnp.float32)).astype(cfg.dtype) if low_half(cfg) else None
+
+
+def write_forward(cfg: Static, family, out_refs, out, stats):
+    """The output's halves (split_output) and the family's statistics."""
+    hi, lo = split_output(cfg, out)
     out_refs[0][...] = hi
     for ref, name in zip(out_refs[1:], family.stats + family.extras):
         ref[...] = stats[name]
-    if low_half(cfg):
-        out_refs[-1][...] = (out - hi.astype(jnp.float32)).astype(cfg.dtype)
+    if lo is not None:
+        out_refs[-1][...] = lo
 
 
 def _ptx(asm: str, *args):
@@ -160,12 +166,9 @@ def key_factor(cfg: Static, ks_ref, index):
     return ks_ref[index] if cfg.key_scale else None
 
 
-def forward_kernel(
-    cfg: Static, first_ref, end_ref, full_ref, p_ref, q_ref, k_ref, v_ref, qs_ref, ks_ref, qcol_ref, kvrow_ref, n_ref, *out_refs
-):
-    """One (batch, head, query block): out and the family's statistics, streaming visible key blocks."""
+def _key_sweep(cfg: Static, first_ref, end_ref, full_ref, q_ref, k_ref, v_ref, qs_ref, ks_ref, qcol_ref, kvrow_ref):
+    """sweep(init, step, with_values) for one (batch, head, query block): the family's fold over the visible key blocks."""
     b, i = pl.program_id(0), pl.program_id(2)
-    family = FAMILIES[cfg.family]
     q, qs = q_ref[...], column(qs_ref[...])
     q_col = (qcol_ref[0], qcol_ref[1])
 
@@ -187,8 +190,45 @@ def forward_kernel(
             first_ref[b, i], end_ref[b, i], full, functools.partial(body, True), functools.partial(body, False), init(row0, acc0)
         )
 
+    return sweep
+
+
+def forward_kernel(cfg: Static, first_ref, end_ref, full_ref, p_ref, *refs):
+    """One (batch, head, query block): out and the family's statistics, streaming visible key blocks."""
+    family = FAMILIES[cfg.family]
+    (q_ref, k_ref, v_ref, qs_ref, ks_ref, qcol_ref, kvrow_ref, n_ref), out_refs = refs[:8], refs[8:]
+    sweep = _key_sweep(cfg, first_ref, end_ref, full_ref, q_ref, k_ref, v_ref, qs_ref, ks_ref, qcol_ref, kvrow_ref)
     out, stats = forward(family, sweep, kernel_ctx(cfg, n_ref[...], p_ref[0]))
     write_forward(cfg, family, out_refs, out, stats)
+
+
+def carry_widths(cfg: Static, which: int, d: int) -> list[int]:
+    """The last-axis widths of pass `which`'s carry leaves: 1 for a [Q, 1] row statistic, D for an accumulator."""
+    one = FAMILIES[cfg.family].passes[which]
+    return [x.shape[-1] for x in jax.tree.leaves(one.init(jnp.zeros((1, 1)), jnp.zeros((1, d))))]
+
+
+def split_pass_refs(row_names, refs):
+    """A pass kernel's refs after the inputs they share with the forward kernel: the rows of the earlier passes,
+    the carry in and the carry out (as many leaves as the pass's init makes)."""
+    rows = dict(zip(row_names, refs))
+    leaves = (len(refs) - len(row_names)) // 2
+    return rows, refs[len(row_names) : len(row_names) + leaves], refs[len(row_names) + leaves :]
+
+
+def pass_kernel(cfg: Static, which: int, row_names, first_ref, end_ref, full_ref, p_ref, *refs):
+    """One (batch, head, query block): pass `which` of the family continued from a carry over one more set of
+    key blocks (a ring step's chunk, ring_kernels.py), the carry written out unfinished."""
+    one = FAMILIES[cfg.family].passes[which]
+    (q_ref, k_ref, v_ref, qs_ref, ks_ref, qcol_ref, kvrow_ref, n_ref), rest = refs[:8], refs[8:]
+    row_refs, in_refs, out_refs = split_pass_refs(row_names, rest)
+    sweep = _key_sweep(cfg, first_ref, end_ref, full_ref, q_ref, k_ref, v_ref, qs_ref, ks_ref, qcol_ref, kvrow_ref)
+    rows, ctx = {name: ref[...] for name, ref in row_refs.items()}, kernel_ctx(cfg, n_ref[...], p_ref[0])
+    leaves, tree = jax.tree.flatten(one.init(jnp.zeros((1, 1)), jnp.zeros((1, 1))))
+    carry = jax.tree.unflatten(tree, [ref[...] for ref in in_refs])
+    step = lambda carry, s, vis, v: one.step(carry, s, vis, v, ctx, rows)  # noqa: E731
+    for ref, x in zip(out_refs, jax.tree.leaves(sweep(lambda *_: carry, step, one.with_values))):
+        ref[...] = x
 
 
 def dq_kernel(

@@ -23,6 +23,7 @@ from jax.experimental.pallas import tpu as pltpu
 from freeatten_jax.attention.pallas_kernels import (
     NT,
     Static,
+    carry_widths,
     column,
     dot,
     kernel_ctx,
@@ -30,6 +31,7 @@ from freeatten_jax.attention.pallas_kernels import (
     key_factor,
     low_half,
     scaled_scores,
+    split_pass_refs,
     visible,
     weighted_dot,
     write_forward,
@@ -72,23 +74,25 @@ def _clamp(x, first, end):
     return jnp.minimum(jnp.maximum(x, first), jnp.maximum(end - 1, first))
 
 
-def _carry_shapes(cfg: Static, q: int, d: int):
-    """The carry shapes of each of the family's forward sweeps (traced once, abstractly)."""
-    shapes = []
-
-    def sweep(init, step, with_values=True):
-        carry = init(jnp.zeros((q, 1), jnp.float32), jnp.zeros((q, d), jnp.float32))
-        shapes.append([x.shape for x in jax.tree.leaves(carry)])
-        return carry
-
-    ctx = kernel_ctx(cfg, jnp.ones((q, 1), jnp.float32), jnp.float32(1.0))
-    jax.eval_shape(lambda: forward(FAMILIES[cfg.family], sweep, ctx))
-    return shapes
-
-
 def _store(refs, tree):
     for ref, x in zip(refs, jax.tree.leaves(tree)):
         ref[...] = x
+
+
+def _held_block(cfg: Static, q_ref, k_ref, v_ref, qs_ref, ks_ref, qcol_ref, kvrow_ref, masked: bool, with_values: bool):
+    """(scores, mask, values) of the key block a grid step holds; masked: with its mask, hidden keys zeroed."""
+    k, v, vis = k_ref[...], v_ref[...] if with_values else None, None
+    if masked:
+        vis, seen = key_block(cfg, [kvrow_ref[x] for x in range(3)], (qcol_ref[0], qcol_ref[1]))
+        k = jnp.where(seen, k, 0)
+        v = jnp.where(seen, v, 0) if with_values else None
+    return scaled_scores(q_ref[...], k, column(qs_ref[...]), key_factor(cfg, ks_ref, ...)), vis, v
+
+
+def _spans(full_ref, first_ref, end_ref, b, i, j):
+    """Whether key block j is interior (every pair visible: no mask) and whether it is visited with a mask."""
+    interior = (full_ref[0, b, i] <= j) & (j < full_ref[1, b, i])
+    return interior, (first_ref[b, i] <= j) & (j < end_ref[b, i]) & ~interior
 
 
 def forward_kernel(
@@ -112,13 +116,12 @@ def forward_kernel(
     """One grid step (b, h, i, t): key block t % J of sweep t // J (J = blocks); the output is written at the last step."""
     b, i, t = pl.program_id(0), pl.program_id(2), pl.program_id(3)
     j, now = jax.lax.rem(t, blocks), jax.lax.div(t, blocks)  # C division (no sign op, which Mosaic lowers per chip)
-    interior = (full_ref[0, b, i] <= j) & (j < full_ref[1, b, i])  # every pair visible: no mask
-    masked = (first_ref[b, i] <= j) & (j < end_ref[b, i]) & ~interior
+    interior, masked = _spans(full_ref, first_ref, end_ref, b, i, j)
     family = FAMILIES[cfg.family]
     outputs = 1 + len(family.stats) + len(family.extras) + low_half(cfg)
     out_refs, slots = refs[:outputs], iter(refs[outputs:])
-    q, q_col, passes = q_ref[...], (qcol_ref[0], qcol_ref[1]), itertools.count()
-    qs, ks = column(qs_ref[...]), key_factor(cfg, ks_ref, ...)
+    q, passes = q_ref[...], itertools.count()
+    held_block = functools.partial(_held_block, cfg, q_ref, k_ref, v_ref, qs_ref, ks_ref, qcol_ref, kvrow_ref)
 
     def sweep(init, step, with_values=True):
         which = next(passes)
@@ -130,17 +133,8 @@ def forward_kernel(
         def _():
             _store(carry_refs, leaves)
 
-        @pl.when((now == which) & masked)
-        def _():
-            vis, seen = key_block(cfg, [kvrow_ref[x] for x in range(3)], q_col)
-            k = jnp.where(seen, k_ref[...], 0)
-            v = jnp.where(seen, v_ref[...], 0) if with_values else None
-            _store(carry_refs, step(load(), scaled_scores(q, k, qs, ks), vis, v))
-
-        @pl.when((now == which) & interior)
-        def _():
-            _store(carry_refs, step(load(), scaled_scores(q, k_ref[...], qs, ks), None, v_ref[...] if with_values else None))
-
+        for when, is_masked in ((masked, True), (interior, False)):
+            pl.when((now == which) & when)(lambda m=is_masked: _store(carry_refs, step(load(), *held_block(m, with_values))))
         return load()
 
     out, stats = forward(family, sweep, kernel_ctx(cfg, n_ref[...], p_ref[0]))
@@ -148,6 +142,48 @@ def forward_kernel(
     @pl.when(t == sweeps * blocks - 1)
     def _():
         write_forward(cfg, family, out_refs, out, stats)
+
+
+def pass_kernel(
+    cfg: Static,
+    which: int,
+    row_names,
+    first_ref,
+    end_ref,
+    full_ref,
+    p_ref,
+    q_ref,
+    k_ref,
+    v_ref,
+    qs_ref,
+    ks_ref,
+    qcol_ref,
+    kvrow_ref,
+    n_ref,
+    *refs,
+):
+    """One grid step (b, h, i, j): pass `which` of the family continued from a carry over key block j of a ring
+    step's chunk (ring_kernels.py); the carry out stays in VMEM across j (its block does not move) and is the
+    accumulator."""
+    b, i, j = pl.program_id(0), pl.program_id(2), pl.program_id(3)
+    one = FAMILIES[cfg.family].passes[which]
+    row_refs, in_refs, out_refs = split_pass_refs(row_names, refs)
+    interior, masked = _spans(full_ref, first_ref, end_ref, b, i, j)
+    held_block = functools.partial(_held_block, cfg, q_ref, k_ref, v_ref, qs_ref, ks_ref, qcol_ref, kvrow_ref)
+    tree = jax.tree.structure(one.init(jnp.zeros((1, 1)), jnp.zeros((1, 1))))
+    load = lambda: jax.tree.unflatten(tree, [ref[...] for ref in out_refs])  # noqa: E731
+
+    @pl.when(j == 0)
+    def _():
+        for out, carry in zip(out_refs, in_refs):
+            out[...] = carry[...]
+
+    def visit(is_masked: bool):
+        rows, ctx = {name: ref[...] for name, ref in row_refs.items()}, kernel_ctx(cfg, n_ref[...], p_ref[0])
+        _store(out_refs, one.step(load(), *held_block(is_masked, one.with_values), ctx, rows))
+
+    pl.when(masked)(functools.partial(visit, True))
+    pl.when(interior)(functools.partial(visit, False))
 
 
 def dq_kernel(
@@ -252,23 +288,20 @@ def dkv_kernel(
         dk_ref[...], dv_ref[...] = dk_acc[...], dv_acc[...]
 
 
-def calls(cfg: Static, shapes, interpret: bool):
-    """The three pallas_calls (forward, dq, dkv) for arrays of the given padded shapes, with the same
-    arguments as pallas.py's GPU calls (the three span arrays first, as scalar prefetch)."""
-    cfg = cfg._replace(eup_log=True)
-    (b, h, tp, d), (kv_heads, sp) = shapes
-    q_blocks, k_blocks, g = tp // cfg.block_q, sp // cfg.block_k, cfg.kv_groups
-    family, f32 = FAMILIES[cfg.family], jnp.float32
-    limit = tuning().vmem_limit_bytes
-    common = dict(
-        interpret=interpret,
-        compiler_params=pltpu.CompilerParams(
-            dimension_semantics=("parallel", "parallel", "parallel", "arbitrary"), vmem_limit_bytes=limit
-        ),
+def _common(cfg: Static, interpret: bool):
+    """The pallas_call arguments every TPU kernel shares: grid semantics (the last axis carries) and the VMEM limit."""
+    params = pltpu.CompilerParams(
+        dimension_semantics=("parallel", "parallel", "parallel", "arbitrary"), vmem_limit_bytes=tuning().vmem_limit_bytes
     )
-    smem = pl.BlockSpec(memory_space=pltpu.SMEM)
+    return dict(interpret=interpret, compiler_params=params)
 
-    # forward and dq: grid (b, h, i, t), key block j = t % J clamped into the visiting span
+
+def _query_major_specs(cfg: Static, shapes):
+    """The forward and dq kernels' input specs on the grid (b, h, i, t), key block j = t % J clamped into the
+    visiting span, and the specs of a [Q, D] block and a [Q, 1] row."""
+    (b, h, tp, d), (kv_heads, sp) = shapes
+    k_blocks, g = sp // cfg.block_k, cfg.kv_groups
+
     def key_index(b, i, t, first, end, full):
         return _clamp(jax.lax.rem(t, k_blocks), first[b, i], end[b, i])
 
@@ -284,8 +317,45 @@ def calls(cfg: Static, shapes, interpret: bool):
         pl.BlockSpec((None, cfg.block_q, 1), lambda b, h, i, t, *_: (b, i, 0)),
     ]
     q_factors = pl.BlockSpec((None, None, None, 1, cfg.block_q), lambda b, h, i, t, *_: (b, h, i, 0, 0))
-    in_specs = [smem, q_spec, kv_spec, kv_spec, q_factors, key_factors, *mask_specs]
-    carries = _carry_shapes(cfg, cfg.block_q, d)
+    smem = pl.BlockSpec(memory_space=pltpu.SMEM)
+    return [smem, q_spec, kv_spec, kv_spec, q_factors, key_factors, *mask_specs], q_spec, row_spec
+
+
+def pass_call(cfg: Static, shapes, which: int, row_names, interpret: bool):
+    """The TPU pass kernel's pallas_call (grid (b, h, i, j)): the forward's inputs, the earlier passes' rows and
+    the carry in; the carry out (aliasing the carry in)."""
+    cfg = cfg._replace(eup_log=True)
+    (b, h, tp, d), (_, sp) = shapes
+    in_specs, _, row_spec = _query_major_specs(cfg, shapes)
+    widths = carry_widths(cfg, which, d)
+    carry_specs = [pl.BlockSpec((None, None, cfg.block_q, w), lambda b, h, i, t, *_: (b, h, i, 0)) for w in widths]
+    first_carry = 3 + len(in_specs) + len(row_names)
+    return pl.pallas_call(
+        functools.partial(pass_kernel, cfg, which, tuple(row_names)),
+        grid_spec=pltpu.PrefetchScalarGridSpec(
+            num_scalar_prefetch=3,
+            grid=(b, h, tp // cfg.block_q, sp // cfg.block_k),
+            in_specs=in_specs + [row_spec] * len(row_names) + carry_specs,
+            out_specs=carry_specs,
+        ),
+        out_shape=[jax.ShapeDtypeStruct((b, h, tp, w), jnp.float32) for w in widths],
+        input_output_aliases={first_carry + x: x for x in range(len(widths))},
+        name=f"freeatten_{cfg.family}_pass{which}",
+        **_common(cfg, interpret),
+    )
+
+
+def calls(cfg: Static, shapes, interpret: bool):
+    """The three pallas_calls (forward, dq, dkv) for arrays of the given padded shapes, with the same
+    arguments as pallas.py's GPU calls (the three span arrays first, as scalar prefetch)."""
+    cfg = cfg._replace(eup_log=True)
+    (b, h, tp, d), (kv_heads, sp) = shapes
+    q_blocks, k_blocks, g = tp // cfg.block_q, sp // cfg.block_k, cfg.kv_groups
+    family, f32 = FAMILIES[cfg.family], jnp.float32
+    common = _common(cfg, interpret)
+    smem = pl.BlockSpec(memory_space=pltpu.SMEM)
+    in_specs, q_spec, row_spec = _query_major_specs(cfg, shapes)
+    carries = [[(cfg.block_q, w) for w in carry_widths(cfg, which, d)] for which in range(len(family.passes))]
     stat_shapes = [jax.ShapeDtypeStruct((b, h, tp, 1), f32)] * len(family.stats)
     out_shape = jax.ShapeDtypeStruct((b, h, tp, d), cfg.dtype)
     extra_shapes = [jax.ShapeDtypeStruct((b, h, tp, d), f32)] * len(family.extras)

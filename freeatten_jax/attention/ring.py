@@ -41,11 +41,14 @@ class Ring:
         kv_masks = tuple(jax.lax.all_gather(getattr(mask, name), axis_name) for name in KV_FIELDS)
         return cls(axis_name=axis_name, size=size, q_mask=mask, kv_masks=kv_masks, n_BHT=n_BHT)
 
+    def mask_at(self, step) -> Mask:
+        """The mask of this device's queries against the chunk it holds at ring step `step`."""
+        source = (jax.lax.axis_index(self.axis_name) - step) % self.size
+        return dataclasses.replace(self.q_mask, **{name: x[source] for name, x in zip(KV_FIELDS, self.kv_masks)})
+
     def plan(self, step, q_size: int, kv_size: int, kv_heads: int) -> blockwise.Plan:
         """The block plan of this device's queries against the chunk it holds at ring step `step`."""
-        source = (jax.lax.axis_index(self.axis_name) - step) % self.size
-        mask = dataclasses.replace(self.q_mask, **{name: x[source] for name, x in zip(KV_FIELDS, self.kv_masks)})
-        return blockwise.make_plan(mask, self.n_BHT, q_size, kv_size, kv_heads)
+        return blockwise.make_plan(self.mask_at(step), self.n_BHT, q_size, kv_size, kv_heads)
 
 
 def rotate(tree, axis_name: str, size: int):
