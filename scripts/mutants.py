@@ -262,7 +262,7 @@ MUTANTS = [
     Mutant(
         "pallas: dL/dp dropped (the old silent zero)",
         "freeatten_jax/attention/pallas.py",
-        "dp_1 = jnp.sum(dpow[0]).reshape(1) if cfg.p_grad else None",
+        "dp_1 = jnp.sum(dpow).reshape(1) if cfg.p_grad else None",
         "dp_1 = None",
         ("tests/test_pallas.py", "-k", "finite_differences and pallas"),
     ),
@@ -330,6 +330,27 @@ MUTANTS = [
         "[(d, (d + 1) % size) for d in range(size)]",
         "[(d, (d - 1) % size) for d in range(size)]",
         ("tests/test_context_parallel.py::test_matches_reference",),
+    ),
+    Mutant(
+        "kernel ring: the forward passes never pass K/V on (each device sees only its own chunk)",
+        "freeatten_jax/attention/ring_kernels.py",
+        "passed_on = rotate(held, ring.axis_name, ring.size)  # issued first",
+        "passed_on = held  # issued first",
+        ("tests/test_context_parallel.py::test_kernel_ring_matches_reference",),
+    ),
+    Mutant(
+        "kernel ring: dK/dV stay on the device that computed them",
+        "freeatten_jax/attention/ring_kernels.py",
+        "dk_sum, dv = rotate((dk_sum + dk_r, dv + dv_r), ring.axis_name, ring.size)",
+        "dk_sum, dv = dk_sum + dk_r, dv + dv_r",
+        ("tests/test_context_parallel.py::test_kernel_ring_matches_reference",),
+    ),
+    Mutant(
+        "kernel ring: implementation='pallas' falls back to the blockwise rules",
+        "freeatten_jax/attention/context_parallel.py",
+        "        return kernels(pallas.INTERPRETED[interpret])",
+        "        return rules",
+        ("tests/test_context_parallel.py::test_kernel_ring_matches_reference",),
     ),
     # --- nn/attention_layer.py
     Mutant(

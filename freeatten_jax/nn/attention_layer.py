@@ -227,14 +227,16 @@ class Attention(nnx.Module):
         return {**dict(self.options), **learned}
 
     def _attend(self, q_BTHD, k_BSKD, v_BSKD, *, over_context: bool = False, **mask):
-        """`attention.attend`; `context_parallel_attend` (a ring over the mesh, blockwise on each device) when
-        over_context and the active mesh shards the sequence (`sharding.context_parallelism`). A KV cache
-        passes over_context=False: one new token a step cannot be split round a ring, so it attends gathered."""
+        """`attention.attend`; `context_parallel_attend` (a ring over the mesh: the kernels on each device, or the
+        blockwise rules, as the implementation says) when over_context and the active mesh shards the sequence
+        (`sharding.context_parallelism`). A KV cache passes over_context=False: one new token a step cannot be
+        split round a ring, so it attends gathered."""
         options = dict(variant=self.variant, **self.variant_options(), **dict(self.implementation_options), **mask)
+        options["implementation"] = self.implementation
         context = sharding.context_parallelism(q_BTHD.shape[:3], k_BSKD.shape[2]) if over_context else None
         if context is not None:
             return attention.context_parallel_attend(q_BTHD, k_BSKD, v_BSKD, **context, **options)
-        return attention.attend(q_BTHD, k_BSKD, v_BSKD, implementation=self.implementation, **options)
+        return attention.attend(q_BTHD, k_BSKD, v_BSKD, **options)
 
     def _project_out(self, out_BTHD):
         y_BTE = jnp.einsum("BTHD,HDE->BTE", out_BTHD, self.wo_HDE[...].astype(self.dtype))
