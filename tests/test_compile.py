@@ -56,6 +56,27 @@ def test_pallas_train_step_runs_each_devices_kernels_on_its_shard_of_the_batch(t
     assert all(per_device in shape for shape in shapes if len(shape) >= 2)
 
 
+@pytest.mark.parametrize("target, context", [("v5e-8", 4), ("8xh100", 8)])
+def test_context_parallel_step_runs_the_kernels_on_each_chunk_and_chunks_the_loss(target, context):
+    """One gpt2_small layer's LSSAR step at T = 32K with the sequence split over `context` chips: every kernel call
+    sees this chip's chunk (T / context) and none the whole sequence (a ring step that fell back to the blockwise
+    rules would make no kernel call: the count is exact), and no buffer holds a chunk's whole logits (the loss
+    takes them in chunks of the sequence)."""
+    t, vocab = 32768, 50257
+    cfg = base.get_config("lssar", "gpt2_small")
+    replicas = len(targets.devices(target)) // context
+    cfg.model.implementation, cfg.model.num_layers, cfg.model.dtype = "pallas", 1, "bfloat16"
+    cfg.mesh.shape, cfg.train.seq_len, cfg.train.grad_accum_steps = (replicas, 1, 1, context), t, 1
+    cfg.train.batch_size = replicas  # one sequence per data replica
+    compiled = run.lower_train_step(config.parse(cfg, reads_data=False), targets.devices(target)).compile()
+    operands = run.kernel_operands(compiled.as_text())
+    assert len(operands) == 4  # LSSAR's two forward passes, dq, dkv
+    lengths = {dim for call in operands for shape in call for dim in shape if dim >= 1024}
+    assert lengths == {t // context}, lengths
+    logits = re.findall(rf"f32\[([\d,]*\b{vocab}\b[\d,]*)\]", compiled.as_text())
+    assert logits and all(str(t // context) not in shape.split(",") for shape in logits), sorted(set(logits))
+
+
 def test_an_overflow_is_one_line_naming_the_knob():
     """Blocks of 256 x 128 with Gemma's head dim of 256 need more shared memory than an H100 block has: one line names
     it and the knob (Triton gives up on these in a few seconds; on 512 x 512 blocks of 128 it takes 15)."""

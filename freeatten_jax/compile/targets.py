@@ -43,6 +43,8 @@ H100_BYTES, H200_BYTES = 84942979072, 150754820096
 TARGETS = {
     "v5e-8": Target("tpu", "v5e:2x4", "default", 16 * GIB, "TPU v5e"),
     "v5p-8": Target("tpu", "v5:2x2x1", "megacore", 95 * GIB, "TPU v5p"),
+    "v5p-32": Target("tpu", "v5:2x2x4", "megacore", 95 * GIB, "TPU v5p"),
+    "v5e-16": Target("tpu", "v5e:4x4", "default", 16 * GIB, "TPU v5e"),
     "v6e-8": Target("tpu", "v6e:2x4", "default", 32 * GIB, "TPU v6e"),
     "v4-8": Target("tpu", "v4:2x2x1", "megacore", 32 * GIB, "TPU v4"),
     "h100": Target("cuda", "1x1x1", "", H100_BYTES, "NVIDIA H100 80GB HBM3"),

@@ -129,6 +129,12 @@ class Block(nnx.Module):
 # ----------------------------------------------------------------------------- model
 
 
+def unembed(x_BTE, w_EV):
+    """float32 logits [B, T, V] = x_BTE w_EV, sharded as the logits' logical axes say."""
+    logits_BTV = jnp.einsum("BTE,EV->BTV", x_BTE, w_EV, preferred_element_type=jnp.float32)
+    return sharding.constrain(logits_BTV, ("act_batch", "act_length", "act_vocab"))
+
+
 class Transformer(nnx.Module):
     """Decoder-only LM. `model(tokens_BT)` gives float32 logits_BTV; model.train()/eval() toggle dropout.
 
@@ -156,13 +162,22 @@ class Transformer(nnx.Module):
         position and segment, so N_i follows the absolute position. Both go through the same blocks, remat
         and sharding constraints.
         """
-        x_BTE = self._embed(tokens_BT)
-        run = Block.__call__ if self.remat == "none" else nnx.remat(Block.__call__, policy=REMAT_POLICIES[self.remat])
-        layer_caches = [None] * len(self.blocks) if cache is None else list(cache)
-        for i, block in enumerate(self.blocks):
-            x_BTE, layer_caches[i] = run(block, x_BTE, positions_BT, segment_ids_BT, layer_caches[i])
-        logits_BTV = self._logits(x_BTE)
-        return logits_BTV if cache is None else (logits_BTV, tuple(layer_caches))
+        x_BTE, layer_caches = self._blocks(tokens_BT, positions_BT, segment_ids_BT, cache)
+        logits_BTV = self.logits(x_BTE)
+        return logits_BTV if cache is None else (logits_BTV, layer_caches)
+
+    def features(self, tokens_BT, *, positions_BT=None, segment_ids_BT=None):
+        """The final-normed features x_BTE that `logits` turns into logits (for a loss that never holds all of
+        them at once, training.loss)."""
+        return self._blocks(tokens_BT, positions_BT, segment_ids_BT, None)[0]
+
+    def unembedding(self):
+        """w_EV: features -> logits (the embedding's transpose when tied), in the compute dtype."""
+        return (self.embed_VE[...].T if self.unembed_EV is None else self.unembed_EV[...]).astype(self.dtype)
+
+    def logits(self, x_BTE):
+        """float32 logits [B, T, V] of final-normed features."""
+        return unembed(x_BTE, self.unembedding())
 
     def init_cache(self, batch: int, max_len: int) -> tuple[KVCache, ...]:
         """An empty KV cache of max_len slots per layer."""
@@ -212,11 +227,11 @@ class Transformer(nnx.Module):
         x_BTE = jnp.take(self.embed_VE[...], tokens_BT, axis=0).astype(self.dtype)
         return sharding.constrain(self.embed_dropout(x_BTE), ACTIVATIONS_BTE)
 
-    def _logits(self, x_BTE):
-        x_BTE = self.final_norm(x_BTE)
-        if self.unembed_EV is None:
-            w_EV = self.embed_VE[...].astype(self.dtype).T
-        else:
-            w_EV = self.unembed_EV[...].astype(self.dtype)
-        logits_BTV = jnp.einsum("BTE,EV->BTV", x_BTE, w_EV, preferred_element_type=jnp.float32)
-        return sharding.constrain(logits_BTV, ("act_batch", "act_length", "act_vocab"))
+    def _blocks(self, tokens_BT, positions_BT, segment_ids_BT, cache):
+        """The blocks' output after the final norm, and the updated caches (None entries without a cache)."""
+        x_BTE = self._embed(tokens_BT)
+        run = Block.__call__ if self.remat == "none" else nnx.remat(Block.__call__, policy=REMAT_POLICIES[self.remat])
+        layer_caches = [None] * len(self.blocks) if cache is None else list(cache)
+        for i, block in enumerate(self.blocks):
+            x_BTE, layer_caches[i] = run(block, x_BTE, positions_BT, segment_ids_BT, layer_caches[i])
+        return self.final_norm(x_BTE), tuple(layer_caches)
