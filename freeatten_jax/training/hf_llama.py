@@ -19,8 +19,9 @@ import numpy as np
 from freeatten_jax.errors import UserError
 from freeatten_jax.nn.config import ModelConfig
 
-ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM")
+ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "llama", "mistral")  # config.json's, else its model_type
 SINGLE_FILE, INDEX_FILE = "model.safetensors", "model.safetensors.index.json"
+MARKERS = ("config.json", SINGLE_FILE, INDEX_FILE)  # a folder holding any of them is a Hub folder, not a run
 IGNORED = (".rotary_emb.inv_freq",)  # buffers some older checkpoints saved: recomputed from rope_theta
 # Hugging Face defaults (LlamaConfig's) of the keys a config.json may leave out
 DEFAULTS = {"rms_norm_eps": 1e-6, "rope_theta": 10_000.0, "tie_word_embeddings": False, "hidden_act": "silu"}
@@ -33,7 +34,7 @@ UNSUPPORTED = (
     (lambda c: c["hidden_act"] != "silu", lambda c: f"hidden_act={c['hidden_act']!r} (only SiLU-gated MLPs)"),
     (
         lambda c: c.get("head_dim", c["hidden_size"] // c["num_attention_heads"]) * c["num_attention_heads"] != c["hidden_size"],
-        lambda c: f"head_dim={c['head_dim']} (not hidden_size / num_attention_heads)",
+        lambda c: f"head_dim={c.get('head_dim')} (not hidden_size / num_attention_heads)",
     ),
 )
 REQUIRED = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads")

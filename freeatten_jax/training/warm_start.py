@@ -118,10 +118,10 @@ def _from_hub(folder: str) -> Source:
 
 
 def open_source(text: str) -> Source:
-    """The source config.init.path names: a Hub folder (it has config.json), else a run's WORKDIR[@STEP]."""
+    """The source config.init.path names: a Hub folder (it has config.json or Hub weights), else a run's WORKDIR[@STEP]."""
     path, step = _split_step(text)
     try:
-        if (storage.path(path) / "config.json").exists():
+        if any((storage.path(path) / name).exists() for name in hf_llama.MARKERS):
             return _from_hub(path)
         return _from_run(path, step)
     except UserError as e:
