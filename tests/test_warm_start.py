@@ -20,6 +20,7 @@ from helpers import WORDS, read_metrics, tiny_config
 
 from freeatten_jax import data
 from freeatten_jax.configs import base
+from freeatten_jax.errors import ConfigError
 from freeatten_jax.evaluation import loss
 from freeatten_jax.training import cli as train_cli
 from freeatten_jax.training import loop, optim, warm_start
@@ -56,7 +57,7 @@ def _switched(model, variant: str, s: float | None):
 @pytest.mark.parametrize("variant", ["ssmax", "lssar"])
 def test_a_warm_start_holds_the_sources_weights_at_step_0_and_scores_as_the_switched_source(variant, source, text_glob, tmp_path):
     workdir = tmp_path / "warm"
-    rows = loop.train_and_evaluate(_warm(variant, text_glob, source), workdir)
+    rows = loop.train_and_evaluate(_warm(variant, text_glob, source, **{"train.seq_len": 32}), workdir)  # source: 16
     start, src = load_run(workdir, step=0), load_run(source)
     assert start.step == 0 and start.config.init.path == str(source) and start.config.model.attention == variant
     ours, theirs = _params(start.model), _params(src.model)
@@ -64,7 +65,7 @@ def test_a_warm_start_holds_the_sources_weights_at_step_0_and_scores_as_the_swit
     assert set(theirs) <= set(ours) and len(theirs) == 13
     for name, value in theirs.items():
         assert np.array_equal(ours[name], value), name
-    s0 = 1 / math.log(16)  # s log N = 1 at the source's training length (train.seq_len 16)
+    s0 = 1 / math.log(16)  # s log N = 1 at the source's training length (its train.seq_len), not this run's
     assert sorted(new) == (["blocks.0.attn.s_H"] if variant == "ssmax" else [])
     for value in new.values():
         np.testing.assert_allclose(value, s0, rtol=1e-6)
@@ -175,6 +176,14 @@ BAD = {  # config overrides -> what the one line must say
         "this run's data tokenizer (data.tokenizer=file) is not the source's",
     ),
 }
+
+
+def test_a_workdir_holding_another_run_is_refused(source, text_glob, tmp_path):
+    """The source recorded in a run's config is part of it, as its model and data are: a warm start into a workdir
+    that holds a run from scratch (or from another source) is refused, not resumed."""
+    shutil.copytree(source, tmp_path / "run")
+    with pytest.raises(ConfigError, match=f"config.init.path is '{source}' but the checkpoint at step 6 in .* used ''"):
+        loop.train_and_evaluate(tiny_config("softmax", text_glob, **{**SOURCE_STEPS, "init.path": str(source)}), tmp_path / "run")
 
 
 def _files(folder) -> dict:
