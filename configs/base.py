@@ -40,12 +40,17 @@ TRAINING = {
 CONTROLS = {"softmax_logn": ("ssmax", {"model.ssmax_learn_s": False})}
 
 
-def get_config(variant: str = "softmax", size: str = "tiny") -> ml_collections.ConfigDict:
-    """The ConfigDict of `variant` (or a control) at `size` (an unknown variant is left for validation to name)."""
+def get_config(variant: str = "softmax", size: str = "tiny", init: str = "") -> ml_collections.ConfigDict:
+    """The ConfigDict of `variant` (or a control) at `size` (an unknown variant is left for validation to name); with
+    `init`, a warm start from that source, its model sizes, tokenizer and training length in place of the size's."""
     variant, settings = CONTROLS.get(variant, (variant, {}))
     defaults = attention.VARIANTS[variant].defaults if variant in attention.VARIANTS else {}
     cfg = config_defaults.build(presets.preset(size), defaults)
     cfg.model.attention = variant
     cfg.update_from_flattened_dict(TRAINING[size])
     cfg.update_from_flattened_dict(settings)
+    if init:
+        from freeatten_jax.training import warm_start
+
+        cfg.update_from_flattened_dict(warm_start.settings(init))
     return cfg

@@ -25,5 +25,9 @@ def generate() -> None:
     _run("freeatten_jax.training.generate_cli", "train")
 
 
+def import_() -> None:
+    _run("freeatten_jax.training.import_cli", "train")
+
+
 def compile_() -> None:
     _run("freeatten_jax.compile.cli", "compile")

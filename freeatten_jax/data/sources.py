@@ -80,7 +80,7 @@ def _check_tokens(shard: shards.Shard, vocab: int, block: int = 1 << 24) -> shar
 def _text_splits(paths, cfg, data_dir: pathlib.Path) -> Splits:
     texts = [_decode(p, cfg) for p in paths]
     cut = [_split_point(len(t), cfg.val_fraction) for t in texts]
-    tok = TOKENIZERS[cfg.tokenizer](data_dir, cfg.bpe_vocab_size, [t[:c] for t, c in zip(texts, cut)])
+    tok = TOKENIZERS[cfg.tokenizer](cfg, data_dir, [t[:c] for t, c in zip(texts, cut)])
     eos = document_eos(cfg)
     opening = [] if eos is None else [np.asarray([eos], np.int32)]  # an EOS opens each part (int32: it may be 65536)
     stream = lambda parts: np.concatenate([piece for part in parts for piece in (*opening, tok.encode(part))])
@@ -175,12 +175,20 @@ def held_out_windows(cfg_data, splits: Splits, length: int, max_windows: int | N
     return eval_windows(splits.val, length, max_windows)
 
 
+# a text tokenizer's vocabulary, known without reading the data
+TOKENIZER_VOCABS = {
+    "byte": lambda cfg_data: 256,
+    "bpe": lambda cfg_data: cfg_data.bpe_vocab_size,
+    "file": lambda cfg_data: TOKENIZERS["file"](cfg_data).vocab_size,
+}
+
+
 def _tokenizer_vocab(cfg_data) -> int:
     if cfg_data.source == "mqar":
         return mqar_task(cfg_data).vocab_size
     if cfg_data.source == "bin":
         return GPT2_VOCAB
-    return 256 if cfg_data.tokenizer == "byte" else cfg_data.bpe_vocab_size
+    return TOKENIZER_VOCABS[cfg_data.tokenizer](cfg_data)
 
 
 def document_eos(cfg_data) -> int | None:
@@ -205,7 +213,7 @@ def configured_tokenizer(cfg_data):
     """The tokenizer a run trained with, without reading its data (None for .bin shards without data.tokenizer_path)."""
     if cfg_data.source not in TEXT_DIRS:
         return _file_tokenizer(cfg_data)
-    return TOKENIZERS[cfg_data.tokenizer](TEXT_DIRS[cfg_data.source](cfg_data), cfg_data.bpe_vocab_size)
+    return TOKENIZERS[cfg_data.tokenizer](cfg_data, TEXT_DIRS[cfg_data.source](cfg_data))
 
 
 def run_tokenizer(workdir, cfg_data):

@@ -1,5 +1,5 @@
 """Tokenizers: bytes (vocab 256, the default), a byte-level BPE trained locally, or a Hugging Face
-`tokenizer.json` file (e.g. GPT-2's, for .bin token shards).
+`tokenizer.json` file (e.g. GPT-2's, for .bin token shards, or an imported model's own for text).
 
 The BPE is saved as JSON beside the data, which may be on cloud storage (an `etils.epath` path). Every
 run also saves its tokenizer in its own folder (RUN_FILE), so a run can be evaluated without its data.
@@ -10,7 +10,13 @@ import json
 import numpy as np
 from etils import epath
 
+from freeatten_jax.errors import UserError
+
 RUN_FILE = "tokenizer.json"  # in the run folder: {"kind": "byte" | "bpe" | "file", "hf": the HF tokenizer JSON or null}
+
+
+class TokenizerFileError(UserError, FileNotFoundError):
+    """A tokenizer file that is not there."""
 
 
 class ByteTokenizer:
@@ -34,7 +40,7 @@ class FileTokenizer:
         from tokenizers import Tokenizer
 
         if text is None and not epath.Path(path).exists():
-            raise FileNotFoundError(f"tokenizer file {str(path)!r} does not exist")
+            raise TokenizerFileError(f"tokenizer file {str(path)!r} does not exist")
         self._tok = Tokenizer.from_str(epath.Path(path).read_text() if text is None else text)
         self.vocab_size = self._tok.get_vocab_size()
 
@@ -82,15 +88,23 @@ def bpe_path(data_dir: epath.PathLike, vocab_size: int) -> epath.Path:
     return epath.Path(data_dir) / f"bpe-{vocab_size}.json"
 
 
-def byte_tokenizer(data_dir, vocab_size, train_texts=None):
+def byte_tokenizer(cfg_data, data_dir, train_texts=None):
     return ByteTokenizer()
 
 
-def bpe_tokenizer(data_dir, vocab_size, train_texts=None):
-    return BpeTokenizer(bpe_path(data_dir, vocab_size), vocab_size, train_texts)
+def bpe_tokenizer(cfg_data, data_dir, train_texts=None):
+    return BpeTokenizer(bpe_path(data_dir, cfg_data.bpe_vocab_size), cfg_data.bpe_vocab_size, train_texts)
 
 
-TOKENIZERS = {"byte": byte_tokenizer, "bpe": bpe_tokenizer}
+def file_tokenizer(cfg_data, data_dir=None, train_texts=None):
+    """data.tokenizer_path, a Hugging Face tokenizer.json: an imported model's own tokenizer for text data."""
+    if not cfg_data.tokenizer_path:
+        raise TokenizerFileError("config.data.tokenizer=file needs config.data.tokenizer_path, a Hugging Face tokenizer.json")
+    return FileTokenizer(cfg_data.tokenizer_path)
+
+
+# the text sources' tokenizers by data.tokenizer: (config.data, the data's folder, training texts to fit on) -> tokenizer
+TOKENIZERS = {"byte": byte_tokenizer, "bpe": bpe_tokenizer, "file": file_tokenizer}
 KINDS = {ByteTokenizer: "byte", BpeTokenizer: "bpe", FileTokenizer: "file"}
 
 

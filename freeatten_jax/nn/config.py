@@ -72,6 +72,9 @@ class ModelConfig:
     implementation: str = option("auto", help="how attention is computed", check=_IMPLEMENTATIONS)
     mlp: Mlp = option("gelu", help="the MLP's activation (swiglu: gated)", check=one_of(get_args(Mlp)))
     norm: Norm = option("layernorm", help="the normalisation before attention and MLP", check=one_of(get_args(Norm)))
+    norm_eps: float | None = option(
+        None, help="the norm's epsilon; None: the norm's own (layernorm 1e-5, rmsnorm 1e-6)", check=optional(POSITIVE)
+    )
     tie_embeddings: bool = option(True, help="the output projection is the embedding table", check=BOOL)
     use_bias: bool = option(False, help="biases in the projections", check=BOOL)
     dropout: float = option(0.0, help="dropout rate", check=number(lambda v: 0 <= v < 1, "a rate in [0, 1)"))

@@ -57,6 +57,12 @@ class RMSNorm(nnx.Module):
 NORMS = {"layernorm": LayerNorm, "rmsnorm": RMSNorm}
 
 
+def make_norm(cfg: ModelConfig):
+    """The configured norm over d_model, with cfg.norm_eps if set (else the norm's own epsilon)."""
+    eps = {} if cfg.norm_eps is None else {"eps": cfg.norm_eps}
+    return NORMS[cfg.norm](cfg.d_model, cfg.dtype, cfg.param_dtype, **eps)
+
+
 class MlpKind(NamedTuple):
     activation: Callable[[jax.Array], jax.Array]
     gated: bool  # gated: activation(x W_in) * (x W_gate)
@@ -95,7 +101,7 @@ class Block(nnx.Module):
     def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
         dtype, pdtype = cfg.dtype, cfg.param_dtype
         out_init = jax.nn.initializers.normal(0.02 / math.sqrt(2 * cfg.num_layers))  # GPT-2 residual scaling
-        self.attn_norm = NORMS[cfg.norm](cfg.d_model, dtype, pdtype)
+        self.attn_norm = make_norm(cfg)
         self.attn = Attention(
             cfg.d_model,
             cfg.num_heads,
@@ -113,7 +119,7 @@ class Block(nnx.Module):
             param_dtype=pdtype,
             out_init=out_init,
         )
-        self.mlp_norm = NORMS[cfg.norm](cfg.d_model, dtype, pdtype)
+        self.mlp_norm = make_norm(cfg)
         self.mlp = Mlp(cfg, out_init, rngs=rngs)
         self.dropout = nnx.Dropout(cfg.dropout, rngs=rngs)
 
@@ -150,7 +156,7 @@ class Transformer(nnx.Module):
         self.embed_VE = param(rngs.params(), default_init, (v, e), ("vocab", "embed"), pdtype)
         self.embed_dropout = nnx.Dropout(cfg.dropout, rngs=rngs)
         self.blocks = nnx.List([Block(cfg, rngs=rngs) for _ in range(cfg.num_layers)])
-        self.final_norm = NORMS[cfg.norm](e, self.dtype, pdtype)
+        self.final_norm = make_norm(cfg)
         tied = cfg.tie_embeddings
         self.unembed_EV = None if tied else param(rngs.params(), default_init, (e, v), ("embed", "vocab"), pdtype)
 

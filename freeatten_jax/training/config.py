@@ -50,7 +50,9 @@ class DataConfig:
     path: str = option("", help="glob of text files or .bin training shards")
     val_path: str = option("", help="optional glob of .bin validation shards; else the last val_fraction of each file")
     tokenizer: str = option(
-        "byte", help="text sources' tokenizer (.bin shards are tokenized already)", check=one_of(tuple(data.TOKENIZERS))
+        "byte",
+        help="text sources' tokenizer (.bin shards are tokenized already); file: data.tokenizer_path's",
+        check=one_of(tuple(data.TOKENIZERS)),
     )
     bpe_vocab_size: int = option(
         4096, help="the BPE tokenizer's vocabulary (trained locally, saved beside the data)", check=integer(257, 65536)
@@ -80,7 +82,9 @@ class DataConfig:
         help="undecodable bytes: strict (an error naming the file and offset) | replace | ignore",
         check=one_of(("strict", "replace", "ignore")),
     )
-    tokenizer_path: str = option("", help=".bin shards: a Hugging Face tokenizer.json (e.g. GPT-2's) for passkey and generation")
+    tokenizer_path: str = option(
+        "", help="a Hugging Face tokenizer.json: .bin shards' (e.g. GPT-2's) for passkey and generation; text's (tokenizer=file)"
+    )
     retrieval_fraction: float = option(
         0.0, help="fraction of training windows replaced by synthetic passkey sequences", check=FRACTION
     )
@@ -155,6 +159,15 @@ class CheckpointConfig:
     )
 
 
+@dataclasses.dataclass(frozen=True)
+class InitConfig:
+    path: str = option(
+        "",
+        help="'': random weights; else a warm start (a new run, step 0) from WORKDIR[@STEP], a trained run (its latest "
+        "checkpoint unless @STEP), or a Hugging Face Llama folder: its weights with this run's attention (training.warm_start)",
+    )
+
+
 SECTIONS = {
     "model": ModelConfig,
     "data": DataConfig,
@@ -162,6 +175,7 @@ SECTIONS = {
     "train": TrainConfig,
     "mesh": MeshConfig,
     "checkpoint": CheckpointConfig,
+    "init": InitConfig,
 }
 # Model fields the application fills in when the command line leaves them: field -> what the command line's value means.
 MODEL_NOTES = {
@@ -182,6 +196,7 @@ class Config:
     train: TrainConfig
     mesh: MeshConfig
     checkpoint: CheckpointConfig
+    init: InitConfig
     source: dict
 
 
@@ -231,7 +246,7 @@ def parse(cfg: ml_collections.ConfigDict, *, reads_data: bool = True) -> Config:
 
     reads_data=False: for a program that reads no data (freeatten-compile), data.path may be empty."""
     cfg = cfg.copy_and_resolve_references()
-    sections = {name: cfg[name].to_dict() for name in SECTIONS if name != "model"}
+    sections = {name: cfg[name].to_dict() if name in cfg else {} for name in SECTIONS if name != "model"}  # saved before init
     if sections["data"].get("val_path"):
         sections["data"].pop("val_fraction", None)  # held out in its own files: unchecked (and unused)
     for name, values in sections.items():
@@ -251,5 +266,6 @@ def parse(cfg: ml_collections.ConfigDict, *, reads_data: bool = True) -> Config:
         train=dataclasses.replace(train, profile_steps=tuple(train.profile_steps)),
         mesh=MeshConfig(tuple(cfg.mesh.shape), tuple(tuple(rule) for rule in cfg.mesh.rules)),
         checkpoint=_section(CheckpointConfig, cfg.checkpoint),
+        init=_section(InitConfig, sections["init"]),
         source=to_json(cfg),
     )

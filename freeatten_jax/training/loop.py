@@ -12,7 +12,7 @@ from jax.experimental import multihost_utils
 from freeatten_jax import data
 from freeatten_jax.errors import ConfigError, UserError
 from freeatten_jax.nn import sharding
-from freeatten_jax.training import config, distributed, divergence, flops, integrity, lock, optim, storage
+from freeatten_jax.training import config, distributed, divergence, flops, integrity, lock, optim, storage, warm_start
 from freeatten_jax.training import state as train_state
 from freeatten_jax.training import step as train_step
 from freeatten_jax.training.checkpoint import (
@@ -109,8 +109,8 @@ class Evaluator:
         return total / count
 
 
-# Fields a resumed run must share with its checkpoint: the parameters' shapes and the data stream.
-RESUME_FIXED = ("model.", "data.", "train.seq_len", "train.batch_size", "train.seed")
+# Fields a resumed run must share with its checkpoint: the parameters' shapes and origin, and the data stream.
+RESUME_FIXED = ("model.", "data.", "train.seq_len", "train.batch_size", "train.seed", "init.")
 RESUME_FREE = ("data.allow_changed",)  # and, with data.allow_changed, the data's paths:
 CHANGEABLE_DATA = ("data.path", "data.val_path")
 
@@ -211,22 +211,25 @@ class RunMetrics(list):
     preempted = False
 
 
-def train_and_evaluate(cfg_dict, workdir, cluster: distributed.Cluster | None = None) -> RunMetrics:
+def train_and_evaluate(
+    cfg_dict, workdir, cluster: distributed.Cluster | None = None, *, initialise_only: bool = False
+) -> RunMetrics:
     """Trains (resuming from WORKDIR's newest good checkpoint if any); returns the metrics written this run.
 
-    `cfg_dict` is the command line's ConfigDict. Every field, the workdir and the data are checked before anything is
-    written. Process 0 holds WORKDIR/lock for the run: a second trainer on the same workdir stops at once.
+    `cfg_dict` is the command line's ConfigDict. Every field, the workdir, the data and a warm start's source are
+    checked before anything is written. Process 0 holds WORKDIR/lock for the run: a second trainer on the same workdir
+    stops at once. initialise_only: write the initial state (a warm start's checkpoint 0) and stop (freeatten-import).
     """
     distributed.initialize_distributed(cluster=cluster)
     watch = distributed.PeerWatch((cluster or distributed.Cluster()).peer_timeout_s) if jax.process_count() > 1 else None
     try:
-        return _checked_and_trained(cfg_dict, workdir)
+        return _checked_and_trained(cfg_dict, workdir, initialise_only)
     finally:
         if watch is not None:
             watch.stop()
 
 
-def _checked_and_trained(cfg_dict, workdir) -> RunMetrics:
+def _checked_and_trained(cfg_dict, workdir, initialise_only: bool) -> RunMetrics:
     cfg = config.parse(cfg_dict)
     storage.check_workdir(workdir)
     try:
@@ -237,10 +240,12 @@ def _checked_and_trained(cfg_dict, workdir) -> RunMetrics:
     splits = data.load_splits(cfg.data)
     _check_data(cfg, splits)
     abstract, _ = train_state.abstract_state(cfg, mesh, optim.make(cfg.optim, cfg.train.steps))
+    warm = cfg.init.path and not warm_start.has_checkpoint(workdir)
+    source = warm_start.checked_source(cfg, splits.tokenizer) if warm else None
     storage.check_free_space(workdir, sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(abstract)))
     with lock.hold(workdir):
         try:
-            return _train(cfg, splits, mesh, workdir)
+            return _train(cfg, splits, mesh, workdir, source, initialise_only)
         except OSError as e:
             if isinstance(e, UserError) or e.errno not in storage.FULL_OR_READ_ONLY:
                 raise
@@ -291,7 +296,7 @@ def _check_data(cfg: config.Config, splits: data.Splits) -> None:
         )
 
 
-def _train(cfg: config.Config, splits, mesh, workdir) -> RunMetrics:
+def _train(cfg: config.Config, splits, mesh, workdir, source, initialise_only: bool) -> RunMetrics:
     rules, steps, hosts = cfg.mesh.rules, cfg.train.steps, jax.process_count()
     train_iter = data.train_iterator(
         splits.train,
@@ -309,13 +314,19 @@ def _train(cfg: config.Config, splits, mesh, workdir) -> RunMetrics:
     abstract, state_shardings = train_state.abstract_state(cfg, mesh, tx)
     try:
         state, start = _resume(ckpt, abstract, train_iter, cfg, workdir)
+        if jax.process_index() == 0:
+            data.save_to_run(splits.tokenizer, storage.path(workdir))  # the run carries its tokenizer
+        if state is None:
+            state = train_state.create(cfg, mesh, tx, state_shardings)
+            if cfg.init.path:  # a warm start: its state is checkpoint 0, so that it resumes without its source
+                state = warm_start.apply(cfg, state, source or warm_start.checked_source(cfg, splits.tokenizer), workdir)
+                _save(ckpt, 0, state, train_iter, cfg.source)
     except BaseException:
         ckpt.close()
         raise
-    if jax.process_index() == 0:
-        data.save_to_run(splits.tokenizer, storage.path(workdir))  # the run carries its tokenizer
-    if state is None:
-        state = train_state.create(cfg, mesh, tx, state_shardings)
+    if initialise_only:
+        ckpt.close()
+        return RunMetrics()
     step_fn = train_step.make_train_step(cfg, state_shardings)
     writer = MetricsWriter(workdir, start, cfg.source)
     stop = _StopSignal()

@@ -1,0 +1,195 @@
+"""Hugging Face Llama-family checkpoints (Llama 2/3 without rope scaling, SmolLM/SmolLM2, TinyLlama, Mistral without a
+sliding window) read without torch: config.json as a `ModelConfig`, model.safetensors (or its shards and their index)
+as this project's parameters, tokenizer.json as the run's tokenizer.
+
+Glossary: E hidden_size, H heads, K kv heads, D head dim, F intermediate_size, V vocabulary.
+The Hub stores torch Linear weights [out, in]; ours are [in, ...]: q_proj [H*D, E] -> wq_EHD, k/v_proj [K*D, E] ->
+wk/wv_EKD, o_proj [E, H*D] -> wo_HDE, gate_proj [F, E] -> w_in_EF (SiLU's input), up_proj [F, E] -> w_gate_EF,
+down_proj [E, F] -> w_out_FE, lm_head [V, E] -> unembed_EV. Llama's RoPE rotates the halves of each head
+(pairs f, f + D/2) by position * theta^(-2f/D), as nn.rope does, so q and k are copied without a permutation.
+"""
+
+import dataclasses
+import json
+import pathlib
+from typing import Callable
+
+import numpy as np
+
+from freeatten_jax.errors import UserError
+from freeatten_jax.nn.config import ModelConfig
+
+ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "llama", "mistral")  # config.json's, else its model_type
+SINGLE_FILE, INDEX_FILE = "model.safetensors", "model.safetensors.index.json"
+MARKERS = ("config.json", SINGLE_FILE, INDEX_FILE)  # a folder holding any of them is a Hub folder, not a run
+IGNORED = (".rotary_emb.inv_freq",)  # buffers some older checkpoints saved: recomputed from rope_theta
+# Hugging Face defaults (LlamaConfig's) of the keys a config.json may leave out
+DEFAULTS = {"rms_norm_eps": 1e-6, "rope_theta": 10_000.0, "tie_word_embeddings": False, "hidden_act": "silu"}
+# What this import does not implement: (config.json -> True when present, what it is); the first that holds is the error.
+UNSUPPORTED = (
+    (lambda c: c.get("rope_scaling") is not None, lambda c: f"rope_scaling {c['rope_scaling']} (RoPE scaling)"),
+    (lambda c: c.get("sliding_window") is not None, lambda c: f"sliding_window={c['sliding_window']} (windowed attention)"),
+    (lambda c: bool(c.get("attention_bias")), lambda c: "attention_bias=true (biases in q/k/v/o)"),
+    (lambda c: bool(c.get("mlp_bias")), lambda c: "mlp_bias=true (biases in the MLP)"),
+    (lambda c: c["hidden_act"] != "silu", lambda c: f"hidden_act={c['hidden_act']!r} (only SiLU-gated MLPs)"),
+    (
+        lambda c: c.get("head_dim", c["hidden_size"] // c["num_attention_heads"]) * c["num_attention_heads"] != c["hidden_size"],
+        lambda c: f"head_dim={c.get('head_dim')} (not hidden_size / num_attention_heads)",
+    ),
+)
+REQUIRED = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads")
+
+
+class HubError(UserError, ValueError):
+    """A Hugging Face folder that cannot be imported: a missing file, an unsupported architecture or a bad tensor."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Tensor:
+    """Where one Hub tensor goes: our parameter's path, the Hub shape config.json implies, and the layout change."""
+
+    path: str
+    hub_shape: tuple[int, ...]
+    to_ours: Callable[[np.ndarray], np.ndarray]
+
+
+def read_config(folder) -> dict:
+    """config.json with LlamaConfig's defaults filled in; an unsupported architecture or feature is a HubError."""
+    path = pathlib.Path(folder).expanduser() / "config.json"
+    if not path.is_file():
+        raise HubError(f"{path} not found: a Hugging Face model folder has config.json and model.safetensors")
+    hub = {**DEFAULTS, **json.loads(path.read_text())}
+    architectures = hub.get("architectures") or [hub.get("model_type", "none")]
+    if architectures[0] not in ARCHITECTURES:
+        raise HubError(f"{path}: architecture {architectures[0]!r} is not supported; supported: {', '.join(ARCHITECTURES)}")
+    if missing := [key for key in REQUIRED if key not in hub]:
+        raise HubError(f"{path} lacks {missing[0]!r}")
+    for unsupported, what in UNSUPPORTED:
+        if unsupported(hub):
+            raise HubError(f"{path}: {what(hub)} is not supported by this import")
+    return hub
+
+
+def model_config(hub: dict, max_len: int) -> ModelConfig:
+    """The ModelConfig of a Llama config.json (softmax attention, float32, trained at `max_len`)."""
+    return ModelConfig(
+        vocab_size=hub["vocab_size"],
+        num_layers=hub["num_hidden_layers"],
+        num_heads=hub["num_attention_heads"],
+        d_model=hub["hidden_size"],
+        mlp_dim=hub["intermediate_size"],
+        num_kv_heads=hub.get("num_key_value_heads") or 0,
+        max_len=max_len,
+        mlp="swiglu",
+        norm="rmsnorm",
+        norm_eps=float(hub["rms_norm_eps"]),
+        tie_embeddings=bool(hub["tie_word_embeddings"]),
+        rope_theta=float(hub["rope_theta"]),
+    )
+
+
+def layout(cfg: ModelConfig) -> dict[str, Tensor]:
+    """Every Hub tensor name of a model of `cfg` -> where it goes (lm_head only when untied)."""
+    e, f, v, h = cfg.d_model, cfg.mlp_dim, cfg.vocab_size, cfg.num_heads
+    k, d = cfg.num_kv_heads or h, cfg.d_model // h
+    transpose = lambda w_OI: w_OI.T
+    per_layer = {
+        "self_attn.q_proj.weight": ("attn.wq_EHD", (h * d, e), lambda w_OE: w_OE.T.reshape(e, h, d)),
+        "self_attn.k_proj.weight": ("attn.wk_EKD", (k * d, e), lambda w_OE: w_OE.T.reshape(e, k, d)),
+        "self_attn.v_proj.weight": ("attn.wv_EKD", (k * d, e), lambda w_OE: w_OE.T.reshape(e, k, d)),
+        "self_attn.o_proj.weight": ("attn.wo_HDE", (e, h * d), lambda w_EO: w_EO.T.reshape(h, d, e)),
+        "mlp.gate_proj.weight": ("mlp.w_in_EF", (f, e), transpose),
+        "mlp.up_proj.weight": ("mlp.w_gate_EF", (f, e), transpose),
+        "mlp.down_proj.weight": ("mlp.w_out_FE", (e, f), transpose),
+        "input_layernorm.weight": ("attn_norm.scale_E", (e,), np.asarray),
+        "post_attention_layernorm.weight": ("mlp_norm.scale_E", (e,), np.asarray),
+    }
+    tensors = {
+        f"model.layers.{i}.{name}": Tensor(f"blocks.{i}.{ours}", shape, convert)
+        for i in range(cfg.num_layers)
+        for name, (ours, shape, convert) in per_layer.items()
+    }
+    tensors["model.embed_tokens.weight"] = Tensor("embed_VE", (v, e), np.asarray)
+    tensors["model.norm.weight"] = Tensor("final_norm.scale_E", (e,), np.asarray)
+    if not cfg.tie_embeddings:
+        tensors["lm_head.weight"] = Tensor("unembed_EV", (v, e), transpose)
+    return tensors
+
+
+def _files(folder: pathlib.Path) -> dict[str, pathlib.Path]:
+    """Each stored tensor name -> its safetensors file (model.safetensors, or the shards its index names)."""
+    if (folder / INDEX_FILE).is_file():
+        weight_map = json.loads((folder / INDEX_FILE).read_text())["weight_map"]
+        files = {name: folder / file for name, file in weight_map.items()}
+    elif (folder / SINGLE_FILE).is_file():
+        from safetensors import safe_open
+
+        with safe_open(folder / SINGLE_FILE, framework="numpy") as f:
+            files = dict.fromkeys(f.keys(), folder / SINGLE_FILE)
+    else:
+        raise HubError(f"{folder} has neither {SINGLE_FILE} nor {INDEX_FILE}")
+    if missing := sorted({str(p) for p in files.values() if not p.is_file()}):
+        raise HubError(f"{missing[0]} not found ({INDEX_FILE} names it)")
+    return files
+
+
+@dataclasses.dataclass(frozen=True)
+class Checkpoint:
+    """A checked Hub folder: its config.json, the ModelConfig and its tensors' files; `load` reads the parameters."""
+
+    folder: pathlib.Path
+    hub: dict
+    model: ModelConfig
+    tensors: dict[str, Tensor]
+    files: dict[str, pathlib.Path]
+
+    @property
+    def training_length(self) -> int:
+        """The length the model was trained for: max_position_embeddings (2048 when config.json gives none)."""
+        return int(self.hub.get("max_position_embeddings", 2048))
+
+    def load(self) -> dict[str, np.ndarray]:
+        """Our parameter path -> array in our layout, in the stored dtype."""
+        from safetensors import safe_open
+
+        params = {}
+        for path in sorted(set(self.files.values())):
+            with safe_open(path, framework="numpy") as f:
+                for name in f.keys():
+                    if name in self.tensors:
+                        params[self.tensors[name].path] = self.tensors[name].to_ours(f.get_tensor(name))
+        return params
+
+
+def open_checkpoint(folder, max_len: int | None = None) -> Checkpoint:
+    """A Hub folder, checked without reading its weights: the config is supported, every tensor is there with the shape
+    the config implies, and no tensor is left over (biases a Llama has none of). `max_len`: the model's training length
+    (default max_position_embeddings)."""
+    folder = pathlib.Path(folder).expanduser()
+    hub = read_config(folder)
+    model = model_config(hub, max_len or int(hub.get("max_position_embeddings", 2048)))
+    tensors, files = layout(model), _files(folder)
+    tied_head = ("lm_head.weight",) if model.tie_embeddings else ()
+    if extra := sorted(n for n in files if n not in tensors and not n.endswith(IGNORED) and n not in tied_head):
+        raise HubError(f"{folder}: tensor {extra[0]!r} has no place in a {model.num_layers}-layer Llama without biases")
+    if missing := [n for n in tensors if n not in files]:
+        raise HubError(f"{folder}: tensor {missing[0]!r} is missing ({len(missing)} of {len(tensors)} are)")
+    from safetensors import safe_open
+
+    for path in sorted(set(files.values())):
+        with safe_open(path, framework="numpy") as f:
+            for name in f.keys():
+                shape = tuple(f.get_slice(name).get_shape())
+                if name in tensors and shape != tensors[name].hub_shape:
+                    raise HubError(f"{path.name}: {name} has shape {shape} but config.json implies {tensors[name].hub_shape}")
+    return Checkpoint(folder, hub, model, tensors, files)
+
+
+def tokenizer(folder):
+    """The folder's tokenizer.json as the run's tokenizer (a HubError if there is none)."""
+    from freeatten_jax.data.tokenizer import FileTokenizer
+
+    path = pathlib.Path(folder).expanduser() / "tokenizer.json"
+    if not path.is_file():
+        raise HubError(f"{path} not found: the model's tokenizer is needed in the `tokenizers` JSON format")
+    return FileTokenizer(path)

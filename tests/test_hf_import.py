@@ -1,0 +1,248 @@
+"""Hugging Face Llama import against an independent implementation: a tiny random `FlaxLlamaForCausalLM`
+(transformers, test-only; GQA, untied), written by the test in the Hub's layout (torch names, [out, in] weights, one
+safetensors file or two shards with their index), imported with freeatten-import, gives the same logits and the same
+greedy tokens; a RoPE base other than 10,000 (which FlaxLlama ignores) against the reference given that base; the
+import trains on with LSSAR; unsupported or broken folders are one error line that writes nothing.
+"""
+
+import json
+import shutil
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import tokenizers
+from helpers import read_metrics
+from safetensors.numpy import save_file
+from transformers import FlaxLlamaForCausalLM, LlamaConfig
+from transformers.models.llama import modeling_flax_llama
+
+from freeatten_jax.configs import base
+from freeatten_jax.nn import generate
+from freeatten_jax.training import generate_cli, import_cli, loop
+from freeatten_jax.training.run import load_run
+
+HUB = dict(
+    architectures=["LlamaForCausalLM"],
+    hidden_size=32,
+    intermediate_size=48,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,  # GQA
+    max_position_embeddings=64,
+    rms_norm_eps=1e-5,
+    tie_word_embeddings=False,
+)
+PROMPT = "the king and the queen"
+
+
+def _tokenizer(text_glob) -> tokenizers.Tokenizer:
+    """A byte-level BPE of 300 tokens fitted on the test corpus."""
+    import glob
+
+    tok = tokenizers.Tokenizer(tokenizers.models.BPE())
+    tok.pre_tokenizer = tokenizers.pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = tokenizers.decoders.ByteLevel()
+    trainer = tokenizers.trainers.BpeTrainer(
+        vocab_size=300, initial_alphabet=tokenizers.pre_tokenizers.ByteLevel.alphabet(), show_progress=False
+    )
+    tok.train_from_iterator([open(p).read() for p in sorted(glob.glob(text_glob))], trainer=trainer)
+    return tok
+
+
+def _hub_tensors(params) -> dict[str, np.ndarray]:
+    """FlaxLlama's parameters under the Hub's torch names: `a.b.kernel` [in, out] -> `a.b.weight` [out, in]."""
+    tensors = {}
+    for path, leaf in jax.tree_util.tree_leaves_with_path(params):
+        names = [k.key for k in path]
+        leaf = np.asarray(leaf)
+        if names[-1] == "kernel":
+            leaf = leaf.T
+        tensors[".".join(names[:-1] + ["weight"])] = np.ascontiguousarray(leaf)
+    return tensors
+
+
+def write_hub_folder(folder, reference, tok, shards: int = 1):
+    """config.json, tokenizer.json and the weights as one model.safetensors or `shards` files with their index."""
+    folder.mkdir(parents=True)
+    (folder / "config.json").write_text(reference.config.to_json_string())
+    (folder / "tokenizer.json").write_text(tok.to_str())
+    tensors = _hub_tensors(reference.params)
+    if shards == 1:
+        save_file(tensors, folder / "model.safetensors")
+        return folder
+    names, weight_map = sorted(tensors), {}
+    for i in range(shards):
+        file = f"model-{i + 1:05d}-of-{shards:05d}.safetensors"
+        part = names[i::shards]
+        save_file({n: tensors[n] for n in part}, folder / file)
+        weight_map.update(dict.fromkeys(part, file))
+    (folder / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
+    return folder
+
+
+@pytest.fixture(scope="module")
+def hub(text_glob, tmp_path_factory):
+    """(the reference FlaxLlama, its tokenizer, its Hub folder in one file, and in two shards)."""
+    tok = _tokenizer(text_glob)
+    reference = FlaxLlamaForCausalLM(LlamaConfig(vocab_size=tok.get_vocab_size(), **HUB), seed=0)
+    root = tmp_path_factory.mktemp("hub")
+    return (
+        reference,
+        tok,
+        write_hub_folder(root / "single", reference, tok),
+        write_hub_folder(root / "sharded", reference, tok, 2),
+    )
+
+
+def _on_text(text_glob) -> list[str]:
+    """Config overrides: the test corpus as the run's data (the default corpus is fetched on first use)."""
+    return ["--config.mesh.shape=(1,1,1)", "--config.data.source=text", f"--config.data.path={text_glob}"]
+
+
+def _import(run_cli, folder, workdir, text_glob):
+    code, lines = run_cli(import_cli.main, str(folder), f"--workdir={workdir}", *_on_text(text_glob))
+    assert code == 0, lines
+    return lines
+
+
+@pytest.mark.parametrize("layout", ["single", "sharded"])
+def test_an_imported_llama_gives_the_references_logits_and_greedy_tokens(layout, hub, run_cli, text_glob, tmp_path):
+    reference, tok, single, sharded = hub
+    lines = _import(run_cli, {"single": single, "sharded": sharded}[layout], tmp_path / "run", text_glob)
+    assert lines[-1] == f"imported {single if layout == 'single' else sharded} as checkpoint 0 of {tmp_path / 'run'}"
+    run = load_run(tmp_path / "run")
+    assert (run.step, run.config.model.num_kv_heads, run.config.model.norm_eps, run.config.train.seq_len) == (0, 2, 1e-5, 64)
+    tokens_BT = np.asarray([tok.encode(PROMPT + " and the lord").ids] * 2, np.int32)
+    tokens_BT[1] = tokens_BT[1][::-1]
+    ours_BTV, theirs_BTV = np.asarray(run.model(tokens_BT)), np.asarray(reference(tokens_BT).logits)
+    error = float(np.abs(ours_BTV - theirs_BTV).max())
+    print(f"max |logit difference| vs FlaxLlamaForCausalLM ({layout}): {error:.2e}")
+    assert error <= 1e-4 and np.abs(theirs_BTV).max() > 1e-2
+
+    prompt_BT = np.asarray([tok.encode(PROMPT).ids], np.int32)
+    theirs = reference.generate(prompt_BT, max_new_tokens=12, do_sample=False, pad_token_id=0).sequences
+    ours = generate(run.model, prompt_BT, 12, temperature=0.0)
+    assert np.asarray(ours).tolist() == np.asarray(theirs).tolist()
+    code, lines = run_cli(
+        generate_cli.main, f"--workdir={tmp_path / 'run'}", f"--prompt={PROMPT}", "--max_new_tokens=12", "--temperature=0"
+    )
+    assert code == 0 and lines[0] == PROMPT + tok.decode(np.asarray(theirs)[0, prompt_BT.shape[1] :].tolist()), lines
+
+
+def _sincos_with_base(theta: float):
+    """FlaxLlama's table of RoPE sines and cosines ([positions, 1, sin | cos of D angles]), for base `theta`."""
+
+    def sincos(num_pos, dim):
+        angle_PF = np.arange(num_pos)[:, None] * theta ** (-np.arange(0, dim, 2) / dim)
+        angle_PD = np.concatenate([angle_PF, angle_PF], -1).astype(np.float32)
+        return jnp.asarray(np.concatenate([np.sin(angle_PD), np.cos(angle_PD)], -1)[:, None])
+
+    return sincos
+
+
+def test_a_rope_base_other_than_10000_is_imported(hub, run_cli, text_glob, tmp_path, monkeypatch):
+    """config.json's rope_theta reaches every layer: the logits equal the reference's with its sines for that base
+    (FlaxLlama itself always uses 10,000), and differ from those at 10,000."""
+    reference, tok, single, _ = hub
+    shutil.copytree(single, tmp_path / "hub")
+    hub_config = json.loads((tmp_path / "hub" / "config.json").read_text())
+    (tmp_path / "hub" / "config.json").write_text(json.dumps({**hub_config, "rope_theta": 500_000.0}))
+    _import(run_cli, tmp_path / "hub", tmp_path / "run", text_glob)
+    run = load_run(tmp_path / "run")
+    tokens_BT = np.asarray([tok.encode(PROMPT + " and the lord of the night").ids], np.int32)
+    at_10000 = np.asarray(reference(tokens_BT).logits)
+    monkeypatch.setattr(modeling_flax_llama, "create_sinusoidal_positions", _sincos_with_base(500_000.0))
+    at_500000 = np.asarray(
+        FlaxLlamaForCausalLM(reference.config, seed=0, _do_init=False)(tokens_BT, params=reference.params).logits
+    )
+    ours = np.asarray(run.model(tokens_BT))
+    assert np.abs(ours - at_500000).max() <= 1e-4 < np.abs(ours - at_10000).max()
+
+
+TRAIN_ON = {
+    "train.seq_len": 32,
+    "train.batch_size": 8,
+    "train.steps": 8,
+    "train.log_every": 1,
+    "train.eval_every": 4,
+    "train.eval_windows": 16,
+    "optim.lr": 3e-3,
+    "optim.warmup_steps": 2,
+    "mesh.shape": (1, 1, 1),
+}
+
+
+def test_an_imported_llama_trains_on_with_lssar_and_the_loss_falls(hub, text_glob, tmp_path):
+    _, _, single, _ = hub
+    cfg = base.get_config("lssar", "tiny", init=str(single))  # the model's sizes and tokenizer, this run's attention
+    cfg.update_from_flattened_dict({**TRAIN_ON, "data.source": "text", "data.path": text_glob})
+    loop.train_and_evaluate(cfg, tmp_path / "run")
+    rows = read_metrics(tmp_path / "run")
+    assert load_run(tmp_path / "run", step=0).config.model.attention == "lssar"
+    assert rows[-1]["loss"] < rows[0]["loss"] and rows[-1]["val_loss"] < rows[3]["val_loss"], rows
+
+
+# --- unsupported or broken folders: one `error:` line, nothing written ----------------------------------------------
+
+
+def _edit_config(**changes):
+    def edit(folder):
+        config = json.loads((folder / "config.json").read_text())
+        (folder / "config.json").write_text(json.dumps({**config, **changes}))
+
+    return edit
+
+
+def _save_tensors(folder, change):
+    from safetensors.numpy import load_file
+
+    tensors = load_file(folder / "model.safetensors")
+    change(tensors)
+    save_file(tensors, folder / "model.safetensors")
+
+
+BROKEN = {  # how the folder is broken -> what the one line must say
+    "no config.json": (lambda f: (f / "config.json").unlink(), "config.json not found"),
+    "no weights": (
+        lambda f: (f / "model.safetensors").unlink(),
+        "has neither model.safetensors nor model.safetensors.index.json",
+    ),
+    "no tokenizer": (lambda f: (f / "tokenizer.json").unlink(), "tokenizer.json not found"),
+    "gpt2": (_edit_config(architectures=["GPT2LMHeadModel"]), "architecture 'GPT2LMHeadModel' is not supported"),
+    "llama3 rope scaling": (_edit_config(rope_scaling={"rope_type": "llama3", "factor": 8.0}), "(RoPE scaling) is not supported"),
+    "sliding window": (_edit_config(sliding_window=4096), "sliding_window=4096 (windowed attention) is not supported"),
+    "attention biases": (_edit_config(attention_bias=True), "attention_bias=true (biases in q/k/v/o) is not supported"),
+    "a shape mismatch": (
+        _edit_config(intermediate_size=64),
+        "model.layers.0.mlp.down_proj.weight has shape (32, 48) but config.json implies (32, 64)",
+    ),
+    "a missing tensor": (
+        lambda f: _save_tensors(f, lambda t: t.pop("model.layers.1.mlp.up_proj.weight")),
+        "tensor 'model.layers.1.mlp.up_proj.weight' is missing",
+    ),
+    "a bias tensor": (
+        lambda f: _save_tensors(f, lambda t: t.update({"model.layers.0.self_attn.q_proj.bias": np.zeros(32, np.float32)})),
+        "tensor 'model.layers.0.self_attn.q_proj.bias' has no place in a 2-layer Llama without biases",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", BROKEN)
+def test_an_unsupported_or_broken_folder_is_one_error_line_and_writes_nothing(case, hub, run_cli, text_glob, tmp_path):
+    break_it, expected = BROKEN[case]
+    shutil.copytree(hub[2], tmp_path / "hub")
+    break_it(tmp_path / "hub")
+    before = {str(p): p.stat().st_mtime_ns for p in tmp_path.rglob("*")}
+    code, lines = run_cli(import_cli.main, str(tmp_path / "hub"), f"--workdir={tmp_path / 'run'}", *_on_text(text_glob))
+    assert code == 1 and len(lines) == 1 and lines[0].startswith("error: ") and expected in lines[0], lines
+    assert {str(p): p.stat().st_mtime_ns for p in tmp_path.rglob("*")} == before and not (tmp_path / "run").exists()
+
+
+def test_a_missing_shard_is_one_error_line(hub, run_cli, text_glob, tmp_path):
+    shutil.copytree(hub[3], tmp_path / "hub")
+    (tmp_path / "hub" / "model-00002-of-00002.safetensors").unlink()
+    code, lines = run_cli(import_cli.main, str(tmp_path / "hub"), f"--workdir={tmp_path / 'run'}", *_on_text(text_glob))
+    shard = tmp_path / "hub" / "model-00002-of-00002.safetensors"
+    assert code == 1 and len(lines) == 1 and f"{shard} not found (model.safetensors.index.json names it)" in lines[0], lines
