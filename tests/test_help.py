@@ -3,6 +3,8 @@ field with its default, type and allowed values, taken from the flag definitions
 
 import dataclasses
 import functools
+import importlib.util
+import os
 import pathlib
 import subprocess
 import sys
@@ -10,6 +12,7 @@ import tempfile
 
 import pytest
 
+from freeatten_jax import scripts
 from freeatten_jax.training.config import SECTIONS
 
 BIN = pathlib.Path(sys.executable).parent
@@ -80,3 +83,26 @@ def test_train_help_lists_every_field_of_every_section_with_its_help():
         for f in dataclasses.fields(cls):
             at = next(i for i, line in enumerate(lines) if line.startswith(f"  --config.{section}.{f.name}="))
             assert lines[at + 1].strip().startswith(f.metadata["help"]), (section, f.name)
+
+
+def test_a_command_prints_only_its_error_line_where_the_accelerator_plugins_are_installed(tmp_path):
+    assert all(importlib.util.find_spec(plugin) for plugin in ("libtpu", "jax_plugins.xla_cuda13"))  # [compile]
+    """The [compile] extra installs libtpu and the CUDA plugin; on a machine without their devices a command's stderr
+    is its one error line (no plugin error, no libtpu lines), as long as JAX_PLATFORMS is left unset."""
+    env = {k: v for k, v in os.environ.items() if k != "JAX_PLATFORMS"}
+    command = [str(BIN / "freeatten-train"), "--config=lm:variant=lssa,size=tiny"]
+    result = subprocess.run(
+        [*command, "--config.optim.lr=-1", f"--workdir={tmp_path}"], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert result.returncode == 1
+    assert result.stderr.splitlines() == ["error: config.optim.lr=-1.0 is invalid; allowed: a finite number > 0"]
+
+
+def test_quiet_platforms_keeps_an_accelerator_and_a_choice():
+    for environ, devices, want in [
+        ({}, ("/nonexistent*",), "cpu"),
+        ({}, ("/",), None),  # an accelerator's device file exists
+        ({"JAX_PLATFORMS": "tpu"}, ("/nonexistent*",), "tpu"),
+    ]:
+        scripts.quiet_platforms(environ, devices)
+        assert environ.get("JAX_PLATFORMS") == want
