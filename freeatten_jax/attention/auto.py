@@ -16,6 +16,7 @@ so lowering for another platform (`lowering_platforms=`) gets that platform's ch
 """
 
 import functools
+from typing import Literal
 
 import jax
 import jax.numpy as jnp
@@ -34,7 +35,9 @@ PLATFORMS = {"cpu": "cpu", "cuda": "gpu", "rocm": "gpu", "tpu": "tpu"}  # platfo
 _FUSED_DTYPES = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
 
 
-def fused_softmax(q_BTHD, k_BSKD, v_BSKD, *, variant: Variant, mask: Mask, opts, implementation: str = "cudnn"):
+def fused_softmax(
+    q_BTHD, k_BSKD, v_BSKD, *, variant: Variant, mask: Mask, opts, implementation: Literal["xla", "cudnn"] = "cudnn"
+):
     """Softmax/ssmax through jax.nn.dot_product_attention, for a plain mask only (`Mask.plain`).
 
     N_i is i + 1 (causal) or T (bidirectional). Under a plain mask every key is seen by some query,

@@ -128,10 +128,10 @@ def _ptx(asm: str, *args):
     """One float32 PTX instruction elementwise over args (broadcast to one shape)."""
     from jax.experimental.pallas import triton as pltriton
 
-    args = jnp.broadcast_arrays(*(jnp.asarray(x, jnp.float32) for x in args))
-    constraints = ",".join(["=f"] + ["f"] * len(args))
-    shape = [jax.ShapeDtypeStruct(args[0].shape, jnp.float32)]
-    return pltriton.elementwise_inline_asm(asm, args=args, constraints=constraints, pack=1, result_shape_dtypes=shape)[0]
+    operands = jnp.broadcast_arrays(*(jnp.asarray(x, jnp.float32) for x in args))
+    constraints = ",".join(["=f"] + ["f"] * len(operands))
+    shape = [jax.ShapeDtypeStruct(operands[0].shape, jnp.float32)]
+    return pltriton.elementwise_inline_asm(asm, args=operands, constraints=constraints, pack=1, result_shape_dtypes=shape)[0]
 
 
 def fma_ptx(a, b, c):
@@ -147,7 +147,7 @@ def rcp_ptx(x):
 
 def kernel_ctx(cfg: Static, n, p):
     pv = functools.partial(weighted_dot, cfg.split)
-    fast = dict(log2_1p=functools.partial(log2_1p, fma=fma_ptx), rcp=rcp_ptx) if cfg.ptx else {}
+    fast: dict[str, Callable] = dict(log2_1p=functools.partial(log2_1p, fma=fma_ptx), rcp=rcp_ptx) if cfg.ptx else {}
     fast |= dict(log2_1p=log2_1p_eup) if cfg.eup_log else {}
     return Ctx(n=n, p=p, static_power=cfg.static_power, weight=cfg.weight, pv=pv, **fast)
 
@@ -268,7 +268,7 @@ def dq_kernel(
         ks = key_factor(cfg, ks_ref, j)
         args = (scaled_scores(q, k, qs, ks), vis, ctx, rows, dot(dout, v, NT))
         _, ds = family.grad(*args)
-        if cfg.p_grad:
+        if cfg.p_grad and family.power_grad is not None:
             dpow = dpow + jnp.sum(family.power_grad(*args), axis=-1, keepdims=True)
         return dq + weighted_dot(cfg.split, ds if ks is None else ds * ks, k), dpow
 

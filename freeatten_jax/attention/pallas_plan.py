@@ -73,7 +73,7 @@ def plan(mask: Mask, n_BT, block_q: int, block_k: int) -> Plan:
     blocks_k = lambda x: x.reshape(b, -1, block_k)  # noqa: E731
     blocked = (blocks_q(qpos_BT), blocks_q(qseg_BT), blocks_k(kpos_BS), blocks_k(kseg_BS), blocks_k(kvalid_BS))
     maybe_BIJ, full_BIJ = maybe_visible(mask, *blocked), fully_visible(mask, *blocked)
-    k_span, q_span = _span(maybe_BIJ), _span(maybe_BIJ.transpose(0, 2, 1))
+    (k_first, k_end), (q_first, q_end) = _span(maybe_BIJ), _span(maybe_BIJ.transpose(0, 2, 1))
     q_2BT = jnp.stack([qpos_BT, qseg_BT])
     kv_3BS = jnp.stack([kpos_BS, kseg_BS, kvalid_BS.astype(jnp.int32)])
     return Plan(
@@ -83,8 +83,10 @@ def plan(mask: Mask, n_BT, block_q: int, block_k: int) -> Plan:
         kv_3BS[..., None],
         _pad(n_BT.astype(jnp.float32), block_q, 0.0)[..., None],
         _pad(n_BT.astype(jnp.float32), block_q, 0.0).reshape(b, -1, 1, block_q),
-        *k_span,
-        *q_span,
-        _run(full_BIJ, k_span[1]),
-        _run(full_BIJ.transpose(0, 2, 1), q_span[1]),
+        k_first,
+        k_end,
+        q_first,
+        q_end,
+        _run(full_BIJ, k_end),
+        _run(full_BIJ.transpose(0, 2, 1), q_end),
     )

@@ -85,7 +85,7 @@ def _held_block(cfg: Static, q_ref, k_ref, v_ref, qs_ref, ks_ref, qcol_ref, kvro
     if masked:
         vis, seen = key_block(cfg, [kvrow_ref[x] for x in range(3)], (qcol_ref[0], qcol_ref[1]))
         k = jnp.where(seen, k, 0)
-        v = jnp.where(seen, v, 0) if with_values else None
+        v = None if v is None else jnp.where(seen, v, 0)
     return scaled_scores(q_ref[...], k, column(qs_ref[...]), key_factor(cfg, ks_ref, ...)), vis, v
 
 
@@ -226,7 +226,7 @@ def dq_kernel(
         args = (scaled_scores(q_ref[...], k, column(qs_ref[...]), ks), vis, ctx, rows, dot(dout_ref[...], v_ref[...], NT))
         _, ds = family.grad(*args)
         acc_refs[0][...] += weighted_dot(cfg.split, ds if ks is None else ds * ks, k)
-        if cfg.p_grad:
+        if cfg.p_grad and family.power_grad is not None:
             acc_refs[1][...] += jnp.sum(family.power_grad(*args), axis=1, keepdims=True)
 
     interior = (full_ref[0, b, i] <= j) & (j < full_ref[1, b, i])

@@ -13,9 +13,9 @@ import jax
 import jax.numpy as jnp
 
 from freeatten_jax.attention import pallas, pallas_plan
-from freeatten_jax.attention.pallas_kernels import Static, split_output
+from freeatten_jax.attention.pallas_kernels import Static, kernel_ctx, split_output
 from freeatten_jax.attention.ring import Ring, rotate
-from freeatten_jax.attention.rules import FAMILIES, Ctx
+from freeatten_jax.attention.rules import FAMILIES
 
 
 def _core(cfg: Static, lowering: pallas.Lowering, shapes):
@@ -29,19 +29,19 @@ def _core(cfg: Static, lowering: pallas.Lowering, shapes):
 
     def run_forward(q, k, v, qs, ks, p_1, ring: Ring):
         n = plan_at(ring, 0).n_col[:, None]  # [B, 1, Tp, 1]
-        ctx = Ctx(n=n, p=p_1[0], static_power=cfg.static_power, weight=cfg.weight, pv=None)
-        out, rows = None, {}
+        ctx = kernel_ctx(cfg, n, p_1[0])  # its finishes read only n
+        out, rows = None, dict[str, jax.Array]()
         for which, one in enumerate(family.passes):
             call = lowering.pass_call(cfg, shapes, which, tuple(rows))
             leaves, tree = jax.tree.flatten(one.init(jnp.zeros((b, h, tp, 1)), jnp.zeros((b, h, tp, d))))
             travelling = (k, ks, v) if one.with_values else (k, ks)  # LSSAR's first pass reads no values
 
-            def ring_step(step, state, call=call):
+            def ring_step(step, state, call=call, rows=tuple(rows.values())):
                 leaves, held = state
                 passed_on = rotate(held, ring.axis_name, ring.size)  # issued first: it can overlap the work
                 k_held, ks_held, v_held = (*held, v)[:3]  # a pass that reads no values gets the local ones
                 first, end, full, *masks = pallas.mask_args(plan_at(ring, step))
-                leaves = call(first, end, full, p_1, q, k_held, v_held, qs, ks_held, *masks, *rows.values(), *leaves)
+                leaves = call(first, end, full, p_1, q, k_held, v_held, qs, ks_held, *masks, *rows, *leaves)
                 return list(leaves), passed_on
 
             leaves, _ = jax.lax.fori_loop(0, ring.size, ring_step, (leaves, travelling))

@@ -99,7 +99,7 @@ class Family(NamedTuple):
 
 def forward(family: Family, sweep: Callable, ctx: Ctx):
     """(out, statistics), each pass folded by `sweep(init, step(carry, s, vis, v), with_values)`."""
-    out, rows = None, {}
+    out, rows = None, dict[str, Any]()
     for one in family.passes:
         step = lambda carry, s, vis, v, one=one, rows=rows: one.step(carry, s, vis, v, ctx, rows)  # noqa: E731
         out, new = one.finish(sweep(one.init, step, one.with_values), ctx)

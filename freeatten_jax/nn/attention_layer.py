@@ -114,7 +114,7 @@ class Attention(nnx.Module):
         e, h, k, d = d_model, num_heads, num_kv_heads, head_dim
         self.num_kv_heads, self.head_dim = k, d
         self.dtype, self.rope_theta = dtype, float(rope_theta)
-        self.implementation, self.implementation_options = implementation, ()
+        self.implementation, self.implementation_options = implementation, tuple[tuple[str, Any], ...]()
         self.set_implementation(implementation, **(implementation_options or {}))
         self.wq_EHD = param(rngs.params(), kernel_init, (e, h, d), ("embed", "heads", "head_dim"), param_dtype)
         self.wk_EKD = param(rngs.params(), kernel_init, (e, k, d), ("embed", "kv_heads", "head_dim"), param_dtype)
@@ -135,7 +135,7 @@ class Attention(nnx.Module):
             self.s_H = param(None, jax.nn.initializers.constant(ssmax_s_init), (h,), ("heads",), param_dtype)
             if ssmax_bias:
                 self.b_H = param(None, zeros, (h,), ("heads",), param_dtype)
-        self.variant, self.options = "softmax", ()
+        self.variant, self.options = "softmax", tuple[tuple[str, Any], ...]()
         self.set_attention(variant, **(options or {}))
         self.capture = False  # sow (q_BTHD, k_BTKD) on every call, for attention analysis
 
@@ -180,7 +180,9 @@ class Attention(nnx.Module):
         """
         b, t = x_BTE.shape[:2]
         if cache is None:
-            mask = {}  # only what the caller gave, so a plain mask stays visibly plain (fused kernels, Mask.plain)
+            mask: dict[
+                str, Any
+            ] = {}  # only what the caller gave, so a plain mask stays visibly plain (fused kernels, Mask.plain)
             if positions_BT is not None:
                 mask.update(q_positions=positions_BT, kv_positions=positions_BT)
             if segment_ids_BT is not None:
@@ -220,7 +222,7 @@ class Attention(nnx.Module):
     def variant_options(self) -> dict[str, Any]:
         """The variant's options as `attention.attend` takes them, the learned SSMax s (and b) included."""
         learned = {}
-        if self.variant == "ssmax":
+        if self.variant == "ssmax" and self.s_H is not None:  # set_attention refuses ssmax without s
             learned["s"] = self.s_H[...] if self.ssmax_learn_s else jax.lax.stop_gradient(self.s_H[...])
             if self.b_H is not None:
                 learned["b"] = self.b_H[...]

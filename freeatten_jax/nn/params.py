@@ -10,10 +10,10 @@ from typing import Callable
 import jax
 from flax import nnx
 
-Init = Callable[[jax.Array, tuple[int, ...], jax.typing.DTypeLike], jax.Array]
+Init = Callable[..., jax.Array]  # (key or None for a constant, shape, dtype) -> array
 
 
-def param(key: jax.Array, init: Init, shape: tuple[int, ...], names: tuple[str | None, ...], dtype) -> nnx.Param:
+def param(key: jax.Array | None, init: Init, shape: tuple[int, ...], names: tuple[str | None, ...], dtype) -> nnx.Param:
     """A new nnx.Param of `shape`, initialised by `init`, annotated with logical axis `names`."""
     if len(names) != len(shape):
         raise ValueError(f"{len(names)} axis names {names} for a parameter of shape {shape}")

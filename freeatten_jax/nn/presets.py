@@ -5,10 +5,12 @@ RoPE instead of learned positions (~124M, tied). ssmax_162m: the SSMax paper's m
 FFN 2048, untied, vocab 50,257). The attention variant and the training length are the caller's.
 """
 
+from typing import Any
+
 from freeatten_jax.errors import ConfigError
 from freeatten_jax.nn.config import ModelConfig
 
-SIZES = {
+SIZES: dict[str, dict[str, Any]] = {
     "tiny": dict(vocab_size=256, num_layers=4, num_heads=4, d_model=128, mlp_dim=512),
     "gpt2_small": dict(vocab_size=50257, num_layers=12, num_heads=12, d_model=768, mlp_dim=3072, use_bias=True, dtype="bfloat16"),
     "ssmax_162m": dict(
