@@ -219,11 +219,14 @@ def train_and_evaluate(cfg_dict, workdir, cluster: distributed.Cluster | None = 
     """
     distributed.initialize_distributed(cluster=cluster)
     watch = distributed.PeerWatch((cluster or distributed.Cluster()).peer_timeout_s) if jax.process_count() > 1 else None
+    failed = True  # until the run returns: the peers must not wait for this process in a collective
     try:
-        return _checked_and_trained(cfg_dict, workdir)
+        metrics = _checked_and_trained(cfg_dict, workdir)
+        failed = False
+        return metrics
     finally:
         if watch is not None:
-            watch.stop()
+            watch.stop(failed)
 
 
 def _checked_and_trained(cfg_dict, workdir) -> RunMetrics:
