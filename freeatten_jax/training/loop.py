@@ -383,7 +383,6 @@ def _loop(cfg, state, start, step_fn, evaluate, train_iter, ckpt, writer, stop, 
     def finish(step, metrics, state):
         """Checks a step's metrics, then logs / validates / checkpoints as scheduled (state: after the step)."""
         metrics = jax.device_get(metrics)
-        ckpt.check_for_errors()  # a failed background save stops the run now, not at the next checkpoint
         if not metrics["finite"]:
             raise _rolled_back(
                 NonFiniteLossError,
@@ -428,6 +427,7 @@ def _loop(cfg, state, start, step_fn, evaluate, train_iter, ckpt, writer, stop, 
 
     pending = None  # (step, metrics) of a step whose bookkeeping needs no state: checked one step late
     for step in range(start + 1, t.steps + 1):
+        ckpt.check_for_errors()  # a background save that failed stops the run before its next step
         tokens = distributed.host_local_batch_to_global(next(train_iter), mesh, cfg.mesh.rules)
         profiler.before(step)
         state, metrics = step_fn(state, tokens)
