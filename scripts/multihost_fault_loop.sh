@@ -6,7 +6,7 @@ set -u
 N=${1:-20}
 PY=${PYTHON:-.venv/bin/python}
 TESTS=(
-  "tests/test_multihost.py::test_two_processes_match_one_and_survive_a_kill_9_of_process_1_then_resume"
+  "tests/test_multihost.py::test_two_processes_match_one_survive_a_kill_9_of_process_1_and_resume_from_a_checkpoint_without_fingerprints"
   "tests/test_multihost.py::test_a_kill_9_of_process_0_the_coordinator_stops_process_1_and_both_resume_exactly"
   "tests/test_multihost.py::test_a_process_that_cannot_reach_the_workdir_stops_both_in_one_line_each"
 )

@@ -3,8 +3,9 @@ devices: the same losses, the lock held by process 0, each process's own data sh
 process 1 (process 0 stops by itself, in one line) or of process 0, the coordinator (process 1 is aborted by jax), and a
 resume of both from the checkpoint before; a process that cannot reach the workdir (both stop, one line each)."""
 
-import ctypes
+import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -32,6 +33,14 @@ import os, sys, time
 sys.path.insert(0, "tests")
 from freeatten_jax.training import cli, distributed
 workdir, config, port, process, wait_at = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5])
+if sys.argv[6] == "bound" and os.geteuid() == 0:  # root gives up CAP_DAC_OVERRIDE, CAP_DAC_READ_SEARCH: permission bits bind
+    import ctypes
+    libc, header, caps = ctypes.CDLL(None, use_errno=True), (ctypes.c_uint32 * 2)(0x20080522, 0), (ctypes.c_uint32 * 6)()
+    libc.capget(header, caps)
+    caps[0] &= ~0b110  # effective
+    caps[1] &= ~0b110  # permitted
+    if libc.capset(header, caps):
+        raise OSError(ctypes.get_errno(), "capset")
 if wait_at:  # this process stops while fetching that batch, once the checkpoint before it is written, for the test's kill -9
     fetch, calls = distributed.host_local_batch_to_global, []
     def fetch_or_wait(*args):
@@ -59,10 +68,10 @@ def _config_file(folder, text_glob) -> str:
     return str(path)
 
 
-def _launch(workdir, text_glob, port, waiting=(None, 0), workdirs=None, preexec=(None, None)):
+def _launch(workdir, text_glob, port, waiting=(None, 0), workdirs=None, bound=None):
     """Processes 0 and 1 of a run (the train command), each with 4 CPU devices; process `waiting[0]` waits at batch
-    `waiting[1]`; `workdirs` gives each process's --workdir (default: `workdir`), `preexec` a function to run in each
-    child before it starts. Their output goes to files beside the workdir."""
+    `waiting[1]`; `workdirs` gives each process's --workdir (default: `workdir`); process `bound` is bound by permission
+    bits even as root. Their output goes to files beside the workdir."""
     env = subprocess_env(4, JAX_PLATFORMS="cpu", PYTHONPATH=os.getcwd())
     config = _config_file(workdir.parent, text_glob)
     procs = []
@@ -71,8 +80,8 @@ def _launch(workdir, text_glob, port, waiting=(None, 0), workdirs=None, preexec=
         wait_at = waiting[1] if waiting[0] == process else 0
         path = (workdirs or (workdir, workdir))[process]
         args = [sys.executable, "-c", _PROCESS, str(path), config, str(port), str(process), str(wait_at)]
-        popen = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, env=env, preexec_fn=preexec[process])
-        procs.append((popen, log.name))
+        args.append("bound" if process == bound else "-")
+        procs.append((subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, env=env), log.name))
     return procs
 
 
@@ -154,14 +163,33 @@ def _resume_both_exactly(workdir, text_glob, straight) -> list[list[str]]:
 _RESTART = f"(exit {EXIT_PEER_LOST}): restart every process to resume from the last checkpoint"
 
 
+def _as_older_versions_wrote(step):
+    """Checkpoint folder `step` without its fingerprints, as versions before them saved it: no integrity item."""
+    shutil.rmtree(step / "integrity")
+    metadata = json.loads((step / "_CHECKPOINT_METADATA").read_text())
+    del metadata["item_handlers"]["integrity"]
+    (step / "_CHECKPOINT_METADATA").write_text(json.dumps(metadata))
+
+
 @pytest.mark.slow
-def test_two_processes_match_one_and_survive_a_kill_9_of_process_1_then_resume(straight, text_glob, tmp_path):
+def test_two_processes_match_one_survive_a_kill_9_of_process_1_and_resume_from_a_checkpoint_without_fingerprints(
+    straight, text_glob, tmp_path
+):
     status, lines = _killed_at_batch_4(tmp_path / "two", text_glob, killed=1)
     assert status == EXIT_PEER_LOST and [line for line in lines if line.startswith("error: ")] == [
         f"error: process 1 of 2 has not been heard from for 5 s: it died or hangs; stopping this process too (exit "
         f"{EXIT_PEER_LOST}): restart every process to resume from the last checkpoint"
     ], lines[-20:]
-    _resume_both_exactly(tmp_path / "two", text_glob, straight)
+    _as_older_versions_wrote(tmp_path / "two" / "checkpoints" / "3")
+    lines = _resume_both_exactly(tmp_path / "two", text_glob, straight)
+    assert [[line for line in each if line.startswith("warning: checkpoint")] for each in lines] == [
+        [
+            "warning: checkpoint 3 has no fingerprints (an older version saved it): its arrays, data iterator and data "
+            "files are not checked; the next checkpoint will have them"
+        ],
+        [],
+    ]
+    assert (tmp_path / "two" / "checkpoints" / "6" / "integrity").is_dir()
 
 
 @pytest.mark.slow
@@ -174,16 +202,6 @@ def test_a_kill_9_of_process_0_the_coordinator_stops_process_1_and_both_resume_e
     _resume_both_exactly(tmp_path / "two", text_glob, straight)
 
 
-def _bound_by_permissions():
-    """preexec: root gives up CAP_DAC_OVERRIDE and CAP_DAC_READ_SEARCH (prctl PR_CAPBSET_DROP), so that after exec
-    permission bits bind it as any user (who is bound already)."""
-    if os.geteuid() == 0:
-        libc = ctypes.CDLL(None, use_errno=True)
-        for capability in (1, 2):
-            if libc.prctl(24, capability, 0, 0, 0):
-                raise OSError(ctypes.get_errno(), "prctl(PR_CAPBSET_DROP)")
-
-
 @pytest.mark.parametrize("blind", [1, 0])
 def test_a_process_that_cannot_reach_the_workdir_stops_both_in_one_line_each(blind, text_glob, tmp_path):
     """Process `blind` sees the workdir through a folder it may not enter (a mount gone wrong on one host): it stops in
@@ -193,10 +211,10 @@ def test_a_process_that_cannot_reach_the_workdir_stops_both_in_one_line_each(bli
     locked.mkdir()
     (locked / "two").symlink_to(workdir)
     locked.chmod(0)
-    workdirs, preexec = [workdir, workdir], [None, None]
-    workdirs[blind], preexec[blind] = locked / "two", _bound_by_permissions
+    workdirs = [workdir, workdir]
+    workdirs[blind] = locked / "two"
     try:
-        procs = _launch(workdir, text_glob, _free_port(), workdirs=workdirs, preexec=preexec)
+        procs = _launch(workdir, text_glob, _free_port(), workdirs=workdirs, bound=blind)
         statuses = [p.wait(timeout=120) for p, _ in procs]
     finally:
         locked.chmod(0o755)

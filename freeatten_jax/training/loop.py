@@ -172,6 +172,11 @@ def _resume(ckpt, abstract, train_iter, cfg, workdir):
             continue
         for number, reason, error, moved in bad:
             _log(f"checkpoint {number} is {_BAD[reason]} ({error}); moved it to {moved}; continuing from step {step}")
+        if fingerprints is None:
+            _log(
+                f"warning: checkpoint {step} has no fingerprints (an older version saved it): its arrays, data iterator "
+                f"and data files are not checked; the next checkpoint will have them"
+            )
         confirmed = ckpt.confirmed_step()
         verdict = (
             "confirmed good" if confirmed is not None and step <= confirmed else "not yet confirmed: its next step has not run"
