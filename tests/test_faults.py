@@ -24,6 +24,7 @@ import pytest
 from flax import nnx
 from helpers import SigtermAtBatch, read_metrics, tiny_config, write_corpus
 
+from freeatten_jax import data
 from freeatten_jax.data import DataError, shards
 from freeatten_jax.errors import EXIT_PREEMPTED
 from freeatten_jax.evaluation import cli as eval_cli
@@ -300,6 +301,67 @@ def test_resuming_on_changed_data_is_refused_unless_allowed(tmp_path):
     assert _files(run) == before
     allowed = loop.train_and_evaluate(_cfg(corpus, 8, **{"data.allow_changed": True}), run)
     assert [m["step"] for m in allowed] == [7, 8]
+
+
+def _shard_glob(folder: pathlib.Path) -> str:
+    """A .bin shard of 20,000 tokens below 300, written once per folder; its path."""
+    path = folder / "a.bin"
+    if not path.exists():
+        folder.mkdir(parents=True, exist_ok=True)
+        shards.write_shard(path, np.random.default_rng(0).integers(0, 300, 20_000))
+    return str(path)
+
+
+DATA_CHANGES = {  # source: (what happens to its first file while step 5 is fetched, the change named in the error)
+    "text rewritten, same size": (
+        "text",
+        lambda p: p.write_bytes(p.read_bytes()[::-1]),
+        r"rewritten: same size, \d+ bytes, another modification time",
+    ),
+    "bin shard truncated": ("bin", lambda p: os.truncate(p, shards.HEADER_BYTES + 2000), r"it was 41024 bytes, now 3024"),
+    "bin shard removed": ("bin", lambda p: p.unlink(), r"it is gone"),
+}
+
+
+@pytest.mark.parametrize("change", DATA_CHANGES)
+def test_data_that_changes_while_training_stops_the_run_in_one_line_and_the_rerun_on_restored_data_replays(
+    change, runs, trained_run, tmp_path, monkeypatch
+):
+    """A preprocessing job rewrites, truncates or removes a training file while step 5 reads its batch (the text is in
+    memory, the shard read ahead): the run stops before its next checkpoint (6) in one line naming the file, keeping
+    the checkpoints; with the file restored, a rerun resumes from checkpoint 4 and replays exactly."""
+    source, damage, what = DATA_CHANGES[change]
+    folder = tmp_path / "data"
+    if source == "text":
+        pattern, overrides, straight = write_corpus(folder), {}, runs[1]
+    else:
+        overrides = {"data.source": "bin", "model.vocab_size": None}
+        pattern = _shard_glob(folder)
+        reference = trained_run("faults-bin-straight8", _cfg(_shard_glob(tmp_path.parent / "faults-bin"), 8, **overrides))
+        straight = {m["step"]: m["loss"] for m in read_metrics(reference)}
+    path = sorted(pathlib.Path(pattern).parent.glob(pathlib.Path(pattern).name))[0]
+    original, fetched, fetch = path.read_bytes(), [], distributed.host_local_batch_to_global
+
+    def fetch_and_change(*args):
+        fetched.append(1)
+        if len(fetched) == 5:
+            damage(path)
+        return fetch(*args)
+
+    monkeypatch.setattr(distributed, "host_local_batch_to_global", fetch_and_change)
+    with pytest.raises(data.DataChangedError) as err:
+        loop.train_and_evaluate(_cfg(pattern, 8, **overrides), tmp_path / "run")
+    assert re.fullmatch(
+        rf"{re.escape(str(path))} changed while training \({what}\); stopped without saving, every checkpoint is kept: "
+        r"restore the file and rerun to resume from the last checkpoint, or rerun with "
+        r"--config.data.allow_changed=True to go on with the data as it is now",
+        str(err.value),
+    ), str(err.value)
+    assert checkpoint.Checkpointer(tmp_path / "run", read_only=True).all_steps() == [2, 4]
+    monkeypatch.undo()
+    path.write_bytes(original)
+    loop.train_and_evaluate(_cfg(pattern, 8, **overrides), tmp_path / "run")
+    _assert_replays_exactly(tmp_path / "run", straight)
 
 
 def test_damaged_state_files_do_not_block_a_resume(runs, run6, text_glob, caplog):

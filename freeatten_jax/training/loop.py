@@ -242,13 +242,14 @@ def _checked_and_trained(cfg_dict, workdir) -> RunMetrics:
     except ValueError as e:
         raise ConfigError(f"config.{e}") from None
     _check_batch(cfg, mesh)
+    watch = data.FileWatch(data.files(cfg.data))  # before the data is read: a change while it is read counts
     splits = data.load_splits(cfg.data)
     _check_data(cfg, splits)
     abstract, _ = train_state.abstract_state(cfg, mesh, optim.make(cfg.optim, cfg.train.steps))
     storage.check_free_space(workdir, sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(abstract)))
     with lock.hold(workdir):
         try:
-            return _train(cfg, splits, mesh, workdir)
+            return _train(cfg, splits, watch, mesh, workdir)
         except OSError as e:
             if isinstance(e, UserError) or e.errno not in storage.FULL_OR_READ_ONLY:
                 raise
@@ -299,7 +300,7 @@ def _check_data(cfg: config.Config, splits: data.Splits) -> None:
         )
 
 
-def _train(cfg: config.Config, splits, mesh, workdir) -> RunMetrics:
+def _train(cfg: config.Config, splits, watch, mesh, workdir) -> RunMetrics:
     rules, steps, hosts = cfg.mesh.rules, cfg.train.steps, jax.process_count()
     train_iter = data.train_iterator(
         splits.train,
@@ -330,7 +331,7 @@ def _train(cfg: config.Config, splits, mesh, workdir) -> RunMetrics:
     try:
         evaluate = Evaluator(cfg, splits, mesh)
         with sharding.use_mesh(mesh, rules):
-            return _loop(cfg, state, start, step_fn, evaluate, train_iter, ckpt, writer, stop, mesh, workdir)
+            return _loop(cfg, state, start, step_fn, evaluate, train_iter, ckpt, watch, writer, stop, mesh, workdir)
     finally:
         stop.restore()
         with contextlib.ExitStack() as cleanup:  # each runs even if one raises (a failed save does, again)
@@ -358,7 +359,7 @@ class _Profiler:
             self.running = False
 
 
-def _loop(cfg, state, start, step_fn, evaluate, train_iter, ckpt, writer, stop, mesh, workdir):
+def _loop(cfg, state, start, step_fn, evaluate, train_iter, ckpt, watch, writer, stop, mesh, workdir):
     t = cfg.train
     tokens_per_step = t.batch_size * t.seq_len
     flops_per_token = flops.train_flops_per_token(cfg.model, t.seq_len)
@@ -425,7 +426,7 @@ def _loop(cfg, state, start, step_fn, evaluate, train_iter, ckpt, writer, stop, 
             written.append({"step": step, **row})
             log(_progress_line(t, step, row, metrics["lr"]), flush=True)
         if step % t.checkpoint_every == 0 or step == t.steps:
-            _save(ckpt, step, state, train_iter, cfg.source)
+            _save(ckpt, watch, step, state, train_iter, cfg.source)
             unconfirmed[0] = step
         if row or step % t.checkpoint_every == 0:
             timer[:] = step, time.perf_counter()
@@ -434,6 +435,7 @@ def _loop(cfg, state, start, step_fn, evaluate, train_iter, ckpt, writer, stop, 
     for step in range(start + 1, t.steps + 1):
         ckpt.check_for_errors()  # a background save that failed stops the run before its next step
         tokens = distributed.host_local_batch_to_global(next(train_iter), mesh, cfg.mesh.rules)
+        watch.check()  # a data file that changed stops the run (at the latest before the next checkpoint)
         profiler.before(step)
         state, metrics = step_fn(state, tokens)
         profiler.after(step, metrics)
@@ -455,7 +457,7 @@ def _loop(cfg, state, start, step_fn, evaluate, train_iter, ckpt, writer, stop, 
         if stopping:
             log(f"{stop.name} at step {step}: saving a checkpoint, then stopping", flush=True)
             if step % t.checkpoint_every and step != t.steps:
-                _save(ckpt, step, state, train_iter, cfg.source)
+                _save(ckpt, watch, step, state, train_iter, cfg.source)
             ckpt.wait()
             ckpt.check_for_errors()
             log(f"stopped at step {step} by a signal, checkpoint saved; rerun the same command to resume", flush=True)
@@ -473,8 +475,10 @@ def _all_finite(tree) -> jax.Array:
     return jnp.all(jnp.stack([jnp.isfinite(x).all() for x in jax.tree.leaves(tree)]))
 
 
-def _save(ckpt, step: int, state, train_iter, source: dict) -> None:
-    """Saves `state` unless a parameter is NaN or Inf (a finite step can still overflow the update)."""
+def _save(ckpt, watch, step: int, state, train_iter, source: dict) -> None:
+    """Saves `state` unless a parameter is NaN or Inf (a finite step can still overflow the update) or a data file
+    changed since the run read it (its steps since the last checkpoint may have read the change)."""
+    watch.check(force=True)
     if not _all_finite(state["params"]):
         raise _rolled_back(NonFiniteLossError, ckpt, step, f"step {step}: parameters after the update: not finite")
     ckpt.save(step, state, train_iter, source)
