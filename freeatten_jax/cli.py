@@ -1,9 +1,11 @@
 """What every console script shares: packaged config names on the command line, and user errors as one line."""
 
 import os
+import pathlib
 import re
 import sys
 import threading
+import traceback
 import warnings
 from typing import Callable, NoReturn
 
@@ -97,6 +99,24 @@ def _locked(hook):
     return locked
 
 
+def _into_a_closed_loop(report) -> bool:
+    """Whether an unraisable report is a callback into a closed asyncio loop: tensorstore's, for the writes still in
+    flight when a save failed and orbax closed its loop. The save's own `error:` line says what failed."""
+    frames = traceback.extract_tb(report.exc_traceback)
+    return (
+        bool(frames)
+        and pathlib.Path(frames[-1].filename).match("asyncio/base_events.py")
+        and isinstance(report.exc_value, RuntimeError)
+        and str(report.exc_value) == "Event loop is closed"
+    )
+
+
+def _unraisable(report) -> None:
+    """Python's report of an exception no caller can catch, but none of a callback into a closed loop."""
+    if not _into_a_closed_loop(report):
+        sys.__unraisablehook__(report)
+
+
 def _exit_last(line: str) -> NoReturn:
     """Exit 1 with `line` as the last line on stderr, a whole line. Threads that outlive a failed save (tensorstore's,
     which report asyncio errors as they shut down) write to /dev/null after it. A caller's own stderr (an in-process
@@ -146,7 +166,7 @@ def run(main: Callable[[list[str]], None], argv: list[str], verbosity=logging.WA
             _exit_last(f"error: {e}")
 
     if _console():
-        sys.unraisablehook, threading.excepthook = _locked(sys.__unraisablehook__), _locked(threading.__excepthook__)
+        sys.unraisablehook, threading.excepthook = _locked(_unraisable), _locked(threading.__excepthook__)
     if any(a in usage.HELP_FLAGS for a in argv[1:]):
         try:
             print(usage.text(main.__module__, argv))

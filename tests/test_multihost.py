@@ -1,8 +1,11 @@
-"""Two JAX processes x 4 CPU devices (gloo collectives) against one process x 8 devices: the same losses, the lock
-held by process 0, each process's own data shard and iterator state, a kill -9 of one process (the other stops by
-itself, in one line), and a resume of both from the checkpoint before."""
+"""Two JAX processes x 4 CPU devices (gloo collectives), each run as the train command, against one process x 8
+devices: the same losses, the lock held by process 0, each process's own data shard and iterator state; a kill -9 of
+process 1 (process 0 stops by itself, in one line) or of process 0, the coordinator (process 1 is aborted by jax), and a
+resume of both from the checkpoint before; a process that cannot reach the workdir (both stop, one line each)."""
 
+import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -15,7 +18,7 @@ from helpers import read_metrics, subprocess_env, tiny_config
 
 from freeatten_jax import data
 from freeatten_jax.errors import EXIT_PEER_LOST
-from freeatten_jax.training import distributed, loop
+from freeatten_jax.training import distributed
 
 STEPS = {
     "train.checkpoint_every": 3,
@@ -28,11 +31,17 @@ STEPS = {
 _PROCESS = """
 import os, sys, time
 sys.path.insert(0, "tests")
-from helpers import tiny_config
-from test_multihost import STEPS
-from freeatten_jax.training import distributed, loop
-workdir, text_glob, port, process, wait_at = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5])
-if wait_at:  # process 1 stops while fetching that batch, once the checkpoint before it is written, for the test's kill -9
+from freeatten_jax.training import cli, distributed
+workdir, config, port, process, wait_at = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5])
+if sys.argv[6] == "bound" and os.geteuid() == 0:  # root gives up CAP_DAC_OVERRIDE, CAP_DAC_READ_SEARCH: permission bits bind
+    import ctypes
+    libc, header, caps = ctypes.CDLL(None, use_errno=True), (ctypes.c_uint32 * 2)(0x20080522, 0), (ctypes.c_uint32 * 6)()
+    libc.capget(header, caps)
+    caps[0] &= ~0b110  # effective
+    caps[1] &= ~0b110  # permitted
+    if libc.capset(header, caps):
+        raise OSError(ctypes.get_errno(), "capset")
+if wait_at:  # this process stops while fetching that batch, once the checkpoint before it is written, for the test's kill -9
     fetch, calls = distributed.host_local_batch_to_global, []
     def fetch_or_wait(*args):
         calls.append(1)
@@ -43,27 +52,35 @@ if wait_at:  # process 1 stops while fetching that batch, once the checkpoint be
             time.sleep(600)
         return fetch(*args)
     distributed.host_local_batch_to_global = fetch_or_wait
-cluster = distributed.Cluster(f"localhost:{port}", 2, process, peer_timeout_s=5)
-loop.train_and_evaluate(tiny_config("softmax", text_glob, **STEPS), workdir, cluster)
+sys.argv = ["train.py", f"--config={config}", f"--workdir={workdir}", f"--coordinator_address=localhost:{port}",
+            "--num_processes=2", f"--process_id={process}", "--peer_timeout=5"]
+cli.main()  # the train command as a user runs it: one `error:` line and its exit code
 """
 
 
-def _launch(workdir, text_glob, port, wait_at=0):
-    """Processes 0 and 1 of a run, each with 4 CPU devices; their output goes to files beside the workdir."""
+def _config_file(folder, text_glob) -> str:
+    """A config file giving tiny_config("softmax", text_glob, **STEPS), for the train command of each process."""
+    path = folder / "multihost_cfg.py"
+    path.write_text(
+        "import sys\nsys.path.insert(0, 'tests')\nfrom helpers import tiny_config\nfrom test_multihost import STEPS\n"
+        f"def get_config():\n    return tiny_config('softmax', {text_glob!r}, **STEPS)\n"
+    )
+    return str(path)
+
+
+def _launch(workdir, text_glob, port, waiting=(None, 0), workdirs=None, bound=None):
+    """Processes 0 and 1 of a run (the train command), each with 4 CPU devices; process `waiting[0]` waits at batch
+    `waiting[1]`; `workdirs` gives each process's --workdir (default: `workdir`); process `bound` is bound by permission
+    bits even as root. Their output goes to files beside the workdir."""
     env = subprocess_env(4, JAX_PLATFORMS="cpu", PYTHONPATH=os.getcwd())
+    config = _config_file(workdir.parent, text_glob)
     procs = []
     for process in (0, 1):
         log = open(workdir.parent / f"process{process}-{port}.log", "w")
-        args = [
-            sys.executable,
-            "-c",
-            _PROCESS,
-            str(workdir),
-            text_glob,
-            str(port),
-            str(process),
-            str(wait_at if process == 1 else 0),
-        ]
+        wait_at = waiting[1] if waiting[0] == process else 0
+        path = (workdirs or (workdir, workdir))[process]
+        args = [sys.executable, "-c", _PROCESS, str(path), config, str(port), str(process), str(wait_at)]
+        args.append("bound" if process == bound else "-")
         procs.append((subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, env=env), log.name))
     return procs
 
@@ -95,37 +112,117 @@ def test_jax_heartbeat_cannot_beat_peer_watch():
         assert distributed.heartbeat_timeout_s(peer_timeout_s) / 2 >= peer_timeout_s + 2 + 3  # 3 s to spare
 
 
-@pytest.mark.slow
-def test_two_processes_match_one_and_survive_a_kill_9_of_one_then_resume(text_glob, tmp_path):
-    straight = loop.train_and_evaluate(tiny_config("softmax", text_glob, **STEPS), tmp_path / "one")  # 1 process x 8 devices
-    workdir = tmp_path / "two"
-    (p0, log0), (p1, log1) = procs = _launch(workdir, text_glob, _free_port(), wait_at=4)
+@pytest.fixture(scope="module")
+def straight(text_glob, trained_run):
+    """The metrics of the run in one process x 8 devices."""
+    return read_metrics(trained_run("multihost-straight", tiny_config("softmax", text_glob, **STEPS)))
+
+
+def _wait_for(line, log, process, timeout=300):
+    deadline = time.monotonic() + timeout
+    while line not in _lines(log) and process.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert line in _lines(log), _lines(log)[-20:]
+
+
+def _killed_at_batch_4(workdir, text_glob, killed: int) -> tuple[int, list[str]]:
+    """Starts both processes, kill -9's process `killed` while it waits at batch 4 (after checkpoint 3); the other must
+    exit by itself within a minute: (its exit status, its output lines)."""
+    procs = _launch(workdir, text_glob, _free_port(), waiting=(killed, 4))
+    (victim, victim_log), (other, other_log) = procs[killed], procs[1 - killed]
     try:
-        deadline = time.monotonic() + 300  # process 1 waits at batch 4, after checkpoint 3
-        while "waiting" not in _lines(log1) and p1.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.2)
-        assert "waiting" in _lines(log1), _lines(log1)[-20:]
-        assert (workdir / "lock").read_text().startswith(f"pid {p0.pid} on host ")  # process 0 holds the lock, alone
-        p1.send_signal(signal.SIGKILL)
-        assert p0.wait(timeout=60) == EXIT_PEER_LOST  # by itself, within peer_timeout_s (5 s) plus a poll
-        errors = [line for line in _lines(log0) if line.startswith("error: ")]
-        assert errors == [
-            f"error: process 1 of 2 has not been heard from for 5 s: it died or hangs; stopping this process too "
-            f"(exit {EXIT_PEER_LOST}): restart every process to resume from the last checkpoint"
-        ], _lines(log0)[-20:]
+        _wait_for("waiting", victim_log, victim)
+        assert (workdir / "lock").read_text().startswith(f"pid {procs[0][0].pid} on host ")  # held by process 0 alone
+        victim.send_signal(signal.SIGKILL)
+        status = other.wait(timeout=60)
         assert sorted(p.name for p in (workdir / "checkpoints" / "3" / "data").glob("process_*")) == [
             "process_0-of-2.json",
             "process_1-of-2.json",
         ]
+        return status, _lines(other_log)
     finally:
         for p, _ in procs:
             if p.poll() is None:
                 p.kill()
             p.wait()
+
+
+def _resume_both_exactly(workdir, text_glob, straight) -> list[list[str]]:
+    """Restarts both processes: they finish, resumed from checkpoint 3, with the one-process run's losses; their lines."""
     resumed = _launch(workdir, text_glob, _free_port())
     assert [p.wait(timeout=300) for p, _ in resumed] == [0, 0], _lines(resumed[0][1])[-20:] + _lines(resumed[1][1])[-20:]
-    assert "resumed from step 3" in "\n".join(_lines(resumed[0][1]))
+    lines = [_lines(log) for _, log in resumed]
+    assert any(line.startswith(f"resumed from step 3 (checkpoint in {workdir};") for line in lines[0]), lines[0]
     two = read_metrics(workdir)
     assert [m["step"] for m in two] == list(range(1, 7))
     np.testing.assert_allclose([m["loss"] for m in two], [m["loss"] for m in straight], rtol=1e-5)
     np.testing.assert_allclose(two[-1]["val_loss"], straight[-1]["val_loss"], rtol=1e-5)
+    return lines
+
+
+_RESTART = f"(exit {EXIT_PEER_LOST}): restart every process to resume from the last checkpoint"
+
+
+def _as_older_versions_wrote(step):
+    """Checkpoint folder `step` without its fingerprints, as versions before them saved it: no integrity item."""
+    shutil.rmtree(step / "integrity")
+    metadata = json.loads((step / "_CHECKPOINT_METADATA").read_text())
+    del metadata["item_handlers"]["integrity"]
+    (step / "_CHECKPOINT_METADATA").write_text(json.dumps(metadata))
+
+
+@pytest.mark.slow
+def test_two_processes_match_one_survive_a_kill_9_of_process_1_and_resume_from_a_checkpoint_without_fingerprints(
+    straight, text_glob, tmp_path
+):
+    status, lines = _killed_at_batch_4(tmp_path / "two", text_glob, killed=1)
+    assert status == EXIT_PEER_LOST and [line for line in lines if line.startswith("error: ")] == [
+        f"error: process 1 of 2 has not been heard from for 5 s: it died or hangs; stopping this process too (exit "
+        f"{EXIT_PEER_LOST}): restart every process to resume from the last checkpoint"
+    ], lines[-20:]
+    _as_older_versions_wrote(tmp_path / "two" / "checkpoints" / "3")
+    lines = _resume_both_exactly(tmp_path / "two", text_glob, straight)
+    assert [[line for line in each if line.startswith("warning: checkpoint")] for each in lines] == [
+        [
+            "warning: checkpoint 3 has no fingerprints (an older version saved it): its arrays, data iterator and data "
+            "files are not checked; the next checkpoint will have them"
+        ],
+        [],
+    ]
+    assert (tmp_path / "two" / "checkpoints" / "6" / "integrity").is_dir()
+
+
+@pytest.mark.slow
+def test_a_kill_9_of_process_0_the_coordinator_stops_process_1_and_both_resume_exactly(straight, text_glob, tmp_path):
+    """Process 0 runs jax's coordination service: process 1's jax client loses it at once and aborts the process
+    (SIGABRT, with jax's message; jaxlib 0.10 offers no hook that could print one line instead); restarted, both resume."""
+    status, lines = _killed_at_batch_4(tmp_path / "two", text_glob, killed=0)
+    assert status == -signal.SIGABRT, lines[-20:]
+    assert any("Terminating process because the JAX distributed service detected fatal errors" in line for line in lines)
+    _resume_both_exactly(tmp_path / "two", text_glob, straight)
+
+
+@pytest.mark.parametrize("blind", [1, 0])
+def test_a_process_that_cannot_reach_the_workdir_stops_both_in_one_line_each(blind, text_glob, tmp_path):
+    """Process `blind` sees the workdir through a folder it may not enter (a mount gone wrong on one host): it stops in
+    one line before anything is trained; the other, already past its checks and waiting for it, stops too, in one line,
+    and neither is aborted by jax (each exits with its own code)."""
+    workdir, locked = tmp_path / "two", tmp_path / "locked"
+    locked.mkdir()
+    (locked / "two").symlink_to(workdir)
+    locked.chmod(0)
+    workdirs = [workdir, workdir]
+    workdirs[blind] = locked / "two"
+    try:
+        procs = _launch(workdir, text_glob, _free_port(), workdirs=workdirs, bound=blind)
+        statuses = [p.wait(timeout=120) for p, _ in procs]
+    finally:
+        locked.chmod(0o755)
+    lines = [[line for line in _lines(log) if not line.startswith(("step ", "training ", "MFU "))] for _, log in procs]
+    assert statuses[blind] == 1 and statuses[1 - blind] == EXIT_PEER_LOST, (statuses, lines)
+    assert lines[blind] == [f"error: --workdir={locked / 'two'}: {locked} is not writable; use another --workdir"], lines
+    assert lines[1 - blind] == [
+        f"error: process {blind} of 2 stopped on an error (its own output says which); stopping this process too (exit "
+        f"{EXIT_PEER_LOST}): restart every process to resume from the last checkpoint"
+    ], lines
+    assert not (workdir / "checkpoints").exists() or not list((workdir / "checkpoints").iterdir())

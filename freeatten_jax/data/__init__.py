@@ -20,6 +20,7 @@ from freeatten_jax.data.sources import (
     vocab_size,
 )
 from freeatten_jax.data.tokenizer import TOKENIZERS, save_to_run
+from freeatten_jax.data.watch import DataChangedError, FileWatch
 
 
 def retrieval_mix(cfg_data, tokenizer, seq_len: int, seed: int):

@@ -5,6 +5,7 @@ import pathlib
 
 import numpy as np
 
+from freeatten_jax.data.watch import changed
 from freeatten_jax.errors import UserError
 
 MAGIC = 20240520
@@ -48,7 +49,7 @@ class Shard:
     """A [start, stop) slice of a shard's tokens, read with pread (cheap to pickle into workers).
 
     Not memory-mapped: a file truncated under a running trainer would kill it with SIGBUS; here a read that
-    finds the file changed raises ShardError, one line."""
+    finds the file's size changed raises watch.DataChangedError, one line, as the loop's FileWatch does."""
 
     def __init__(self, path, start: int = 0, stop: int | None = None):
         self.path = str(path)
@@ -67,11 +68,7 @@ class Shard:
         count = max(stop - start, 0)
         raw = os.pread(self._fd, 2 * count, HEADER_BYTES + 2 * (self.start + start))
         if len(raw) != 2 * count or os.fstat(self._fd).st_size != self.file_size:
-            now = os.fstat(self._fd).st_size
-            raise ShardError(
-                f"{self.path} changed while training: it has {now} bytes, it had {self.file_size}; "
-                f"stopped (restore the shard, then rerun: the run resumes from its last checkpoint)"
-            )
+            raise changed(self.path, f"it was {self.file_size} bytes, now {os.fstat(self._fd).st_size}")
         return np.frombuffer(raw, "<u2")[::step]
 
     def __getstate__(self):

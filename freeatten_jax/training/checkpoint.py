@@ -181,8 +181,12 @@ class Checkpointer:
         self._reporting(lambda: self.manager.save(step, args=args, force=True))  # it raises a previous save's failure
 
     def check_for_errors(self) -> None:
-        """Raises CheckpointWriteError if a background save has failed (called every step: a failed save stops the run)."""
+        """Raises CheckpointWriteError if a background save has failed (called before every step: a failed save stops
+        the run). Orbax's finalize thread takes its commit thread's error as it ends, before the manager's own check
+        can see it; once no save is in progress, waiting raises what that thread took, at once."""
         self._reporting(self.manager.check_for_errors)
+        if not self.saving():
+            self.wait()
 
     def saving(self) -> bool:
         """Whether a background save is still being written."""

@@ -85,8 +85,9 @@ def heartbeat_timeout_s(peer_timeout_s: int) -> int:
 
 class PeerWatch:
     """While training, each process bumps a counter in the coordination service's key-value store every second and
-    reads its peers'; one whose peer's counter stands still for `timeout_s`, or that loses the service (process 0
-    gone), writes one `error:` line and exits with EXIT_PEER_LOST. A process that finishes writes `done`."""
+    reads its peers'; one whose peer's counter stands still for `timeout_s`, whose peer stopped on an error (`failed`:
+    it waits for that peer in a collective, else), or that loses the service (process 0 gone), writes one `error:` line
+    and exits with EXIT_PEER_LOST. A process that finishes writes `done`."""
 
     def __init__(self, timeout_s: float, interval_s: float = 1.0):
         from jax._src import distributed as jax_distributed  # the client of jax.distributed.initialize (as orbax uses it)
@@ -116,6 +117,8 @@ class PeerWatch:
             for p, value in values.items():
                 if value == "done":
                     continue
+                if value == "failed":
+                    self._lost(f"process {p} of {self.count} stopped on an error (its own output says which)", farewell=True)
                 if value != heard[p][0]:
                     heard[p] = (value, now)
                 elif now - heard[p][1] > self.timeout_s:
@@ -129,21 +132,27 @@ class PeerWatch:
                 return None  # not started yet: counted from when this one started
             raise
 
-    def _lost(self, what: str) -> None:
+    def _lost(self, what: str, farewell: bool = False) -> None:
+        """Exits with one line. `farewell`: the peer is exiting, waiting in jax's shutdown barrier for this process
+        (were it left, its jax client would abort it): join the barrier first, with what the main thread's failing
+        collective then says sent to /dev/null."""
         sys.stdout.flush()
         sys.stderr.write(
             f"error: {what}; stopping this process too (exit {EXIT_PEER_LOST}): restart every process to "
             f"resume from the last checkpoint\n"
         )
         sys.stderr.flush()
+        if farewell:
+            os.dup2(os.open(os.devnull, os.O_WRONLY), 2)
+            jax.distributed.shutdown()
         os._exit(EXIT_PEER_LOST)
 
-    def stop(self) -> None:
-        """Tells the peers this process finished (not died), and stops watching."""
+    def stop(self, failed: bool = False) -> None:
+        """Stops watching, and tells the peers this process finished (not died), or stopped on an error."""
         self._stop.set()
         self._thread.join()
         try:
-            self.client.key_value_set(self._key(self.me), "done", allow_overwrite=True)
+            self.client.key_value_set(self._key(self.me), "failed" if failed else "done", allow_overwrite=True)
         except Exception:  # the service is gone at the very end: nothing to tell
             pass
 

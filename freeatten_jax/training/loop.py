@@ -172,6 +172,11 @@ def _resume(ckpt, abstract, train_iter, cfg, workdir):
             continue
         for number, reason, error, moved in bad:
             _log(f"checkpoint {number} is {_BAD[reason]} ({error}); moved it to {moved}; continuing from step {step}")
+        if fingerprints is None:
+            _log(
+                f"warning: checkpoint {step} has no fingerprints (an older version saved it): its arrays, data iterator "
+                f"and data files are not checked; the next checkpoint will have them"
+            )
         confirmed = ckpt.confirmed_step()
         verdict = (
             "confirmed good" if confirmed is not None and step <= confirmed else "not yet confirmed: its next step has not run"
@@ -222,11 +227,14 @@ def train_and_evaluate(
     """
     distributed.initialize_distributed(cluster=cluster)
     watch = distributed.PeerWatch((cluster or distributed.Cluster()).peer_timeout_s) if jax.process_count() > 1 else None
+    failed = True  # until the run returns: the peers must not wait for this process in a collective
     try:
-        return _checked_and_trained(cfg_dict, workdir, initialise_only)
+        metrics = _checked_and_trained(cfg_dict, workdir, initialise_only)
+        failed = False
+        return metrics
     finally:
         if watch is not None:
-            watch.stop()
+            watch.stop(failed)
 
 
 def _checked_and_trained(cfg_dict, workdir, initialise_only: bool) -> RunMetrics:
@@ -237,6 +245,7 @@ def _checked_and_trained(cfg_dict, workdir, initialise_only: bool) -> RunMetrics
     except ValueError as e:
         raise ConfigError(f"config.{e}") from None
     _check_batch(cfg, mesh)
+    watch = data.FileWatch(data.files(cfg.data))  # before the data is read: a change while it is read counts
     splits = data.load_splits(cfg.data)
     _check_data(cfg, splits)
     abstract, _ = train_state.abstract_state(cfg, mesh, optim.make(cfg.optim, cfg.train.steps))
@@ -245,7 +254,7 @@ def _checked_and_trained(cfg_dict, workdir, initialise_only: bool) -> RunMetrics
     storage.check_free_space(workdir, sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(abstract)))
     with lock.hold(workdir):
         try:
-            return _train(cfg, splits, mesh, workdir, source, initialise_only)
+            return _train(cfg, splits, watch, mesh, workdir, source, initialise_only)
         except OSError as e:
             if isinstance(e, UserError) or e.errno not in storage.FULL_OR_READ_ONLY:
                 raise
@@ -296,7 +305,7 @@ def _check_data(cfg: config.Config, splits: data.Splits) -> None:
         )
 
 
-def _train(cfg: config.Config, splits, mesh, workdir, source, initialise_only: bool) -> RunMetrics:
+def _train(cfg: config.Config, splits, watch, mesh, workdir, source, initialise_only: bool) -> RunMetrics:
     rules, steps, hosts = cfg.mesh.rules, cfg.train.steps, jax.process_count()
     train_iter = data.train_iterator(
         splits.train,
@@ -320,7 +329,7 @@ def _train(cfg: config.Config, splits, mesh, workdir, source, initialise_only: b
             state = train_state.create(cfg, mesh, tx, state_shardings)
             if cfg.init.path:  # a warm start: its state is checkpoint 0, so that it resumes without its source
                 state = warm_start.apply(cfg, state, source or warm_start.checked_source(cfg, splits.tokenizer), workdir)
-                _save(ckpt, 0, state, train_iter, cfg.source)
+                _save(ckpt, watch, 0, state, train_iter, cfg.source)
     except BaseException:
         ckpt.close()
         raise
@@ -333,7 +342,7 @@ def _train(cfg: config.Config, splits, mesh, workdir, source, initialise_only: b
     try:
         evaluate = Evaluator(cfg, splits, mesh)
         with sharding.use_mesh(mesh, rules):
-            return _loop(cfg, state, start, step_fn, evaluate, train_iter, ckpt, writer, stop, mesh, workdir)
+            return _loop(cfg, state, start, step_fn, evaluate, train_iter, ckpt, watch, writer, stop, mesh, workdir)
     finally:
         stop.restore()
         with contextlib.ExitStack() as cleanup:  # each runs even if one raises (a failed save does, again)
@@ -361,7 +370,7 @@ class _Profiler:
             self.running = False
 
 
-def _loop(cfg, state, start, step_fn, evaluate, train_iter, ckpt, writer, stop, mesh, workdir):
+def _loop(cfg, state, start, step_fn, evaluate, train_iter, ckpt, watch, writer, stop, mesh, workdir):
     t = cfg.train
     tokens_per_step = t.batch_size * t.seq_len
     flops_per_token = flops.train_flops_per_token(cfg.model, t.seq_len)
@@ -391,7 +400,6 @@ def _loop(cfg, state, start, step_fn, evaluate, train_iter, ckpt, writer, stop, 
     def finish(step, metrics, state):
         """Checks a step's metrics, then logs / validates / checkpoints as scheduled (state: after the step)."""
         metrics = jax.device_get(metrics)
-        ckpt.check_for_errors()  # a failed background save stops the run now, not at the next checkpoint
         if not metrics["finite"]:
             raise _rolled_back(
                 NonFiniteLossError,
@@ -429,14 +437,16 @@ def _loop(cfg, state, start, step_fn, evaluate, train_iter, ckpt, writer, stop, 
             written.append({"step": step, **row})
             log(_progress_line(t, step, row, metrics["lr"]), flush=True)
         if step % t.checkpoint_every == 0 or step == t.steps:
-            _save(ckpt, step, state, train_iter, cfg.source)
+            _save(ckpt, watch, step, state, train_iter, cfg.source)
             unconfirmed[0] = step
         if row or step % t.checkpoint_every == 0:
             timer[:] = step, time.perf_counter()
 
     pending = None  # (step, metrics) of a step whose bookkeeping needs no state: checked one step late
     for step in range(start + 1, t.steps + 1):
+        ckpt.check_for_errors()  # a background save that failed stops the run before its next step
         tokens = distributed.host_local_batch_to_global(next(train_iter), mesh, cfg.mesh.rules)
+        watch.check()  # a data file that changed stops the run (at the latest before the next checkpoint)
         profiler.before(step)
         state, metrics = step_fn(state, tokens)
         profiler.after(step, metrics)
@@ -458,7 +468,7 @@ def _loop(cfg, state, start, step_fn, evaluate, train_iter, ckpt, writer, stop, 
         if stopping:
             log(f"{stop.name} at step {step}: saving a checkpoint, then stopping", flush=True)
             if step % t.checkpoint_every and step != t.steps:
-                _save(ckpt, step, state, train_iter, cfg.source)
+                _save(ckpt, watch, step, state, train_iter, cfg.source)
             ckpt.wait()
             ckpt.check_for_errors()
             log(f"stopped at step {step} by a signal, checkpoint saved; rerun the same command to resume", flush=True)
@@ -476,8 +486,10 @@ def _all_finite(tree) -> jax.Array:
     return jnp.all(jnp.stack([jnp.isfinite(x).all() for x in jax.tree.leaves(tree)]))
 
 
-def _save(ckpt, step: int, state, train_iter, source: dict) -> None:
-    """Saves `state` unless a parameter is NaN or Inf (a finite step can still overflow the update)."""
+def _save(ckpt, watch, step: int, state, train_iter, source: dict) -> None:
+    """Saves `state` unless a parameter is NaN or Inf (a finite step can still overflow the update) or a data file
+    changed since the run read it (its steps since the last checkpoint may have read the change)."""
+    watch.check(force=True)
     if not _all_finite(state["params"]):
         raise _rolled_back(NonFiniteLossError, ckpt, step, f"step {step}: parameters after the update: not finite")
     ckpt.save(step, state, train_iter, source)

@@ -1,0 +1,24 @@
+#!/bin/bash
+# The multi-host fault tests (kill -9 of process 0 or 1 mid-run then an exact resume of both; a process that cannot
+# reach the workdir), N times each (default 20), outside the suite: a race would show as an occasional failure.
+# Prints each test's count of passes out of N. Usage: scripts/multihost_fault_loop.sh [N]
+set -u
+N=${1:-20}
+PY=${PYTHON:-.venv/bin/python}
+TESTS=(
+  "tests/test_multihost.py::test_two_processes_match_one_survive_a_kill_9_of_process_1_and_resume_from_a_checkpoint_without_fingerprints"
+  "tests/test_multihost.py::test_a_kill_9_of_process_0_the_coordinator_stops_process_1_and_both_resume_exactly"
+  "tests/test_multihost.py::test_a_process_that_cannot_reach_the_workdir_stops_both_in_one_line_each"
+)
+log=$(mktemp)
+for i in $(seq "$N"); do
+  JAX_PLATFORMS=cpu "$PY" -m pytest -q -rA -p no:cacheprovider "${TESTS[@]}" >>"$log" 2>&1
+  echo "round $i of $N done"
+done
+for t in "${TESTS[@]}"; do
+  name=${t##*::}
+  for case in $(grep -o "^PASSED ${t//\//\\/}[^ ]*\|^FAILED ${t//\//\\/}[^ ]*" "$log" | awk '{print $2}' | sort -u); do
+    echo "${case##*::}: $(grep -c "^PASSED ${case//[/\\[}\( \|$\)" "$log") passed of $N"
+  done
+done
+echo "full output: $log"
