@@ -371,8 +371,8 @@ MUTANTS = [
     Mutant(
         "resume: train.seed may change",
         "freeatten_jax/training/loop.py",
-        '"train.batch_size", "train.seed")',
-        '"train.batch_size")',
+        '"train.batch_size", "train.seed", "init.")',
+        '"train.batch_size", "init.")',
         ("tests/test_train.py::test_resume_check_refuses_each_fixed_field_and_allows_the_others",),
     ),
     # --- reliability (issue 21): restore, fingerprints, divergence, rotation, atomic files, storage, exit codes, multi-process
