@@ -10,6 +10,7 @@ baseline with implementation="xla"), to prove the script. Rows left when --secon
 """
 
 import argparse
+import functools
 import os
 import statistics
 import sys
@@ -132,7 +133,7 @@ def correctness(sizes: Sizes, clock: Clock) -> bool:
                 passed = False
                 continue
             softmax = attention.VARIANTS[variant].normalise == "softmax"
-            attend = lambda **options: lambda q, k, v, variant=variant: attention.attend(q, k, v, variant=variant, **options)  # noqa: E731
+            attend = functools.partial(functools.partial, attention.attend, variant=variant)  # attend(**options): a call
             calls = {"reference": attend(implementation="reference"), "pallas": attend(implementation="pallas")}
             calls |= {"split": attend(implementation="pallas", split_matmuls=True)} if softmax else {}
             calls |= {"baseline": _baseline(sizes)} if variant == "softmax" else {}
@@ -255,7 +256,7 @@ def sweep(sizes: Sizes, clock: Clock) -> bool:
             if not clock.left():
                 print(_not_reached(4))
                 continue
-            attend = lambda q, k, v, blocks=blocks: attention.attend(
+            attend = lambda q, k, v, blocks=blocks, variant=variant: attention.attend(
                 q,
                 k,
                 v,

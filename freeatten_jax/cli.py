@@ -7,7 +7,8 @@ import sys
 import threading
 import traceback
 import warnings
-from typing import Callable, NoReturn
+from collections.abc import Callable
+from typing import NoReturn
 
 from absl import app, flags, logging
 

@@ -7,7 +7,8 @@ import dataclasses
 import math
 import types
 import typing
-from typing import Any, Callable, Mapping
+from collections.abc import Callable, Mapping
+from typing import Any
 
 from freeatten_jax.errors import ConfigError
 

@@ -67,7 +67,7 @@ def test_tiny_mode_runs_end_to_end_without_the_packages_the_device_lacks(tmp_pat
     for step in ("unpacked", "packed"):
         base = float(tables[step][0][2])
         assert [row[3] for row in tables[step][:1]] == ["1"]
-        for label, fwd, both, ratio, tflops in tables[step]:
+        for label, _fwd, both, ratio, _tflops in tables[step]:
             assert abs(float(ratio) - base / float(both)) <= 0.01 * float(ratio) + 1e-3, label
     assert [row[0] for row in tables["packed"]] == ["softmax, xla, documents as a batch", "softmax, pallas, packed"]
     error = float(re.search(r"pallas out err .*: (\S+)", report).group(1))

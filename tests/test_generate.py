@@ -57,7 +57,7 @@ def _incremental(models, tokens, positions, segments):
             model, tokens[:, part], cache, chunk=CHUNK, positions_BT=take(positions, part), segment_ids_BT=take(segments, part)
         )
 
-        def step(cache, xs):
+        def step(cache, xs, model=model):
             token, position, segment = xs
             step_logits, cache = model(token[:, None], positions_BT=position, segment_ids_BT=segment, cache=cache)
             return cache, step_logits[:, 0]
@@ -172,7 +172,7 @@ def _prefill_then_default_positions(models, tokens, positions, segments):
             model, tokens[:, :PROMPT], cache, positions_BT=positions[:, :PROMPT], segment_ids_BT=segments[:, :PROMPT]
         )
 
-        def step(cache, token_B):
+        def step(cache, token_B, model=model):
             step_logits, cache = model(token_B[:, None], cache=cache)
             return cache, step_logits[:, 0]
 

@@ -76,7 +76,8 @@ def test_spike_rule_stops_after_k_times_the_median_for_m_steps_and_ignores_short
 
 
 def test_read_errors_are_unavailable_and_bad_content_is_not():
-    def chained(cause, outer=ValueError("Failed to restore")):
+    def chained(cause):
+        outer = ValueError("Failed to restore")
         try:
             try:
                 raise cause

@@ -184,7 +184,7 @@ def test_hidden_nan_and_inf_change_nothing(variant, implementation):
         attend = functools.partial(
             attention.attend, variant=variant, implementation=implementation, **options, **params, **implementation_options
         )
-        run = jax.jit(lambda q, k, v, g: _vjp(attend, q, k, v, g))  # one program: only the inputs differ
+        run = jax.jit(lambda q, k, v, g, attend=attend: _vjp(attend, q, k, v, g))  # one program: only the inputs differ
         poisoned = run(q, jnp.where(hidden_BS11, jnp.nan, k), jnp.where(hidden_BS11, garbage_B111, v), g)
         results[name] = (run(q, k, v, g), poisoned, hidden_BS11)
     for name, (clean, poisoned, hidden_BS11) in results.items():

@@ -18,7 +18,7 @@ def test_sequence_holds_pairs_then_queries_with_their_answers(form):
     assert tokens_L.shape == (65,) and mask_T.shape == (64,) and mask_T.sum() == 4
     assert tokens_L.min() >= 0 and tokens_L.max() < task.vocab_size
     pairs = {int(k): int(v) for k, v in zip(inst.keys_P, inst.values_P)}
-    for i, (offset, key) in enumerate(zip(inst.offsets_P, inst.keys_P)):
+    for offset, key in zip(inst.offsets_P, inst.keys_P):
         expected = [key * 8 + pairs[key]] if form == "fused" else [key, 8 + pairs[key]]
         assert tokens_L[offset : offset + task.pair_width].tolist() == expected
     others = np.setdiff1d(

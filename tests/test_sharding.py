@@ -114,7 +114,7 @@ def test_sharded_forward_and_gradients_equal_single_device():
         assert {s.data.shape[0] for s in logits.addressable_shards} == {8 // (shape[0] * shape[1])}, variant
         np.testing.assert_allclose(loss, loss_1, rtol=1e-5, err_msg=variant)
         np.testing.assert_allclose(logits, logits_1, atol=1e-5, err_msg=variant)
-        jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-6, rtol=1e-4, err_msg=variant), grads, grads_1)
+        jax.tree.map(lambda a, b, v=variant: np.testing.assert_allclose(a, b, atol=1e-6, rtol=1e-4, err_msg=v), grads, grads_1)
 
 
 def _canonical(spec):

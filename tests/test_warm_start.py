@@ -108,9 +108,9 @@ def fetch_and_wait(*args):  # waits while fetching batch 2 (checkpoint 0 only is
         time.sleep(600)
     return fetch(*args)
 distributed.host_local_batch_to_global = fetch_and_wait
-cfg = tiny_config("ssmax", sys.argv[2], **{**dict(%s), "init.path": sys.argv[3]})
+cfg = tiny_config("ssmax", sys.argv[2], **{**dict(WARM_STEPS), "init.path": sys.argv[3]})
 loop.train_and_evaluate(cfg, sys.argv[1])
-""" % (WARM_STEPS,)
+""".replace("WARM_STEPS", repr(WARM_STEPS))
 
 
 @pytest.mark.slow

@@ -8,7 +8,8 @@ finish(carry, n) see each query block's N_i and statistics; `grad_block(s, vis, 
 `power_grad_block` (LSSAR's dL/dp share; None for the others) are the family's, given that block's N_i.
 """
 
-from typing import Any, Callable, NamedTuple
+from collections.abc import Callable
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp

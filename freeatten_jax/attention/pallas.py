@@ -17,7 +17,8 @@ shard: the SPMD partitioner cannot split a Pallas call (Mosaic refuses; Triton c
 
 import functools
 import math
-from typing import Callable, NamedTuple
+from collections.abc import Callable
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp

@@ -13,7 +13,8 @@ never reach a visible output or gradient).
 """
 
 import functools
-from typing import Any, Callable, NamedTuple
+from collections.abc import Callable
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp

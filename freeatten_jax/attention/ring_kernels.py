@@ -36,7 +36,9 @@ def _core(cfg: Static, lowering: pallas.Lowering, shapes):
             leaves, tree = jax.tree.flatten(one.init(jnp.zeros((b, h, tp, 1)), jnp.zeros((b, h, tp, d))))
             travelling = (k, ks, v) if one.with_values else (k, ks)  # LSSAR's first pass reads no values
 
-            def ring_step(step, state, call=call, rows=tuple(rows.values())):
+            row_values = tuple(rows.values())
+
+            def ring_step(step, state, call=call, rows=row_values):
                 leaves, held = state
                 passed_on = rotate(held, ring.axis_name, ring.size)  # issued first: it can overlap the work
                 k_held, ks_held, v_held = (*held, v)[:3]  # a pass that reads no values gets the local ones

@@ -7,7 +7,8 @@ elementwise `grad` runs); acc [.., Q, D]. A Family is its forward passes (each a
 blocks: init, step, finish), the row terms of its gradient and the elementwise gradient of one block.
 """
 
-from typing import Any, Callable, NamedTuple
+from collections.abc import Callable
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp

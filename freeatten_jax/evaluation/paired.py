@@ -49,7 +49,7 @@ def markdown(runs: list[dict], multipliers: list[int]) -> str:
             continue
         diff = {m: own[m] - ref[m] for m in multipliers}
         difference.append([names[g]] + [_cell(stats.contrast([(1, diff[m])])) for m in multipliers])
-        ratio = lambda m: (own[m].mean() - own[1].mean()) / (ref[m].mean() - ref[1].mean())
+        ratio = lambda m, own=own, ref=ref: (own[m].mean() - own[1].mean()) / (ref[m].mean() - ref[1].mean())
         relative.append(
             [names[g]] + [f"{_cell(stats.contrast([(1, diff[m]), (-1, diff[1])]))} ({ratio(m):.2f}x)" for m in longer]
         )

@@ -6,7 +6,7 @@ exactly as in a full forward pass over the same tokens.
 """
 
 import functools
-from typing import Callable
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp

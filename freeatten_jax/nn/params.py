@@ -5,7 +5,7 @@ Each parameter records its logical axes (e.g. ('embed', 'heads', 'head_dim')) as
 outside `jax.set_mesh`); `freeatten_jax.nn.sharding` maps the names to a mesh when asked.
 """
 
-from typing import Callable
+from collections.abc import Callable
 
 import jax
 from flax import nnx

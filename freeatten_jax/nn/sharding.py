@@ -11,7 +11,8 @@ Activations are constrained at block boundaries only inside `use_mesh(mesh, rule
 import contextlib
 import contextvars
 import math
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import jax
 from flax import nnx

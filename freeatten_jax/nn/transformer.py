@@ -6,7 +6,8 @@ float32. Built from a `ModelConfig` (freeatten_jax.nn.config), which checks ever
 """
 
 import math
-from typing import Callable, NamedTuple
+from collections.abc import Callable
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp

@@ -12,7 +12,7 @@ down_proj [E, F] -> w_out_FE, lm_head [V, E] -> unembed_EV. Llama's RoPE rotates
 import dataclasses
 import json
 import pathlib
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 

@@ -102,8 +102,8 @@ class Evaluator:
     def __call__(self, state) -> float:
         total = count = 0.0
         for tokens_BL, weights_B in zip(self.tokens_NBL, self.weights_NB):
-            tokens = jax.make_array_from_callback(tokens_BL.shape, self.tokens_sharding, lambda i: tokens_BL[i])
-            weights = jax.make_array_from_callback(weights_B.shape, self.weights_sharding, lambda i: weights_B[i])
+            tokens = jax.make_array_from_callback(tokens_BL.shape, self.tokens_sharding, lambda i, x=tokens_BL: x[i])
+            weights = jax.make_array_from_callback(weights_B.shape, self.weights_sharding, lambda i, x=weights_B: x[i])
             loss_sum, n = self.step(state, tokens, weights)
             total, count = total + float(loss_sum), count + float(n)
         return total / count

@@ -12,7 +12,7 @@ WORKDIR/init.json, so it resumes like any run, without reading its source again.
 import dataclasses
 import json
 import math
-from typing import Callable
+from collections.abc import Callable
 
 import jax
 import numpy as np
