@@ -56,7 +56,7 @@ def test_pallas_train_step_runs_each_devices_kernels_on_its_shard_of_the_batch(t
     assert all(per_device in shape for shape in shapes if len(shape) >= 2)
 
 
-@pytest.mark.parametrize("target, context", [("v5e-8", 4), ("8xh100", 8)])
+@pytest.mark.parametrize("target, context", [("8xh100", 8)])  # TPU: lowered below, compiled by benchmarks/long_context.py
 def test_context_parallel_step_runs_the_kernels_on_each_chunk_and_chunks_the_loss(target, context):
     """One gpt2_small layer's LSSAR step at T = 32K with the sequence split over `context` chips: every kernel call
     sees this chip's chunk (T / context) and none the whole sequence (a ring step that fell back to the blockwise
@@ -127,12 +127,15 @@ def test_the_compiled_step_is_the_one_training_runs(tmp_path, monkeypatch):
     assert logged["step"] == 1 and float(metrics["loss"]) == logged["loss"]
 
 
-def test_the_readmes_compile_command_needs_no_data(run_cli, monkeypatch):
-    """The README's `freeatten-compile --config=lssar:gpt2_small ...` (.bin shards, no data.path) gets to a lowered
-    program, its kernels on each chip's share of the README's batch. The test adds one block instead of 12 and stops
-    before XLA's compile (half a minute to fail for HBM, two to fit), which the tests above run on tiny."""
-    readme = (pathlib.Path(__file__).resolve().parent.parent / "README.md").read_text()
-    (command,) = re.findall(r"^freeatten-compile --target=\S+ --config=\S+:gpt2_small.*$", readme, flags=re.M)
+def _readme_command(target: str) -> list[str]:
+    """The README's `freeatten-compile --target=TARGET --config=...:gpt2_small ...` command (continuation lines joined)."""
+    readme = (pathlib.Path(__file__).resolve().parent.parent / "README.md").read_text().replace("\\\n", " ")
+    (command,) = re.findall(rf"^freeatten-compile --target={target} --config=\S+:gpt2_small.*$", readme, flags=re.M)
+    return shlex.split(command)[1:]
+
+
+def _lowered_only(monkeypatch) -> list:
+    """Stop freeatten-compile after lowering (XLA's compile of a whole step takes minutes); the programs it lowered."""
     lowered = []
 
     def lower_only(lower, target, hbm_knob=run.STEP_HBM_KNOB):
@@ -140,7 +143,26 @@ def test_the_readmes_compile_command_needs_no_data(run_cli, monkeypatch):
         return run.Report(target, 0, 0, 0, 0, targets.parse(target).hbm_bytes, 0, ())
 
     monkeypatch.setattr(run, "_compile", lower_only)
-    code, lines = run_cli(compile_cli.main, *shlex.split(command)[1:], "--config.model.num_layers=1")
+    return lowered
+
+
+def test_the_readmes_million_token_command_lowers_the_kernels_on_each_chips_chunk(run_cli, monkeypatch):
+    """The README's v5p-32 command (--context=16 --seq_len=1048576): every kernel call (LSSAR's two passes, dq, dkv,
+    one block instead of 12) on the chip's 65,536 tokens."""
+    lowered = _lowered_only(monkeypatch)
+    code, lines = run_cli(compile_cli.main, *_readme_command("v5p-32"), "--config.model.num_layers=1")
+    assert code == 0 and lines[-2].startswith("target v5p-32: per device"), lines
+    text = lowered[0].as_text()
+    assert text.count("tpu_custom_call") == 6 and "tensor<1x12x65536x64xbf16>" in text  # remat: the passes twice
+    assert "1048576x64" not in text
+
+
+def test_the_readmes_compile_command_needs_no_data(run_cli, monkeypatch):
+    """The README's `freeatten-compile --config=lssar:gpt2_small ...` (.bin shards, no data.path) gets to a lowered
+    program, its kernels on each chip's share of the README's batch. The test adds one block instead of 12 and stops
+    before XLA's compile (half a minute to fail for HBM, two to fit), which the tests above run on tiny."""
+    lowered = _lowered_only(monkeypatch)
+    code, lines = run_cli(compile_cli.main, *_readme_command("v5p-8"), "--config.model.num_layers=1")
     assert code == 0 and lines[-2].startswith("target v5p-8: per device"), lines
     text = lowered[0].as_text()
     assert text.count("tpu_custom_call") == 3 and "tensor<128x12x1024x64xbf16>" in text, text[:2000]
