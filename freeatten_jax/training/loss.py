@@ -29,13 +29,13 @@ def next_token_losses(model, tokens_BL, *, eos_id: int | None = None, max_logits
     devices keeps each chunk spread evenly over them) under jax.checkpoint.
     """
     inputs_BT, targets_BT = tokens_BL[:, :-1], tokens_BL[:, 1:]
-    (b, t), v = inputs_BT.shape, model.unembedding().shape[1]
-    kwargs = {**documents.model_inputs(inputs_BT, eos_id), **model_kwargs}
+    x_BTE = model.features(inputs_BT, **documents.model_inputs(inputs_BT, eos_id), **model_kwargs)
+    w_EV = model.unembedding()
+    (b, t), v = inputs_BT.shape, w_EV.shape[1]
     n = _chunks(t, b * t * v, max_logits or MAX_LOGITS)
     if n == 1:
-        return _losses(model(inputs_BT, **kwargs), targets_BT)
-    x_BRnE = model.features(inputs_BT, **kwargs).reshape(b, t // n, n, -1)
-    w_EV = model.unembedding()
+        return _losses(unembed(x_BTE, w_EV), targets_BT)
+    x_BRnE = x_BTE.reshape(b, t // n, n, -1)
 
     @jax.checkpoint
     def chunk(xs):
