@@ -507,7 +507,7 @@ MUTANTS = [
         "freeatten_jax/training/checkpoint.py",
         "self._reporting(lambda: self.manager.save(step, args=args, force=True))",
         "self.manager.save(step, args=args, force=True)",
-        (FAULTS, "-k", "full_disk_stops"),
+        (FAULTS, "-k", "full_disk_stops or next_save_re_raises"),
     ),
     Mutant(
         "data: a training file that changed is not checked before a checkpoint",

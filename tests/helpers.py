@@ -23,10 +23,13 @@ TOLERANCE = {jnp.float32: 1e-4, jnp.bfloat16: 2e-2}
 INTERPRET = os.environ.get("FREEATTEN_PALLAS_INTERPRET", "1") != "0"
 
 
-def subprocess_env(host_devices: int, **variables) -> dict:
-    """os.environ for a child process with `host_devices` CPU devices (not the suite's 8), keeping the session's compile
-    flags and cache (tests/conftest.py), plus `variables`."""
+def subprocess_env(host_devices: int, optimised: bool = False, **variables) -> dict:
+    """os.environ for a child process with `host_devices` CPU devices (not the suite's 8), keeping the session's cache
+    and, unless `optimised` (a child that runs more than it compiles, e.g. an evaluation), its cheap compile flags
+    (tests/conftest.py), plus `variables`."""
     flags = os.environ.get("XLA_FLAGS", "").replace("device_count=8", f"device_count={host_devices}")
+    if optimised:
+        flags = " ".join(f for f in flags.split() if f.startswith("--xla_force_host_platform_device_count"))
     return {**os.environ, "XLA_FLAGS": flags, **variables}
 
 

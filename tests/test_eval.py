@@ -96,7 +96,7 @@ def test_loss_at_1x_equals_training_validation_loss(trained, tmp_path):
 
 @pytest.mark.slow
 def test_reweighting_switch_changes_lssa_and_off_reproduces_it(trained, tmp_path):
-    settings = suite.Settings(multipliers=(1, 2, 8), eval_tokens=2 * 257, passkey_depths=())
+    settings = suite.Settings(multipliers=(1, 2), eval_tokens=2 * 257, passkey_depths=())
     none, p15 = suite.run_suite([trained["lssa"][0]], ["p=15", "p=off"], settings, str(tmp_path))  # p=off: a no-op here
     with tqdm(disable=True) as progress:
         off = suite.evaluate(trained["lssa"][0], switches.parse("p=off"), settings, suite.SplitCache(), progress)

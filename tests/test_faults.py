@@ -426,6 +426,23 @@ def test_a_full_disk_stops_the_run_at_its_failed_save_in_one_line_keeping_the_ch
     assert checkpoint.Checkpointer(workdir, read_only=True).all_steps() == [2, 4, 6]
 
 
+def test_a_failure_that_the_next_save_re_raises_is_one_line_naming_the_os_error(tmp_path, monkeypatch):
+    """Orbax's save re-raises an earlier background save's failure (any type, tensorstore's wording of the OS error):
+    the save call turns it into the one CheckpointWriteError line, with the OS error spelt out."""
+    ckpt = checkpoint.Checkpointer(tmp_path)
+
+    def reraise(*args, **kwargs):
+        raise ValueError("Error writing local file: os_error_code='28' [source locations='tensorstore/...']\nmore lines")
+
+    monkeypatch.setattr(ckpt.manager, "save", reraise)
+    monkeypatch.setattr(checkpoint.integrity, "iterator", lambda iterator: {})
+    with pytest.raises(checkpoint.CheckpointWriteError) as err:
+        ckpt.save(1, {"w": np.zeros(2, np.float32)}, None, {})
+    message = str(err.value)
+    assert "\n" not in message and message.startswith(f"saving a checkpoint to {tmp_path / 'checkpoints'} failed (")
+    assert f"({os.strerror(errno.ENOSPC)}: ValueError: Error writing local file" in message, message
+
+
 def test_a_save_failing_in_the_background_stops_the_run_before_its_next_step(run6, text_glob, monkeypatch):
     """Orbax reports a failure of its save thread (as a full disk or a lost bucket gives) only when asked: the loop
     asks before every step, so the run stops at once, not at the next checkpoint (12) or at the end (16)."""
