@@ -53,14 +53,6 @@ def compilation_cache(tmp_path_factory):
     yield str(cache)
 
 
-@pytest.fixture(scope="module", autouse=True)
-def compiled_programs_freed_after_each_module():
-    """Each worker drops its in-memory programs after a test file (a later file loads any it shares from the disk
-    cache): three workers on the CI's 24 GB otherwise grow to several GB each and the machine starts reclaiming."""
-    yield
-    jax.clear_caches()
-
-
 @pytest.fixture(scope="session")
 def trained_run(tmp_path_factory):
     """trained_run(name, config) -> the workdir of that training run, trained once per session by whichever process
