@@ -121,14 +121,16 @@ def test_an_imported_llama_gives_the_references_logits_and_greedy_tokens(layout,
     print(f"max |logit difference| vs FlaxLlamaForCausalLM ({layout}): {error:.2e}")
     assert error <= 1e-4 and np.abs(theirs_BTV).max() > 1e-2
 
+    # greedy tokens: the reference, fed our continuation, picks each of our tokens next (as its own greedy decoding
+    # would, short of a tie; one forward pass instead of compiling its decoding loop)
     prompt_BT = np.asarray([tok.encode(PROMPT).ids], np.int32)
-    theirs = reference.generate(prompt_BT, max_new_tokens=12, do_sample=False, pad_token_id=0).sequences
-    ours = generate(run.model, prompt_BT, 12, temperature=0.0)
-    assert np.asarray(ours).tolist() == np.asarray(theirs).tolist()
+    ours_BT, p = np.asarray(generate(run.model, prompt_BT, 12, temperature=0.0)), prompt_BT.shape[1]
+    theirs_next_BT = np.asarray(reference(ours_BT[:, :-1]).logits).argmax(-1)[:, p - 1 :]
+    assert theirs_next_BT.tolist() == ours_BT[:, p:].tolist()
     code, lines = run_cli(
         generate_cli.main, f"--workdir={tmp_path / 'run'}", f"--prompt={PROMPT}", "--max_new_tokens=12", "--temperature=0"
     )
-    assert code == 0 and lines[0] == PROMPT + tok.decode(np.asarray(theirs)[0, prompt_BT.shape[1] :].tolist()), lines
+    assert code == 0 and lines[0] == PROMPT + tok.decode(ours_BT[0, p:].tolist()), lines
 
 
 def _sincos_with_base(theta: float):
