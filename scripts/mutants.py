@@ -228,6 +228,13 @@ MUTANTS = [
         ("tests/test_pallas.py", "tests/test_compile.py", "-k", "per_shard or v5p"),
     ),
     Mutant(
+        "ring: every data replica runs the whole batch",
+        "freeatten_jax/attention/context_parallel.py",
+        "rows, tokens = P(batch_axis, axis_name), P(batch_axis, axis_name, head_axis, None)",
+        "rows, tokens = P(None, axis_name), P(None, axis_name, head_axis, None)",
+        ("tests/test_compile.py", "-k", "context_parallel_step"),
+    ),
+    Mutant(
         "pallas: shard_map replicates the batch",
         "freeatten_jax/attention/pallas.py",
         "tokens, rows = P(batch, None, heads, None), P(batch, None)",
