@@ -47,6 +47,15 @@ def inputs(rng, b, t, s, h, kv_heads, d, dtype=jnp.float32):
     return q_BTHD, k_BSKD, v_BSKD, jax.random.normal(kg, (b, t, h, d), dtype)
 
 
+def one_per_family() -> tuple[str, ...]:
+    """The first registered variant of each family of row rules (the fast paths run a family's rules: ssmax runs
+    softmax's with a scale, relu the un-normalised family's with another weight)."""
+    first = {}
+    for variant in attention.VARIANTS:
+        first.setdefault(attention.get_variant(variant).normalise, variant)
+    return tuple(first.values())
+
+
 def variant_params(variant: str, h: int):
     """The differentiable variant options the tests use (ssmax's per-head s, and b)."""
     return {"s": jnp.linspace(0.6, 1.4, h), "b": jnp.float32(0.1)} if variant == "ssmax" else {}

@@ -14,7 +14,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from helpers import INTERPRET, key, value_and_grads, variant_params
+from helpers import INTERPRET, key, one_per_family, value_and_grads, variant_params
 
 from freeatten_jax import attention
 from freeatten_jax.attention import rules
@@ -56,12 +56,10 @@ PATHS = {  # name: (attend, implementation options)
     "context_parallel": (_context_parallel, {}),
     "context_parallel_kernels": (_context_parallel, dict(implementation="pallas", interpret=INTERPRET)),
 }
-# The reference meets the oracle in every variant. A fast path runs its family's rules (rules.FAMILIES): ssmax is
-# softmax's with a scale, relu the un-normalised family's with another weight, so each family meets each path without
-# them. The kernel ring: on the variant whose rows the ring once lost (q = 0, identical keys).
+# The reference meets the oracle in every variant, each fast path in one variant per family of rules; the kernel
+# ring on the variant whose rows the ring once lost (q = 0, identical keys).
 PATH_VARIANTS = {"reference": tuple(attention.VARIANTS), "context_parallel_kernels": ("lssar",)}
-FAMILY_VARIANTS = tuple(v for v in attention.VARIANTS if v not in ("ssmax", "relu"))
-CASES_BY_PATH = [(variant, path) for path in PATHS for variant in PATH_VARIANTS.get(path, FAMILY_VARIANTS)]
+CASES_BY_PATH = [(variant, path) for path in PATHS for variant in PATH_VARIANTS.get(path, one_per_family())]
 
 
 def assert_rows_close(got, want, tolerance, what, scale_B=None):

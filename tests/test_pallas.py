@@ -24,6 +24,7 @@ from helpers import (
     inputs,
     jit_call,
     key,
+    one_per_family,
     value_and_grads,
     variant_params,
 )
@@ -54,10 +55,9 @@ def scenario(name: str, rng):
 
 
 # The GPU kernels (interpret=True) in every case; the TPU kernels (streamed grid, interpret="tpu") in one case of
-# each scenario and, in interpret mode, each family of rules (rules.FAMILIES: ssmax runs softmax's with a scale, relu
-# the un-normalised family's with another weight; on a device, where they are fast, every variant).
+# each scenario and, in interpret mode, one variant per family of rules (on a device, where they are fast, every one).
 KERNELS = {"gpu": PALLAS, "tpu": dict(PALLAS, interpret="tpu" if INTERPRET else False)}
-FAMILIES = tuple(v for v in attention.VARIANTS if not INTERPRET or v not in ("ssmax", "relu"))
+FAMILIES = one_per_family() if INTERPRET else tuple(attention.VARIANTS)
 CASES = [("causal_packed_padded_gqa", variant, "gpu") for variant in attention.VARIANTS]
 CASES += [("causal_packed_padded_gqa", variant, "tpu") for variant in FAMILIES]
 CASES += [("bidirectional_window_positions_mqa", variant, "gpu") for variant in ("lssa", "lssar")]
