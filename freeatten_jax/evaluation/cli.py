@@ -41,7 +41,9 @@ def _check_switch(text: str) -> None:
 
 
 def main() -> None:
-    workdirs = flags.DEFINE_multi_string("workdir", None, "Training run directory (repeat for several).", required=True)
+    workdirs = flags.DEFINE_multi_string(
+        "workdir", None, "Training run directory, or WORKDIR@STEP for one of its checkpoints (repeat for several).", required=True
+    )
     out = flags.DEFINE_string("out", None, "Directory for report.md, results.json, CSV files and plots.", required=True)
     switches = flags.DEFINE_multi_string("switch", [], "Eval-time switch, e.g. p=15, p=off, rope_theta=50x, s=0.3.")
     multipliers = flags.DEFINE(

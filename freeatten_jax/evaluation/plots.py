@@ -26,6 +26,7 @@ COLOURS = {
     "relu": "tab:brown",
     "softmax_logn": "tab:cyan",
 }
+SPARE_COLOURS = ["tab:olive", "tab:pink", "tab:gray", "black", "gold", "navy", "lime", "maroon"]  # other variants'
 STYLES = ["-", "--", ":", "-."]
 MIN_LOSS_SPAN = 0.5  # nats: the y-axis of a loss plot never zooms in further (a 0.01-nat wobble stays flat)
 LEGEND_TITLE = "colour: variant; line style: eval-time switch"
@@ -43,9 +44,11 @@ def _style(runs: list[dict]):
     """(variant, switch) -> plot keywords: colour by variant, line style by switch."""
     switches = list(dict.fromkeys(r["switch"] for r in runs))
     switches = ["none", *[s for s in switches if s != "none"]]
+    others = [v for v in dict.fromkeys(r["variant"] for r in runs) if v not in COLOURS]  # e.g. warm-started runs
+    colours = {**COLOURS, **dict(zip(others, SPARE_COLOURS * len(others)))}
 
     def style(variant, switch):
-        colour = COLOURS.get(variant, "tab:gray")
+        colour = colours[variant]
         return {"color": colour, "linestyle": STYLES[switches.index(switch) % len(STYLES)]}
 
     return style

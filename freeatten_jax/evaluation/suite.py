@@ -22,7 +22,7 @@ from freeatten_jax.errors import UserError
 from freeatten_jax.evaluation import attention_stats, loss, mqar, passkey, report, switches
 from freeatten_jax.nn import sharding
 from freeatten_jax.nn.decoding import generate
-from freeatten_jax.training import checkpoint, config
+from freeatten_jax.training import checkpoint, config, warm_start
 from freeatten_jax.training.loss import next_token_losses
 from freeatten_jax.training.run import load_run
 
@@ -154,19 +154,22 @@ def _retrieval(
 MQAR_SEED = 2_000_003  # the evaluation's MQAR instances: neither training's stream nor validation's (data.mqar)
 
 
-def evaluate(workdir: str, switch: switches.Switch, settings: Settings, splits_of, progress) -> dict:
-    """Every measurement for one checkpoint under one switch: MQAR accuracy by length for an MQAR run, else loss,
-    retrieval and attention analysis on held-out text."""
+def evaluate(checkpoint_at: str, switch: switches.Switch, settings: Settings, splits_of, progress) -> dict:
+    """Every measurement for one checkpoint (WORKDIR[@STEP]) under one switch: MQAR accuracy by length for an MQAR
+    run, else loss, retrieval and attention analysis on held-out text. A warm-started run's variant is named with
+    its origin and its steps since (`ssmax from softmax@450 +150`), so that it is not pooled with runs from scratch."""
     mesh = _context_mesh(settings.context)
-    loaded = load_run(workdir, mesh=mesh)
+    workdir, step = warm_start.split_step(checkpoint_at)
+    loaded = load_run(workdir, step=step, mesh=mesh)
     model, cfg = loaded.model, loaded.config
     switches.apply(model, cfg, switch)
     model.set_implementation(settings.implementation)
+    origin = warm_start.origin(workdir)
     run = {
-        "name": pathlib.Path(workdir).name,
+        "name": pathlib.Path(workdir).name + ("" if step is None else f"@{step}"),
         "workdir": str(workdir),
         "step": loaded.step,
-        "variant": cfg.model.variant_name,
+        "variant": cfg.model.variant_name + (f" from {origin} +{loaded.step}" if origin else ""),
         "switch": switch.label,
         "seed": cfg.train.seed,
         "train_len": cfg.train.seq_len,
@@ -238,11 +241,14 @@ def _check_context(length: int, context: int) -> None:
         )
 
 
-def _saved_config(workdir: str) -> config.Config:
-    """The typed config saved with the latest checkpoint; CheckpointNotFoundError if there is none."""
+def _saved_config(checkpoint_at: str) -> config.Config:
+    """The typed config saved with checkpoint WORKDIR[@STEP] (the latest without @STEP); a UserError if it is not there."""
+    workdir, step = warm_start.split_step(checkpoint_at)
     ckpt = checkpoint.Checkpointer(workdir, read_only=True)
     try:
-        return ckpt.run_config(ckpt.require_latest())
+        if step is not None and step not in ckpt.all_steps():
+            raise UserError(f"--workdir={checkpoint_at}: no checkpoint step {step}; it has: {ckpt.all_steps() or 'none'}")
+        return ckpt.run_config(ckpt.require_latest() if step is None else step)
     finally:
         ckpt.close()
 

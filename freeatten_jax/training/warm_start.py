@@ -85,7 +85,7 @@ def _flat_params(model) -> dict[str, np.ndarray]:
     return {_path_name(path): np.asarray(leaf) for path, leaf in jax.tree_util.tree_leaves_with_path(nnx.state(model, nnx.Param))}
 
 
-def _split_step(text: str) -> tuple[str, int | None]:
+def split_step(text: str) -> tuple[str, int | None]:
     """(path, STEP or None) of PATH[@STEP]."""
     path, at, step = text.rpartition("@")
     return (path, int(step)) if at and step.isdigit() else (text, None)
@@ -119,7 +119,7 @@ def _from_hub(folder: str) -> Source:
 
 def open_source(text: str) -> Source:
     """The source config.init.path names: a Hub folder (it has config.json or Hub weights), else a run's WORKDIR[@STEP]."""
-    path, step = _split_step(text)
+    path, step = split_step(text)
     try:
         if any((storage.path(path) / name).exists() for name in hf_llama.MARKERS):
             return _from_hub(path)
@@ -193,6 +193,7 @@ def apply(cfg, state: dict, source: Source, workdir) -> dict:
         "source": source.name,
         "training_length": source.training_length,
         "attention": cfg.model.attention,
+        "source_variant": source.model.variant_name,
         "copied": len(set(arrays) & set(shapes)),
         "new": new,
         "dropped": sorted(set(arrays) - set(shapes)),
@@ -206,6 +207,17 @@ def apply(cfg, state: dict, source: Source, workdir) -> dict:
             flush=True,
         )
     return {**state, "params": params}
+
+
+def origin(workdir) -> str:
+    """Where a warm-started run's weights came from, as reports name it (`softmax@450`: the source's variant and
+    checkpoint step, or its Hub folder's name); empty for a run trained from scratch."""
+    record = storage.path(workdir) / INIT_FILE
+    if not record.exists():
+        return ""
+    record = json.loads(record.read_text())
+    path, step = split_step(record["source"])
+    return f"{record.get('source_variant', 'source')}@{step}" if step is not None else storage.path(path).name
 
 
 def has_checkpoint(workdir) -> bool:
