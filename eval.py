@@ -1,6 +1,6 @@
-"""Evaluate from the repository: `python eval.py --workdir=runs/x --out=reports/x` (= `freeatten-eval`)."""
+"""Evaluate from the repository (= `freeatten-eval`): `python eval.py --workdir=runs/x --out=reports/x`."""
 
-from freeatten_jax.evaluation.cli import main
+from freeatten_jax.cli import scripts
 
 if __name__ == "__main__":
-    main()
+    scripts.evaluate()

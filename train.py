@@ -1,7 +1,7 @@
 """Train from the repository (= `freeatten-train`):
-`python train.py --config=configs/lm.py:variant=lssar,size=tiny --workdir=runs/x`."""
+`python train.py --config=lssar:tiny --workdir=runs/x`."""
 
-from freeatten_jax.training.cli import main
+from freeatten_jax.cli import scripts
 
 if __name__ == "__main__":
-    main()
+    scripts.train()

@@ -1,16 +1,17 @@
 #!/usr/bin/env bash
 # MQAR extrapolation on 2 CPU cores (docs/results.md "Retrieval: MQAR"): softmax, ssmax, lssa, lssar and the
-# softmax_logn control, 3 seeds each, `--config=mqar:variant=V` (fused form: 2-layer tiny model, trained at 32 tokens
+# softmax_logn control, 10 seeds each, `--config=mqar:variant=V` (fused form: 2-layer tiny model, trained at 32 tokens
 # on 4 pairs, queries drawn with replacement, 2,000 steps), JOBS runs at a time, then per-query accuracy at 1x-16x on
-# INSTANCES instances (x 4 queries) per length, the same pairs at every length, with paired differences against
-# softmax. Rerunning resumes unfinished runs and skips finished ones; the evaluation is redone at the end. Wall time:
-# docs/results.md. STEPS, SEEDS, FORM, JOBS and INSTANCES may be overridden.
+# INSTANCES instances (x 4 queries) per length, the same pairs at every length, placed at the start (as in training)
+# and at the end (docs/method.md §7), every query's hit saved, with paired differences against softmax (bootstrap and
+# over seeds). Rerunning resumes unfinished runs and skips finished ones; the evaluation is redone at the end. Wall
+# time: docs/results.md. STEPS, SEEDS, FORM, JOBS and INSTANCES may be overridden.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PY=${PY:-.venv/bin/python} FORM=${FORM:-fused} STEPS=${STEPS:-2000}
 export RUNS=${RUNS:-runs/mqar-$FORM}
 OUT=${OUT:-reports/mqar-$FORM}
-SEEDS=${SEEDS:-"0 1 2"}
+SEEDS=${SEEDS:-"0 1 2 3 4 5 6 7 8 9"}
 JOBS=${JOBS:-2}
 INSTANCES=${INSTANCES:-256}
 

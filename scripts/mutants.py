@@ -377,7 +377,7 @@ MUTANTS = [
     ),
     Mutant(
         "resume: train.seed may change",
-        "freeatten_jax/training/loop.py",
+        "freeatten_jax/training/resume.py",
         '"train.batch_size", "train.seed", "init.")',
         '"train.batch_size", "init.")',
         ("tests/test_train.py::test_resume_check_refuses_each_fixed_field_and_allows_the_others",),
@@ -385,7 +385,7 @@ MUTANTS = [
     # --- reliability (issue 21): restore, fingerprints, divergence, rotation, atomic files, storage, exit codes, multi-process
     Mutant(
         "restore: files not probed before restoring (EIO reaches orbax)",
-        "freeatten_jax/training/loop.py",
+        "freeatten_jax/training/resume.py",
         "        ckpt.check_readable(step)\n",
         "",
         (FAULTS, "-k", "unreadable_checkpoints_stop"),
@@ -407,7 +407,7 @@ MUTANTS = [
     Mutant(
         "preemption: the stop not said in a progress line",
         "freeatten_jax/training/loop.py",
-        '            log(f"{stop.name} at step {step}: saving a checkpoint, then stopping", flush=True)\n',
+        '        progress.log(f"{self.stop.name} at step {step}: saving a checkpoint, then stopping")\n',
         "",
         (FAULTS, "-k", "sigterm_saves"),
     ),
@@ -420,7 +420,7 @@ MUTANTS = [
     ),
     Mutant(
         "restore: every checkpoint bad, a rerun starts from scratch",
-        "freeatten_jax/training/loop.py",
+        "freeatten_jax/training/resume.py",
         "if bad or (quarantined.exists() and any(quarantined.iterdir())):",
         "if bad:",
         (FAULTS, "-k", "every_checkpoint_is_bad"),
@@ -448,7 +448,7 @@ MUTANTS = [
     ),
     Mutant(
         "data fingerprint: changed data resumed silently",
-        "freeatten_jax/training/loop.py",
+        "freeatten_jax/training/resume.py",
         "if (change := integrity.files_changed(saved, now)) is None:",
         "if True:",
         (FAULTS, "-k", "changed_data"),
@@ -491,8 +491,8 @@ MUTANTS = [
     Mutant(
         "storage: a failed async save noticed at the next checkpoint",
         "freeatten_jax/training/loop.py",
-        "        ckpt.check_for_errors()  # a background save that failed",
-        "        pass  # a background save that failed",
+        "            self.ckpt.check_for_errors()  # a background save that failed",
+        "            pass  # a background save that failed",
         (FAULTS, "-k", "failing_in_the_background"),
     ),
     Mutant(
@@ -504,7 +504,7 @@ MUTANTS = [
     ),
     Mutant(
         "storage: tensorstore's callbacks into a failed save's closed loop reported (tracebacks)",
-        "freeatten_jax/cli.py",
+        "freeatten_jax/cli/shared.py",
         "    if not _into_a_closed_loop(report):",
         "    if True:",
         (FAULTS, "-k", "closed_loop"),
@@ -518,7 +518,7 @@ MUTANTS = [
     ),
     Mutant(
         "data: a training file that changed is not checked before a checkpoint",
-        "freeatten_jax/training/loop.py",
+        "freeatten_jax/training/rollback.py",
         "    watch.check(force=True)",
         "    pass",
         (FAULTS, "-k", "changes_while_training"),
@@ -546,9 +546,9 @@ MUTANTS = [
     ),
     Mutant(
         "checkpoint: one without fingerprints restored silently",
-        "freeatten_jax/training/loop.py",
-        "        if fingerprints is None:\n            _log(",
-        "        if False:\n            _log(",
+        "freeatten_jax/training/resume.py",
+        "        if fingerprints is None:\n            log(",
+        "        if False:\n            log(",
         ("tests/test_multihost.py", "-k", "without_fingerprints"),
     ),
     Mutant(
@@ -581,28 +581,28 @@ MUTANTS = [
     ),
     Mutant(
         "--help exits 1",
-        "freeatten_jax/cli.py",
+        "freeatten_jax/cli/shared.py",
         "        sys.exit(0)",
         "        sys.exit(1)",
         ("tests/test_help.py", "-k", "generate"),
     ),
     Mutant(
         "eval: --switch=p=-3 accepted",
-        "freeatten_jax/evaluation/cli.py",
+        "freeatten_jax/cli/evaluate.py",
         'math.isfinite(float(v)) and float(v) > 0, "a number > 0 or off"',
         'math.isfinite(float(v)), "a number > 0 or off"',
         (f"{FAULTS}::test_bad_eval_or_generate_input_is_one_error_line[switch p=-3]",),
     ),
     Mutant(
         "train command: the user's compilation cache replaced by one beside the data",
-        "freeatten_jax/training/cli.py",
+        "freeatten_jax/cli/train.py",
         "        if not jax.config.jax_compilation_cache_dir:\n",
         "        if True:\n",
         (f"{FAULTS}::test_the_train_command_keeps_the_users_compilation_cache_and_else_caches_beside_the_data",),
     ),
     Mutant(
         "exit code: SIGTERM exits 0",
-        "freeatten_jax/training/cli.py",
+        "freeatten_jax/cli/train.py",
         "cluster).preempted:",
         "cluster).preempted and False:",
         (FAULTS, "-k", "sigterm"),
@@ -667,7 +667,7 @@ MUTANTS = [
     Mutant(
         "plots: no training-length mark on the loss plot",
         "freeatten_jax/evaluation/plots.py",
-        '_mark_train_len(ax, {r["train_len"] for r in runs})\n    ax.set_xscale("log", base=2)\n    if lows:\n        ax.set_ylim(*y_limits(np.concatenate(lows), np.concatenate(highs), MIN_LOSS_SPAN))\n    _legend(ax)\n    return fig\n\n\ndef draw_per_position',  # noqa: E501
+        '_mark_train_len(ax, {r.train_len for r in runs})\n    ax.set_xscale("log", base=2)\n    if lows:\n        ax.set_ylim(*y_limits(np.concatenate(lows), np.concatenate(highs), MIN_LOSS_SPAN))\n    _legend(ax)\n    return fig\n\n\ndef draw_per_position',  # noqa: E501
         'ax.set_xscale("log", base=2)\n    if lows:\n        ax.set_ylim(*y_limits(np.concatenate(lows), np.concatenate(highs), MIN_LOSS_SPAN))\n    _legend(ax)\n    return fig\n\n\ndef draw_per_position',  # noqa: E501
         ("tests/test_eval.py::test_loss_plot_has_interval_band_training_length_mark_and_a_minimum_span",),
     ),
@@ -679,10 +679,10 @@ MUTANTS = [
         ("tests/test_eval.py::test_loss_plot_has_interval_band_training_length_mark_and_a_minimum_span",),
     ),
     Mutant(
-        "plots: loss band from the runs' spread, not their intervals",
+        "plots: the loss plot without its interval band",
         "freeatten_jax/evaluation/plots.py",
-        '[[p["loss_ci"][0] for p in r["lengths"]] for r in rs]',
-        '[[p["loss"] for p in r["lengths"]] for r in rs]',
+        '(m["mean"], *m["ci"]) for m in summaries',
+        '(m["mean"], m["mean"], m["mean"]) for m in summaries',
         ("tests/test_eval.py::test_loss_plot_has_interval_band_training_length_mark_and_a_minimum_span",),
     ),
     Mutant(
@@ -737,8 +737,8 @@ MUTANTS = [
     Mutant(
         "train: the first step not logged",
         "freeatten_jax/training/loop.py",
-        "        if step == start + 1:  # exclude compilation",
-        "        if step == start + 2:  # exclude compilation",
+        "            if step == start + 1:  # exclude compilation",
+        "            if step == start + 2:  # exclude compilation",
         ("tests/test_train.py::test_a_short_run_says_its_first_step_and_what_its_schedule_misses",),
     ),
     Mutant(
@@ -759,7 +759,7 @@ MUTANTS = [
     ),
     Mutant(
         "cli: a plugin that fails to load keeps its 20-line traceback",
-        "freeatten_jax/cli.py",
+        "freeatten_jax/cli/shared.py",
         "            logging.get_absl_handler().addFilter(plugin_failure_in_one_line)\n",
         "",
         ("tests/test_config.py::test_a_plugin_that_fails_to_load_is_one_log_line",),
@@ -804,8 +804,8 @@ MUTANTS = [
     Mutant(
         "mqar report: pairs a variant's seed k with another seed of softmax",
         "freeatten_jax/evaluation/mqar_report.py",
-        "stats.paired_difference(pick(rs), pick(base))",
-        "stats.paired_difference(pick(rs), pick(base)[::-1])",
+        "    ours, theirs = pick(rs), pick(base)\n",
+        "    ours, theirs = pick(rs), pick(base)[::-1]\n",
         ("tests/test_mqar_training.py::test_the_report_pairs_each_variant_with_softmax_by_seed_and_instance",),
     ),
     Mutant(
@@ -831,16 +831,81 @@ MUTANTS = [
     ),
     Mutant(
         "cli: a native thread may write after the error line",
-        "freeatten_jax/cli.py",
+        "freeatten_jax/cli/shared.py",
         "        os.dup2(os.open(os.devnull, os.O_WRONLY), 2)\n",
         "",
         (f"{FAULTS}::test_the_error_line_stays_last_and_whole_when_threads_report_errors_around_it",),
     ),
     Mutant(
         "cli: the error line may start in the middle of a thread's error report",
-        "freeatten_jax/cli.py",
+        "freeatten_jax/cli/shared.py",
         "    with _STDERR_LOCK:\n        sys.stderr.write(line",
         "    if True:\n        sys.stderr.write(line",
         (f"{FAULTS}::test_the_error_line_stays_last_and_whole_when_threads_report_errors_around_it",),
+    ),
+    # --- warm-start switch experiment, typed results, MQAR placements and per-query hits, seed-level statistics,
+    # the frozen LSSA temperature (issues 33-35)
+    Mutant(
+        "eval: a warm-started run pooled with runs from scratch",
+        "freeatten_jax/evaluation/suite.py",
+        'variant=cfg.model.variant_name + (f" from {origin} +{loaded.step}" if origin else ""),',
+        "variant=cfg.model.variant_name,",
+        ("tests/test_warm_start.py::test_a_warm_start_holds_the_sources_weights_at_step_0_and_scores_as_the_switched_source",),
+    ),
+    Mutant(
+        "eval: WORKDIR@STEP evaluates the latest checkpoint",
+        "freeatten_jax/evaluation/suite.py",
+        "    loaded = load_run(workdir, step=step, mesh=mesh)",
+        "    loaded = load_run(workdir, mesh=mesh)",
+        ("tests/test_warm_start.py::test_a_warm_start_holds_the_sources_weights_at_step_0_and_scores_as_the_switched_source",),
+    ),
+    Mutant(
+        "results: results.json does not read back what was written",
+        "freeatten_jax/evaluation/results.py",
+        'tuples = lambda x: {k: tuple(v) if k.endswith("_ci") else v for k, v in x.items()}',
+        "tuples = lambda x: x",
+        ("tests/test_eval.py::test_suite_writes_every_output",),
+    ),
+    Mutant(
+        "mqar: the end placement leaves the pairs where training put them",
+        "freeatten_jax/data/mqar.py",
+        'return 0 if placement == "start" else length - instance.train_len',
+        "return 0",
+        ("tests/test_mqar.py",),
+    ),
+    Mutant(
+        "mqar: a repeated query counted as first-time",
+        "freeatten_jax/data/mqar.py",
+        "repeated_P = np.array([q in queried_P[:j] for j, q in enumerate(queried_P)])",
+        "repeated_P = np.zeros(len(queried_P), bool)",
+        ("tests/test_mqar.py",),
+    ),
+    Mutant(
+        "mqar report: first-time accuracy over every query",
+        "freeatten_jax/evaluation/mqar_report.py",
+        "fresh_RWP = [np.asarray(x.repeated) == 0 for x in rows]",
+        "fresh_RWP = [np.asarray(x.repeated) >= 0 for x in rows]",
+        ("tests/test_mqar_training.py::test_the_report_pairs_each_variant_with_softmax_by_seed_and_instance",),
+    ),
+    Mutant(
+        "stats: the seed-level interval uses the normal quantile",
+        "freeatten_jax/evaluation/stats.py",
+        "scipy_stats.t.ppf((1 + level) / 2, runs - 1)",
+        "scipy_stats.norm.ppf((1 + level) / 2)",
+        ("tests/test_stats.py", "tests/test_paired.py"),
+    ),
+    Mutant(
+        "lssa: the frozen temperature ignored",
+        VARIANTS_PY,
+        'length = opts.get("temperature_length")',
+        "length = None",
+        ("tests/test_attention.py", "-k", "frozen"),
+    ),
+    Mutant(
+        "switch: p drops a frozen temperature",
+        "freeatten_jax/evaluation/switches.py",
+        'model.set_attention("lssar", **kept, p=None if value == "off" else float(value))',
+        'model.set_attention("lssar", p=None if value == "off" else float(value))',
+        ("tests/test_eval.py::test_the_p_switch_keeps_a_frozen_temperature",),
     ),
 ]

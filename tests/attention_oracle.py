@@ -50,7 +50,8 @@ def _ssmax(c):
 
 
 def _lssa(c):
-    z = np.log(c["d"]) * c["logn"] * c["cos"]
+    log_n = c["logn"] if c["temperature_length"] is None else np.log(c["temperature_length"])
+    z = np.log(c["d"]) * log_n * c["cos"]
     return _row_normalise(np.log1p(np.exp(z)) * c["m"])
 
 
@@ -75,7 +76,7 @@ def _relu(c):
 ORACLES = {"softmax": _softmax, "ssmax": _ssmax, "lssa": _lssa, "lssar": _lssar, "sigmoid": _sigmoid, "relu": _relu}
 
 
-def weights(q, k, m, variant, s=1.0, b=None, p=15.0):
+def weights(q, k, m, variant, s=1.0, b=None, p=15.0, temperature_length=None):
     """A as [B, H, T, S] float64; q [B,T,H,D], k [B,S,K,D], m [B,T,S] bool."""
     q, k = np.asarray(q, np.float64), np.asarray(k, np.float64)
     h, d = q.shape[2], q.shape[3]
@@ -93,6 +94,7 @@ def weights(q, k, m, variant, s=1.0, b=None, p=15.0):
         "s": s,
         "b": b,
         "p": p,
+        "temperature_length": temperature_length,
     }
     return ORACLES[variant](case)
 

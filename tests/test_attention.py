@@ -77,6 +77,23 @@ def test_lssar_p_and_off(p):
         np.testing.assert_array_equal(w, attention.attention_weights(q, k, v, variant="lssa", **kwargs))
 
 
+@pytest.mark.parametrize("variant", ["lssa", "lssar"])
+def test_a_frozen_temperature_uses_log_d_log_l_on_every_row(variant):
+    """temperature_length L: the temperature log(d) log(L) for every row (the control of docs/method.md §2); it equals
+    the adaptive one only on rows that see exactly L keys."""
+    q, k, v, m, kwargs = _case(11, **SCENARIOS["segments"])
+    frozen = attention.attention_weights(q, k, v, variant=variant, temperature_length=4, **kwargs)
+    np.testing.assert_allclose(frozen, oracle.weights(q, k, m, variant, temperature_length=4), rtol=2e-4, atol=2e-6)
+    adaptive = np.asarray(attention.attention_weights(q, k, v, variant=variant, **kwargs))
+    same_BT = m.sum(-1) == 4
+    np.testing.assert_allclose(
+        np.asarray(frozen).transpose(0, 2, 1, 3)[same_BT], adaptive.transpose(0, 2, 1, 3)[same_BT], rtol=1e-5
+    )
+    assert np.abs(np.asarray(frozen) - adaptive).max() > 1e-3
+    with pytest.raises(ValueError, match=r"temperature_length must be > 1 \(a sequence length\), got 1"):
+        attention.attend(q, k, v, variant=variant, temperature_length=1)
+
+
 def _finite_difference(f, args, eps=1e-5):
     """Central differences of a float64 scalar function w.r.t. each array in args."""
     grads = []
@@ -245,14 +262,14 @@ def test_errors():
         attention.attend(q, q, q, variant="softmax", p=3)
     with pytest.raises(
         ValueError,
-        match=r"unknown option\(s\) \['pp'\]: variant 'lssar' takes p; implementation 'auto' takes none; "
+        match=r"unknown option\(s\) \['pp'\]: variant 'lssar' takes p, temperature_length; implementation 'auto' takes none; "
         r"every variant takes the mask options q_positions, kv_positions",
     ):
         attention.attend(q, q, q, variant="lssar", pp=3)
     with pytest.raises(ValueError, match="variant 'softmax' takes scale; implementation 'blockwise' takes block_q, block_k;"):
         attention.attend(q, q, q, variant="softmax", implementation="blockwise", block=3)
     assert attention.attend(q, q, q, variant="softmax", implementation="blockwise", block_q=2).shape == q.shape
-    with pytest.raises(ValueError, match="variant 'lssa' takes none; implementation 'reference' takes none;"):
+    with pytest.raises(ValueError, match="variant 'lssa' takes temperature_length; implementation 'reference' takes none;"):
         attention.attention_weights(q, q, q, variant="lssa", p=3)
     with pytest.raises(ValueError, match="multiple"):
         attention.attend(np.zeros((1, 4, 3, 8)), q, q, variant="softmax")

@@ -62,6 +62,17 @@ def test_lssar_power_options(p):
         assert_close(out, lssa, 1e-5, "p=None is LSSA")
 
 
+@pytest.mark.parametrize("fast", ["blockwise", "pallas"])
+def test_a_frozen_temperature_reaches_the_fast_paths(fast):
+    """temperature_length is applied where every implementation takes its per-row factors (variants.scales): the
+    blockwise and Pallas (interpret mode) paths equal the reference, values and gradients, with segments and GQA."""
+    q, k, v, g, causal, mask_options = _scenario("causal_packed_padded", key("lssar", "frozen", fast))
+    implementation = BLOCKWISE if fast == "blockwise" else dict(implementation="pallas", interpret=True, **BLOCKS)
+    options = dict(variant="lssar", causal=causal, temperature_length=16.0, **mask_options)
+    out = compare(q, k, v, g, {}, implementation, 1e-4, **options)
+    assert np.abs(np.asarray(out - attention.attend(q, k, v, variant="lssar", **mask_options))).max() > 1e-3
+
+
 def test_lssar_uniform_row_keeps_lssa_weights():
     """Identical keys make every row uniform (nothing above 1/N): the output is the mean of the visible values."""
     q, _, v, _ = inputs(key("uniform"), 1, 20, 20, 2, 2, 8)

@@ -12,8 +12,8 @@ import shlex
 import jax
 import pytest
 
+from freeatten_jax.cli import compile as compile_cli
 from freeatten_jax.compile import DoesNotFit, compile_attention, compile_train_step, run, targets
-from freeatten_jax.compile import cli as compile_cli
 from freeatten_jax.configs import base, mqar
 from freeatten_jax.nn import sharding
 from freeatten_jax.training import config, distributed, loop, optim

@@ -13,11 +13,12 @@ from absl import flags
 from absl import logging as absl_logging
 from ml_collections import config_flags
 
-from freeatten_jax import attention, cli, configs, data
+from freeatten_jax import attention, configs, data
+from freeatten_jax.cli import shared as cli
 from freeatten_jax.configs import base, lm
 from freeatten_jax.errors import ConfigError
 from freeatten_jax.nn import preset, sharding
-from freeatten_jax.training import checkpoint, config, loop
+from freeatten_jax.training import checkpoint, config, resume
 
 VARIANT_FILES = ["softmax", "ssmax", "lssa", "lssar", "sigmoid", "relu"]
 
@@ -31,7 +32,7 @@ def _parse(*args):
 
 
 @pytest.mark.parametrize("variant", VARIANT_FILES)
-@pytest.mark.parametrize("form", ["configs/lm.py:variant={},size=tiny", "lm:variant={}", "{}:tiny", "{}"])
+@pytest.mark.parametrize("form", ["freeatten_jax/configs/lm.py:variant={},size=tiny", "lm:variant={}", "{}:tiny", "{}"])
 def test_every_variant_is_a_valid_config_by_path_named_arguments_or_alias(variant, form):
     cfg = config.parse(_parse("--config=" + form.format(variant)))
     assert cfg.model.attention == variant and cfg.model.vocab_size == 256 and cfg.model.max_len == 64
@@ -40,8 +41,8 @@ def test_every_variant_is_a_valid_config_by_path_named_arguments_or_alias(varian
 
 def test_packaged_names_resolve_to_the_one_experiment_file_and_paths_stay():
     assert (
-        "variants: softmax, ssmax, lssa, lssar, sigmoid, relu, softmax_logn; sizes: tiny, gpt2_small, ssmax_162m"
-        in configs.PACKAGED
+        "variants: softmax, ssmax, lssa, lssar, sigmoid, relu, softmax_logn, lssa_fixed, lssar_fixed; "
+        "sizes: tiny, gpt2_small, ssmax_162m" in configs.PACKAGED
     )
     assert configs.resolve("mqar:variant=lssa") == f"{configs.ROOT / 'mqar'}.py:variant=lssa"
     assert configs.resolve("softmax_logn:tiny") == f"{configs.ROOT / 'lm'}.py:variant=softmax_logn,size=tiny"
@@ -49,6 +50,15 @@ def test_packaged_names_resolve_to_the_one_experiment_file_and_paths_stay():
     assert configs.resolve("lm:size=gpt2_small") == f"{configs.ROOT / 'lm'}.py:size=gpt2_small"
     assert configs.resolve("configs/lssar.py:tiny") == "configs/lssar.py:tiny"
     assert configs.resolve("my_experiment.py") == "my_experiment.py"
+
+
+def test_the_frozen_temperature_controls_follow_the_training_length():
+    """lssa_fixed / lssar_fixed freeze LSSA's temperature at log(d) log(train.seq_len), whatever seq_len is set to."""
+    cfg = config.parse(_parse("--config=lssar_fixed:tiny", "--config.train.seq_len=128"))
+    assert cfg.model.attention == "lssar" and cfg.model.variant_name == "lssar_fixed"
+    assert dict(cfg.model.attention_options) == {"p": 15.0, "temperature_length": 128.0}
+    assert config.parse(_parse("--config=lssa_fixed:tiny")).model.attention_options == {"temperature_length": 64.0}
+    assert config.parse(_parse("--config=lssa:tiny")).model.variant_name == "lssa"
 
 
 def test_named_arguments_set_variant_and_size_and_refuse_others():
@@ -66,7 +76,7 @@ def test_presets_leave_training_fields_to_the_training_config():
     assert cfg.model.attention == "softmax" and cfg.model.max_len == cfg.train.seq_len == 1024
     assert preset("ssmax_162m").attention == "softmax" and preset("tiny").max_len == 1024  # ModelConfig defaults
     typed = config.parse(with_data(base.get_config("lssar", "gpt2_small")))
-    want = preset("gpt2_small", attention="lssar", attention_options={"p": 15.0}, max_len=1024)
+    want = preset("gpt2_small", attention="lssar", attention_options={"p": 15.0, "temperature_length": None}, max_len=1024)
     assert typed.model == want
 
 
@@ -179,7 +189,7 @@ def test_train_py_reports_a_bad_variant_in_one_line(tmp_path):
 
 def test_console_script_takes_a_packaged_config_from_any_directory(tmp_path):
     """`freeatten-train --config=NAME:ARG` from a directory with no configs/ in it (the installed entry point)."""
-    code = "import sys; from freeatten_jax.training.cli import main; sys.argv[0] = 'freeatten-train'; main()"
+    code = "import sys; from freeatten_jax.cli.train import main; sys.argv[0] = 'freeatten-train'; main()"
     env = {**os.environ, "PYTHONPATH": os.getcwd()}
     cmd = [sys.executable, "-c", code, "--config=lssar:tiny", f"--workdir={tmp_path}", "--config.train.steps=0"]
     result = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=tmp_path, env=env)
@@ -286,10 +296,10 @@ def test_a_checkpoint_saved_with_the_old_sentinels_loads_and_resumes(vocab_size,
     now.data.document_masking = "on"
     if vocab_size:
         now.model.vocab_size = vocab_size
-    loop._check_resumable(saved.config_json(5), config.parse(now), 5, tmp_path)  # the same run: no field changed
+    resume.check_resumable(saved.config_json(5), config.parse(now), 5, tmp_path)  # the same run: no field changed
     now.data.eos_id = 7
     with pytest.raises(ConfigError, match="config.data.eos_id is 7 but the checkpoint at step 5"):
-        loop._check_resumable(saved.config_json(5), config.parse(now), 5, tmp_path)
+        resume.check_resumable(saved.config_json(5), config.parse(now), 5, tmp_path)
 
 
 def test_a_plugin_that_fails_to_load_is_one_log_line():

@@ -9,7 +9,6 @@ import numpy as np
 import pytest
 from flax import nnx
 from helpers import tiny_config
-from tqdm import tqdm
 
 from freeatten_jax import attention
 from freeatten_jax.errors import ConfigError, UserError
@@ -82,15 +81,15 @@ def test_eval_at_16x_over_context_8_equals_single_device_eval(text_glob, tmp_pat
     workdir = str(tmp_path / "run")
     loop.train_and_evaluate(tiny_config("lssar", text_glob, **{"train.steps": 2, "train.eval_every": 0}), workdir)
     settings = dataclasses.replace(SETTINGS, context=8)
-    single = suite.evaluate(workdir, switches.NONE, SETTINGS, suite.SplitCache(), tqdm(disable=True))
+    single = suite.evaluate(workdir, switches.NONE, SETTINGS, suite.SplitCache())
     assert not ring_calls
-    sharded = suite.evaluate(workdir, switches.NONE, settings, suite.SplitCache(), tqdm(disable=True))
+    sharded = suite.evaluate(workdir, switches.NONE, settings, suite.SplitCache())
     assert {(c["axis_name"], c["q_len"]) for c in ring_calls} == {("context", 16), ("context", 256)}
-    assert [x["length"] for x in sharded["lengths"]] == [16, 256]  # 16 and 16x the training length
-    for one, many in zip(single["lengths"], sharded["lengths"]):
-        np.testing.assert_allclose(many["loss"], one["loss"], rtol=1e-5)
-        np.testing.assert_allclose(many["loss_last_train_len"], one["loss_last_train_len"], rtol=1e-5)
-    np.testing.assert_allclose(sharded["per_position"], single["per_position"], rtol=1e-5, atol=1e-6)
+    assert [x.length for x in sharded.lengths] == [16, 256]  # 16 and 16x the training length
+    for one, many in zip(single.lengths, sharded.lengths):
+        np.testing.assert_allclose(many.loss, one.loss, rtol=1e-5)
+        np.testing.assert_allclose(many.loss_last_train_len, one.loss_last_train_len, rtol=1e-5)
+    np.testing.assert_allclose(sharded.per_position, single.per_position, rtol=1e-5, atol=1e-6)
 
 
 def test_eval_refuses_lengths_and_context_sizes_it_cannot_split():

@@ -1,7 +1,7 @@
 """The extrapolation suite end to end on tiny checkpoints trained here; freeatten-generate on them."""
 
 import csv
-import json
+import dataclasses
 import os
 import subprocess
 import sys
@@ -10,12 +10,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from helpers import read_metrics
-from tqdm import tqdm
 
 from freeatten_jax import data
 from freeatten_jax.configs import base
 from freeatten_jax.errors import ConfigError, UserError
-from freeatten_jax.evaluation import loss, passkey, suite, switches
+from freeatten_jax.evaluation import loss, passkey, results, suite, switches
 from freeatten_jax.training import config
 
 
@@ -52,10 +51,10 @@ def test_suite_writes_every_output(trained, tmp_path, capsys):
     )
     assert "lssa (lssa) [none]" in progress and "ssmax (ssmax) [s=0.5]" in progress and "loss at length 256" in progress
     assert "passkey at length 64" in progress and "first of 3 runs took " in progress
-    labels = [(r["variant"], r["switch"]) for r in runs]
+    labels = [(r.variant, r.switch) for r in runs]
     assert labels == [("lssa", "none"), ("ssmax", "none"), ("ssmax", "s=0.5")]  # p=off changes nothing: skipped
-    results = json.loads((tmp_path / "results.json").read_text())
-    assert len(results["runs"]) == len(runs)
+    saved, _ = results.read(tmp_path / "results.json")
+    assert saved == runs  # results.json holds the typed results, read back equal
     for name in ("loss_vs_length", "per_position", "passkey", "attention", "needle_mass", "ssmax_s"):
         with (tmp_path / f"{name}.csv").open() as f:
             rows = list(csv.DictReader(f))
@@ -68,19 +67,19 @@ def test_suite_writes_every_output(trained, tmp_path, capsys):
     for heading in ("Loss vs length", "Passkey retrieval", "Attention entropy", "Learned SSMax s", "loss_vs_length.png"):
         assert heading in report
     for r in runs:
-        assert [x["length"] for x in r["lengths"]] == [32, 64, 256] and r["span_tokens"] == 3 * 257
-        scored = [x["tokens_scored"] for x in r["lengths"]]  # the same span at every length, up to one longest window
+        assert [x.length for x in r.lengths] == [32, 64, 256] and r.span_tokens == 3 * 257
+        scored = [x.tokens_scored for x in r.lengths]  # the same span at every length, up to one longest window
         assert scored == [23 * 32, 11 * 64, 3 * 256] and max(scored) - min(scored) < 257
-        assert all(x["loss_ci"][0] <= x["loss"] <= x["loss_ci"][1] for x in r["lengths"])
-        assert all(np.isfinite(x["loss"]) and x["windows"] > 0 for x in r["lengths"])
-        assert len(r["per_position"]) == 256
-        assert {c["length"] for c in r["passkey"] if c["accuracy"] is not None} == {256}
-        assert all("longer than the length" in c["reason"] for c in r["passkey"] if c["length"] < 256)
-        assert len(r["needle_mass"]) == 1  # one row per layer
-        assert {c["length"] for c in r["retrieval"] if c["accuracy"] is not None} == {64, 256}  # 32 + 1 cannot hold it
-    assert runs[1]["ssmax_s"] is not None and runs[0]["ssmax_s"] is None
+        assert all(x.loss_ci[0] <= x.loss <= x.loss_ci[1] for x in r.lengths)
+        assert all(np.isfinite(x.loss) and x.windows > 0 for x in r.lengths)
+        assert len(r.per_position) == 256
+        assert {c.length for c in r.passkey if c.accuracy is not None} == {256}
+        assert all("longer than the length" in c.reason for c in r.passkey if c.length < 256)
+        assert len(r.needle_mass) == 1  # one row per layer
+        assert {c.length for c in r.retrieval if c.accuracy is not None} == {64, 256}  # 32 + 1 cannot hold it
+    assert runs[1].ssmax_s is not None and runs[0].ssmax_s is None
     # the s override reaches every head
-    assert np.allclose(runs[2]["ssmax_s"], 0.5) and not np.allclose(runs[1]["ssmax_s"], 0.5)
+    assert np.allclose(runs[2].ssmax_s, 0.5) and not np.allclose(runs[1].ssmax_s, 0.5)
 
 
 @pytest.mark.slow
@@ -88,21 +87,20 @@ def test_loss_at_1x_equals_training_validation_loss(trained, tmp_path):
     workdir, final = trained["lssa"]
     settings = suite.Settings(multipliers=(1,), eval_tokens=6 * 33, passkey_depths=())  # training's: 6 windows of 32 + 1
     run = suite.run_suite([workdir], [], settings, str(tmp_path))[0]
-    one_x = run["lengths"][0]
-    assert one_x["windows"] == 6 and one_x["tokens_scored"] == 6 * 32
-    assert one_x["loss"] == pytest.approx(final["val_loss"], rel=1e-5)
-    assert one_x["loss_ci"][0] < one_x["loss"] < one_x["loss_ci"][1]
+    one_x = run.lengths[0]
+    assert one_x.windows == 6 and one_x.tokens_scored == 6 * 32
+    assert one_x.loss == pytest.approx(final["val_loss"], rel=1e-5)
+    assert one_x.loss_ci[0] < one_x.loss < one_x.loss_ci[1]
 
 
 @pytest.mark.slow
 def test_reweighting_switch_changes_lssa_and_off_reproduces_it(trained, tmp_path):
     settings = suite.Settings(multipliers=(1, 2), eval_tokens=2 * 257, passkey_depths=())
     none, p15 = suite.run_suite([trained["lssa"][0]], ["p=15", "p=off"], settings, str(tmp_path))  # p=off: a no-op here
-    with tqdm(disable=True) as progress:
-        off = suite.evaluate(trained["lssa"][0], switches.parse("p=off"), settings, suite.SplitCache(), progress)
-    losses = lambda r: [x["loss"] for x in r["lengths"]]
-    assert losses(off) == losses(none) and off["per_position"] == none["per_position"]
-    assert off["attention"] == none["attention"]
+    off = suite.evaluate(trained["lssa"][0], switches.parse("p=off"), settings, suite.SplitCache())
+    losses = lambda r: [x.loss for x in r.lengths]
+    assert losses(off) == losses(none) and off.per_position == none.per_position
+    assert off.attention == none.attention
     assert all(a != b for a, b in zip(losses(p15), losses(none)))
 
 
@@ -172,25 +170,31 @@ def test_passkey_scoring_is_first_integer_equality_and_rank():
 def _fake_run(variant, switch, seed, depths=(0.5,), step=12, train_len=32):
     rng = np.random.default_rng(seed)
     cells = [
-        {"length": n, "depth": d, "keys": 2, "accuracy": None if n == 32 else float(rng.integers(3)) / 2}
+        results.RetrievalCell(n, d, keys=2, accuracy=None if n == 32 else float(rng.integers(3)) / 2)
         for n in (32, 64)
         for d in depths
     ]
     lengths = [
-        {"length": n, "loss": 3.0 + 0.001 * i, "loss_ci": (2.9 + 0.001 * i, 3.2 + 0.001 * i)} for i, n in enumerate((32, 64))
+        results.LengthLoss(
+            n, n // 32, 3.0 + 0.001 * i, (2.9, 3.2), 3.0, (2.9, 3.2), (3.0 + 0.001 * i + rng.normal(0, 0.3, 8)).tolist(), 8, 8 * n
+        )
+        for i, n in enumerate((32, 64))
     ]
-    return {
-        "name": f"{variant}{seed}",
-        "variant": variant,
-        "switch": switch,
-        "train_len": train_len,
-        "step": step,
-        "per_position": rng.random(64).tolist(),
-        "lengths": lengths,
-        "passkey": cells,
-        "retrieval": cells,
-        "attention": {"n_from": [1, 2, 4], "entropy": rng.random((2, 2, 3)).tolist()},
-    }
+    return results.RunResult(
+        name=f"{variant}{seed}",
+        workdir="",
+        step=step,
+        variant=variant,
+        switch=switch,
+        seed=seed,
+        train_len=train_len,
+        rope_theta=10_000.0,
+        per_position=rng.random(64).tolist(),
+        lengths=lengths,
+        passkey=cells,
+        retrieval=cells,
+        attention=results.AttentionStats(rng.random((2, 2, 3)).tolist(), [], [1, 2, 4]),
+    )
 
 
 def test_plots_draw_one_line_per_variant_and_switch_with_seed_bands(tmp_path):
@@ -218,33 +222,23 @@ def test_plots_draw_one_line_per_variant_and_switch_with_seed_bands(tmp_path):
 
 
 def test_loss_plot_has_interval_band_training_length_mark_and_a_minimum_span():
-    """One run still gets a band (its 95% interval), the training length is marked, and a 0.001-nat wobble is not
-    zoomed into a spike: the y-axis spans at least MIN_LOSS_SPAN."""
-    from freeatten_jax.evaluation import plots
-
-    ax = plots.draw_loss_vs_length([_fake_run("lssar", "none", 0)]).axes[0]
-    marks = [line for line in ax.lines if list(line.get_xdata()) == [32, 32]]
-    assert len(marks) == 1 and "training length" in marks[0].get_label()
-    (band,) = ax.collections
-    ys = np.concatenate([path.vertices[:, 1] for path in band.get_paths()])
-    assert ys.min() == pytest.approx(2.9) and ys.max() == pytest.approx(3.201)  # the interval, not the mean
-    low, high = ax.get_ylim()
-    assert high - low >= plots.MIN_LOSS_SPAN and low <= 2.9 and high >= 3.201
-    assert plots.y_limits([0.0], [2.0], 0.5) == pytest.approx((-0.1, 2.1))  # wide data: 5% padding, no forced span
-
-
-def test_loss_band_is_the_interval_over_seeds_then_windows_when_runs_carry_per_window_losses():
+    """The band is the 95% interval over seeds, then windows (one run: over its windows), the training length is
+    marked, and a 0.001-nat wobble is not zoomed into a spike: the y-axis spans at least MIN_LOSS_SPAN."""
     from freeatten_jax.evaluation import plots, stats
 
-    runs = [_fake_run("lssar", "none", seed) for seed in (0, 1, 2)]
-    rng = np.random.default_rng(0)
-    for r in runs:
-        for x in r["lengths"]:
-            x["per_window"] = (x["loss"] + rng.normal(0, 0.3, 8)).tolist()
-    (band,) = plots.draw_loss_vs_length(runs).axes[0].collections
-    ys = np.concatenate([path.vertices[:, 1] for path in band.get_paths()])
-    expected = [stats.mean_with_interval([r["lengths"][i]["per_window"] for r in runs])["ci"] for i in range(2)]
-    assert ys.min() == pytest.approx(min(low for low, _ in expected)) and ys.max() == pytest.approx(max(h for _, h in expected))
+    for runs in ([_fake_run("lssar", "none", 0)], [_fake_run("lssar", "none", seed) for seed in (0, 1, 2)]):
+        ax = plots.draw_loss_vs_length(runs).axes[0]
+        marks = [line for line in ax.lines if list(line.get_xdata()) == [32, 32]]
+        assert len(marks) == 1 and "training length" in marks[0].get_label()
+        (band,) = ax.collections
+        ys = np.concatenate([path.vertices[:, 1] for path in band.get_paths()])
+        expected = [stats.mean_with_interval([r.lengths[i].per_window for r in runs])["ci"] for i in range(2)]
+        assert ys.min() == pytest.approx(min(low for low, _ in expected)) and ys.max() == pytest.approx(
+            max(h for _, h in expected)
+        )
+        low, high = ax.get_ylim()
+        assert high - low >= plots.MIN_LOSS_SPAN and low <= ys.min() and high >= ys.max()
+    assert plots.y_limits([0.0], [2.0], 0.5) == pytest.approx((-0.1, 2.1))  # wide data: 5% padding, no forced span
 
 
 def test_retrieval_plot_is_a_depth_by_length_heatmap_when_the_grid_has_cells():
@@ -255,16 +249,14 @@ def test_retrieval_plot_is_a_depth_by_length_heatmap_when_the_grid_has_cells():
     ]
     lengths, depths, acc_DL = plots.accuracy_grid(runs[:2], "passkey")
     assert lengths == [32, 64] and depths == [0.1, 0.9] and np.isnan(acc_DL[:, 0]).all()
-    expected = [
-        np.mean([c["accuracy"] for r in runs[:2] for c in r["passkey"] if c["length"] == 64 and c["depth"] == d]) for d in depths
-    ]
+    expected = [np.mean([c.accuracy for r in runs[:2] for c in r.passkey if c.length == 64 and c.depth == d]) for d in depths]
     assert acc_DL[:, 1] == pytest.approx(expected)  # pooled over runs, weighted by keys (equal here)
     fig = plots.draw_accuracy(runs, "passkey", "Passkey")
     heatmaps = [ax for ax in fig.axes if ax.images]
     assert [ax.get_title() for ax in heatmaps] == ["softmax (2 runs)", "lssar"]
     assert heatmaps[0].images[0].get_array().shape == (2, 2)
     single = _fake_run("lssar", "none", 0)
-    single["passkey"] = [{"length": 64, "depth": 0.5, "keys": 4, "accuracy": 0.75}]
+    single.passkey = [results.RetrievalCell(64, 0.5, keys=4, accuracy=0.75)]
     (ax,) = plots.draw_accuracy([single], "passkey", "Passkey").axes  # one cell: a point on a line plot, not a 1x1 map
     assert not ax.images and list(ax.lines[0].get_ydata()) == [0.75]
 
@@ -284,6 +276,19 @@ def test_report_warns_when_compared_runs_differ_in_step_or_training_length():
 
 def _typed(variant):
     return config.parse(base.get_config(variant))
+
+
+def test_the_p_switch_keeps_a_frozen_temperature():
+    from flax import nnx
+
+    from freeatten_jax.nn import Transformer
+
+    cfg = _typed("lssa_fixed")
+    model = Transformer(dataclasses.replace(cfg.model, vocab_size=256), rngs=nnx.Rngs(0))
+    switches.apply(model, cfg, switches.parse("p=15"))
+    assert [(layer.variant, dict(layer.options)) for layer in model.attention_layers] == [
+        ("lssar", {"p": 15.0, "temperature_length": 64.0})
+    ] * cfg.model.num_layers
 
 
 def test_switches_that_change_nothing_are_skipped():
@@ -318,9 +323,10 @@ def test_switch_parsing_and_errors(trained, tmp_path):
 
 @pytest.mark.slow
 def test_freeatten_generate_continues_a_prompt_with_the_runs_tokenizer(trained, tmp_path, run_cli):
+    from freeatten_jax.cli import generate as generate_cli
     from freeatten_jax.data.tokenizer import ByteTokenizer, load_from_run
     from freeatten_jax.nn import generate
-    from freeatten_jax.training import checkpoint, generate_cli
+    from freeatten_jax.training import checkpoint
     from freeatten_jax.training.run import load_run
 
     workdir = trained["lssa"][0]
@@ -335,7 +341,7 @@ def test_freeatten_generate_continues_a_prompt_with_the_runs_tokenizer(trained, 
     assert generate_text("the king ", 6, temperature=0.0, eos=eos) == greedy[: greedy.index(eos) + 1]
     sampled = {generate_text("the king ", 6, top_k=5, top_p=0.9, seed=s) for s in range(3)}
     assert all(len(text.encode()) == 6 for text in sampled) and len(sampled) > 1
-    code = "import sys; from freeatten_jax.training.generate_cli import main; sys.argv[0] = 'freeatten-generate'; main()"
+    code = "import sys; from freeatten_jax.cli.generate import main; sys.argv[0] = 'freeatten-generate'; main()"
     cmd = [sys.executable, "-c", code, f"--workdir={workdir}", "--prompt=the king ", "--max_new_tokens=6", "--temperature=0"]
     env = {**os.environ, "PYTHONPATH": os.getcwd()}
     result = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=tmp_path, env=env)
@@ -375,19 +381,9 @@ def test_load_run_is_the_public_way_to_use_a_trained_model(trained, caplog):
 
 def _summary_run(variant, switch, losses, hits):
     """A run with loss (and its interval) per multiplier 1, 2 and one retrieval cell of two keys per length."""
-    lengths = [
-        {
-            "multiplier": m,
-            "length": 8 * m,
-            "loss": x,
-            "loss_ci": [x - 0.1, x + 0.1],
-            "loss_last_train_len": x,
-            "loss_last_train_len_ci": [x, x],
-        }
-        for m, x in zip((1, 2), losses)
-    ]
-    cells = [{"length": 8 * m, "accuracy": h / 2, "keys": 2, "mean_key_rank": 1.0 + h} for m, h in zip((1, 2), hits)]
-    return {"variant": variant, "switch": switch, "train_len": 8, "lengths": lengths, "passkey": cells, "retrieval": cells}
+    lengths = [results.LengthLoss(8 * m, m, x, (x - 0.1, x + 0.1), x, (x, x), [x], 1, 8 * m) for m, x in zip((1, 2), losses)]
+    cells = [results.RetrievalCell(8 * m, 0.5, h / 2, None, 1.0 + h, 2) for m, h in zip((1, 2), hits)]
+    return results.RunResult(variant, "", 0, variant, switch, 0, 8, 10_000.0, lengths=lengths, passkey=cells, retrieval=cells)
 
 
 def test_summary_pools_seeds_per_variant_and_switch():

@@ -25,11 +25,12 @@ from flax import nnx
 from helpers import SigtermAtBatch, read_metrics, tiny_config, write_corpus
 
 from freeatten_jax import data
+from freeatten_jax.cli import evaluate as eval_cli
+from freeatten_jax.cli import generate as generate_cli
+from freeatten_jax.cli import train as train_cli
 from freeatten_jax.data import DataError, shards
 from freeatten_jax.errors import EXIT_PREEMPTED
-from freeatten_jax.evaluation import cli as eval_cli
-from freeatten_jax.training import checkpoint, distributed, generate_cli, lock, loop, storage
-from freeatten_jax.training import cli as train_cli
+from freeatten_jax.training import checkpoint, distributed, lock, loop, resume, rollback, storage
 
 STEPS = {"train.checkpoint_every": 2, "optim.schedule": "constant", "train.eval_every": 100}
 
@@ -72,7 +73,7 @@ CORRUPTIONS = {
 
 def test_a_blow_up_stops_in_one_line_quarantines_unconfirmed_checkpoints_and_a_sane_rerun_proceeds(run6, text_glob, capsys):
     wild = {"optim.lr": 1e9, "optim.warmup_steps": 0, "train.checkpoint_every": 1}  # step 7 explodes the weights; 8 is NaN
-    with pytest.raises(loop.NonFiniteLossError) as err:
+    with pytest.raises(rollback.NonFiniteLossError) as err:
         loop.train_and_evaluate(_cfg(text_glob, 12, **wild), run6)
     message = str(err.value)
     assert "\n" not in message and message.startswith("step ") and "not finite" in message
@@ -196,11 +197,11 @@ def test_when_every_checkpoint_is_bad_the_run_does_not_start_from_scratch_unless
     for step in (2, 4, 6):
         CORRUPTIONS["garbage"](run6 / "checkpoints" / str(step))
     refusal = "no usable checkpoint in .*; not starting from scratch: rerun with --config.checkpoint.allow_fresh_start=True"
-    with pytest.raises(loop.NoUsableCheckpointError, match=refusal):
+    with pytest.raises(resume.NoUsableCheckpointError, match=refusal):
         loop.train_and_evaluate(_cfg(text_glob, 8), run6)
     assert sorted(p.name for p in (run6 / "quarantine").iterdir()) == [f"step_{s}-unreadable" for s in (2, 4, 6)]
     assert len([line for line in capsys.readouterr().out.splitlines() if "is unreadable" in line]) == 3
-    with pytest.raises(loop.NoUsableCheckpointError, match=refusal):  # a rerun does not start from scratch either
+    with pytest.raises(resume.NoUsableCheckpointError, match=refusal):  # a rerun does not start from scratch either
         loop.train_and_evaluate(_cfg(text_glob, 8), run6)
     loop.train_and_evaluate(_cfg(text_glob, 8, **{"checkpoint.allow_fresh_start": True}), run6)
     assert "starting from scratch (config.checkpoint.allow_fresh_start)" in capsys.readouterr().out
@@ -267,7 +268,7 @@ def test_a_finite_blow_up_is_stopped_and_rolled_back_to_the_confirmed_checkpoint
     """lr 30 from step 7: finite losses of 1e3 and more; spikes at 8, 9, 10 stop the run at 10 and move the checkpoints
     of 7 and later aside. Saving 7, 8, 9 with max_to_keep=3 would have rotated 6 out, but 6 is the confirmed one."""
     wild = {"optim.lr": 30.0, "optim.warmup_steps": 0, "train.checkpoint_every": 1}
-    with pytest.raises(loop.DivergenceError) as err:
+    with pytest.raises(rollback.DivergenceError) as err:
         loop.train_and_evaluate(_cfg(text_glob, 20, **wild), run6)
     message = str(err.value)
     assert message.startswith("step 10: loss ") and " has been above 5 x its running median (" in message, message
@@ -468,7 +469,8 @@ def test_a_save_failing_in_the_background_stops_the_run_before_its_next_step(run
 _SAVE_FAILS = """
 import sys, time
 import orbax.checkpoint as ocp
-from freeatten_jax.training import cli, distributed
+from freeatten_jax.cli import train as cli
+from freeatten_jax.training import distributed
 filler = sys.argv[1]  # a file that fills the disk as the checkpoint starts saving ('' for none)
 save, fetch, fetched = ocp.CheckpointManager.save, distributed.host_local_batch_to_global, []
 def save_and_wait(self, step, *args, **kwargs):  # returns once the save has ended, as a step longer than the save would
@@ -556,7 +558,7 @@ def test_the_error_line_stays_last_and_whole_when_threads_report_errors_around_i
     ends first, and a thread's output after the error goes nowhere."""
     code = """
 import os, sys, threading, time
-from freeatten_jax import cli
+from freeatten_jax.cli import shared as cli
 from freeatten_jax.errors import UserError
 
 half_written = threading.Event()
@@ -594,7 +596,7 @@ def test_callbacks_into_the_closed_loop_of_a_failed_save_are_not_reported():
     slow enough). The error line says what failed: those reports are dropped, and only those."""
     code = """
 import asyncio, sys, threading
-from freeatten_jax import cli
+from freeatten_jax.cli import shared as cli
 from freeatten_jax.errors import UserError
 
 loop = asyncio.new_event_loop()

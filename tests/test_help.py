@@ -12,7 +12,7 @@ import tempfile
 
 import pytest
 
-from freeatten_jax import scripts
+from freeatten_jax.cli import scripts
 from freeatten_jax.training.config import SECTIONS
 
 BIN = pathlib.Path(sys.executable).parent
@@ -34,7 +34,7 @@ CASES = {  # command line -> lines the help must contain
         "  --config.train.steps=7 (int;",
         "  --config.train.seq_len=1024 (int;",
         "  --config.model.attention=lssar (str;",
-        "  --config.model.attention_options={'p': 15.0} (dict;",
+        "  --config.model.attention_options={'p': 15.0, 'temperature_length': None} (dict;",
         "  --config.model.dtype=bfloat16 (str; allowed: one of 'float32', 'bfloat16')",
     ],
     "freeatten-train --config=ssmax:tiny -h": [
@@ -46,7 +46,8 @@ CASES = {  # command line -> lines the help must contain
         "  --multipliers=[1, 2, 4, 8, 16] (comma separated list of int; allowed: integers >= 1 (lengths in training lengths)",
         "  --passkey_depths=[0.1, 0.5, 0.9] (comma separated list of float; allowed: numbers in [0, 1], e.g. 0.1,0.5)",
         "  --workdir=None (multi string, required)",
-        "      Training run directory (repeat for several).",
+        "      Training run directory, or WORKDIR@STEP for one of its checkpoints (repeat for several).",
+        "  --mqar_placements=['start', 'end'] (comma separated list of strings)",
     ],
     "freeatten-generate --help": [
         "  --max_new_tokens=100 (int; allowed: a positive integer)",

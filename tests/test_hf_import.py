@@ -18,9 +18,11 @@ from safetensors.numpy import save_file
 from transformers import FlaxLlamaForCausalLM, LlamaConfig
 from transformers.models.llama import modeling_flax_llama
 
+from freeatten_jax.cli import generate as generate_cli
+from freeatten_jax.cli import import_hf as import_cli
 from freeatten_jax.configs import base
 from freeatten_jax.nn import generate
-from freeatten_jax.training import generate_cli, import_cli, loop
+from freeatten_jax.training import loop
 from freeatten_jax.training.run import load_run
 
 HUB = dict(

@@ -56,7 +56,7 @@ def test_library_runs_without_the_application_dependencies():
 
 
 def test_a_command_without_its_extra_names_the_extra_in_one_line():
-    script = SCRIPT.split("import jax.numpy")[0] + "from freeatten_jax import scripts\nscripts.train()\n"
+    script = SCRIPT.split("import jax.numpy")[0] + "from freeatten_jax.cli import scripts\nscripts.train()\n"
     result = subprocess.run(
         [sys.executable, "-c", script],
         capture_output=True,
@@ -70,13 +70,12 @@ def test_a_command_without_its_extra_names_the_extra_in_one_line():
     )
 
 
-def test_the_wheel_lists_every_package_and_maps_the_top_level_configs():
-    """pyproject names the packages one by one (configs/ installs as freeatten_jax.configs): a new subpackage left
-    off that list would be missing from `pip install .`."""
+def test_the_wheel_lists_every_package():
+    """pyproject names the packages one by one: a new subpackage left off that list would be missing from
+    `pip install .`."""
     import pathlib
     import tomllib
 
     setuptools = tomllib.loads(pathlib.Path("pyproject.toml").read_text())["tool"]["setuptools"]
     found = {".".join(p.parent.parts) for p in pathlib.Path("freeatten_jax").rglob("__init__.py")}
-    assert set(setuptools["packages"]) == found | {"freeatten_jax.configs"}
-    assert setuptools["package-dir"] == {"freeatten_jax.configs": "configs"} and pathlib.Path("configs/lm.py").exists()
+    assert set(setuptools["packages"]) == found and "freeatten_jax.configs" in found and "package-dir" not in setuptools

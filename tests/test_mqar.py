@@ -54,6 +54,34 @@ def test_longer_lengths_keep_the_pairs_and_fill_the_gap_with_noise():
     assert (long_BT[:, -task.query_tokens + 1 :] == short_BT[:, -task.query_tokens + 1 :]).all() and long_BT.sum() == 20
 
 
+def test_at_the_end_the_training_window_sits_last_so_each_query_reaches_back_as_far_as_in_training():
+    """Placement end: noise first, then the training window's pairs at their offsets and the queries; the distance
+    from each query to its pair is training's, while at the start it grows by the added length."""
+    task, train_len, length = mqar.Task(pairs=4), 32, 128
+    short_BL, _ = mqar.batch(task, train_len, train_len, 5, seed=3)
+    end_BL, end_BT = mqar.batch(task, train_len, length, 5, seed=3, placement="end")
+    context, shift = train_len + 1 - task.query_tokens, length - train_len
+    pair_positions = short_BL[:, :context] < task.noise_start
+    assert (end_BL[:, shift : shift + context][pair_positions] == short_BL[:, :context][pair_positions]).all()
+    assert (end_BL[:, :shift] >= task.noise_start).all() and (
+        end_BL[:, -task.query_tokens :] == short_BL[:, -task.query_tokens :]
+    ).all()
+    assert end_BT.sum() == 20 and (np.flatnonzero(end_BT[0]) == np.arange(length + 1 - task.query_tokens, length, 2)).all()
+    repeated_1x, distance_1x = mqar.batch_query_facts(task, train_len, train_len, 5, seed=3)
+    repeated_end, distance_end = mqar.batch_query_facts(task, train_len, length, 5, seed=3, placement="end")
+    _, distance_start = mqar.batch_query_facts(task, train_len, length, 5, seed=3, placement="start")
+    assert (distance_end == distance_1x).all() and (distance_start == distance_1x + shift).all()
+    for b in range(5):  # the distance is from the query token back to its pair's token, which holds the queried key
+        queries = np.arange(length + 1 - task.query_tokens, length + 1, 2)
+        pair_tokens = end_BL[b, queries - distance_end[b]]
+        assert (pair_tokens // task.num_values == end_BL[b, queries] - task.num_keys * task.num_values).all()
+    queried = np.stack([inst.queried_P for inst in mqar._draws(task, train_len, 5, 3)])
+    expected = [[q in row[:j] for j, q in enumerate(row)] for row in queried]
+    assert (repeated_1x == expected).all() and (repeated_end == repeated_1x).all() and repeated_1x.any()
+    with pytest.raises(ValueError, match="placement 'middle' is unknown; valid placements: start, end"):
+        mqar.batch(task, train_len, length, 1, seed=0, placement="middle")
+
+
 def test_bad_tasks_are_one_line_errors():
     with pytest.raises(ValueError, match="form 'three' is unknown"):
         mqar.Task(form="three")
@@ -85,11 +113,17 @@ class _Recall(nnx.Module):
 
 def test_scoring_counts_each_answer_at_every_length():
     task = mqar.Task(pairs=4)
-    rows = mqar_eval.accuracy_by_length(_Recall(task), task, 32, (1, 4), instances=6, seed=0)
-    assert [(r["length"], r["queries"], r["accuracy"]) for r in rows] == [(32, 24, 1.0), (128, 24, 1.0)]
+    rows = mqar_eval.accuracy_by_length(_Recall(task), task, 32, (1, 4), instances=6, seed=0, placements=("start", "end"))
+    assert [(r.placement, r.length, r.queries, r.accuracy, r.first_time_accuracy) for r in rows] == [
+        (placement, n, 24, 1.0, 1.0) for placement in ("start", "end") for n in (32, 128)
+    ]
     wrong = mqar_eval.accuracy_by_length(_Recall(task, wrong=True), task, 32, (1,), instances=50, seed=0)[0]
-    assert 0.15 < wrong["accuracy"] < 0.45  # right only for the query of the first pair (1 in 4) and value collisions
-    assert len(wrong["per_instance"]) == 50 and np.mean(wrong["per_instance"]) == pytest.approx(wrong["accuracy"])
+    assert 0.15 < wrong.accuracy < 0.45  # right only for the query of the first pair (1 in 4) and value collisions
+    assert len(wrong.per_instance) == 50 and np.mean(wrong.per_instance) == pytest.approx(wrong.accuracy)
+    hits_BP, repeated_BP = np.asarray(wrong.hits), np.asarray(wrong.repeated, bool)
+    assert hits_BP.shape == (50, 4) and hits_BP.mean() == pytest.approx(wrong.accuracy)
+    assert wrong.first_time_accuracy == pytest.approx(hits_BP[~repeated_BP].mean()) != wrong.accuracy
+    assert (np.asarray(wrong.distance) == mqar.batch_query_facts(task, 32, 32, 50, seed=0)[1]).all()
 
 
 def test_training_windows_are_fresh_instances_fixed_by_seed_and_index_and_the_loss_counts_the_answers():

@@ -2,6 +2,7 @@
 by length into mqar.csv / mqar.md; the softmax_logn control keeps its temperature fixed."""
 
 import csv
+import gzip
 
 import jax
 import numpy as np
@@ -13,7 +14,7 @@ from freeatten_jax import data
 from freeatten_jax.configs import mqar as mqar_config
 from freeatten_jax.data import mqar
 from freeatten_jax.errors import ConfigError
-from freeatten_jax.evaluation import mqar_report, stats, suite
+from freeatten_jax.evaluation import mqar_report, results, stats, suite
 from freeatten_jax.training import config, optim
 from freeatten_jax.training import state as train_state
 from freeatten_jax.training import step as train_step
@@ -102,31 +103,51 @@ def test_eval_scores_accuracy_by_length_into_mqar_csv(mqar_runs, tmp_path, capsy
     )
     with (tmp_path / "mqar.csv").open() as f:
         rows = list(csv.DictReader(f))
-    assert list(rows[0]) == ["variant", "switch", "seed", "train_len", "length", "accuracy", "queries"]
-    assert [(r["variant"], r["seed"], r["length"], r["queries"]) for r in rows] == [
-        (v, s, n, "64") for v, s in (("softmax", "0"), ("softmax", "1"), ("softmax_logn", "0")) for n in ("24", "48")
+    assert list(rows[0]) == [
+        "variant",
+        "switch",
+        "seed",
+        "train_len",
+        "placement",
+        "length",
+        "accuracy",
+        "first_time_accuracy",
+        "queries",
     ]
+    assert [(r["variant"], r["seed"], r["placement"], r["length"], r["queries"]) for r in rows] == [
+        (v, s, p, n, "64")
+        for v, s in (("softmax", "0"), ("softmax", "1"), ("softmax_logn", "0"))
+        for p in ("start", "end")
+        for n in ("24", "48")
+    ]
+    at_1x = {(r["variant"], r["seed"], r["placement"]): r["accuracy"] for r in rows if r["length"] == "24"}
+    assert all(at_1x[v, s, "start"] == at_1x[v, s, "end"] for v, s, _ in at_1x)  # 1x: both placements are training's
+    with gzip.open(tmp_path / "mqar_queries.csv.gz", "rt") as f:
+        queries = list(csv.DictReader(f))
+    assert len(queries) == 3 * 2 * 2 * 64 and {q["placement"] for q in queries} == {"start", "end"}
+    first_end_2x = [q for q in queries if q["variant"] == "softmax" and q["seed"] == "1" and q["placement"] == "end"]
+    first_end_2x = [int(q["hit"]) for q in first_end_2x if q["length"] == "48" and q["repeated"] == "0"]
+    row = next(r for r in rows if (r["variant"], r["seed"], r["placement"], r["length"]) == ("softmax", "1", "end", "48"))
+    assert float(row["first_time_accuracy"]) == pytest.approx(np.mean(first_end_2x))
     for run in runs:
-        for x in run["mqar"]:
-            assert x["accuracy"] == pytest.approx(np.mean(x["per_instance"])) and len(x["per_instance"]) == 16
+        for x in run.mqar:
+            assert x.accuracy == pytest.approx(np.mean(x.per_instance)) and len(x.per_instance) == 16
     text = (tmp_path / "mqar.md").read_text()
     assert "| softmax (2 runs) |" in text and "| softmax_logn |" in text and (tmp_path / "mqar.png").exists()
     assert not (tmp_path / "report.md").exists()  # no text runs: no text report
 
 
 def _run(variant, seed, per_instance_MW):
-    return {
-        "variant": variant,
-        "switch": "none",
-        "seed": seed,
-        "train_len": 8,
-        "name": f"{variant}-{seed}",
-        "step": 1,
-        "mqar": [
-            {"length": 8 * m, "multiplier": m, "accuracy": float(np.mean(x)), "queries": 4 * len(x), "per_instance": list(x)}
-            for m, x in zip((1, 4), per_instance_MW)
-        ],
-    }
+    """Instance accuracy a (in quarters): its first 4a queries hit; queries 1 and 3 repeat an earlier key."""
+    mqar = []
+    for m, x in zip((1, 4), per_instance_MW):
+        hits = [[int(p < round(4 * a)) for p in range(4)] for a in x]
+        first_time = float(np.mean([h for row in hits for p, h in enumerate(row) if p in (0, 2)]))
+        row = results.MqarLength(
+            8 * m, m, 4 * len(x), float(np.mean(x)), list(x), "start", first_time, hits, [[0, 1, 0, 1]] * len(x)
+        )
+        mqar.append(row)
+    return results.RunResult(f"{variant}-{seed}", "", 1, variant, "none", seed, 8, 10_000.0, mqar=mqar)
 
 
 def test_the_report_pairs_each_variant_with_softmax_by_seed_and_instance():
@@ -136,8 +157,18 @@ def test_the_report_pairs_each_variant_with_softmax_by_seed_and_instance():
     text = mqar_report.markdown(same)
     assert "| lssa (3 runs) | +0.000 [+0.000, +0.000] | +0.000 [+0.000, +0.000] |" in text
     better = [_run("lssar", s, np.clip(b + [[0.0], [0.25]], 0, 1)) for s, b in enumerate(base)]
-    row = [line for line in mqar_report.markdown(same[:3] + better).splitlines() if line.startswith("| lssar")][-1]  # differences
+    lssar_rows = [line for line in mqar_report.markdown(same[:3] + better).splitlines() if line.startswith("| lssar")]
+    row, seed_row = lssar_rows[-2:]  # the differences: bootstrap, then per seed
     one_x, four_x = row.strip("| ").split(" | ")[1:3]
     assert one_x == "+0.000 [+0.000, +0.000]" and float(four_x.split(" [")[1].split(",")[0]) > 0  # 4x: detected
     expected = stats.paired_difference(mqar_report.per_instance(better, 4), mqar_report.per_instance(same[:3], 4))
     assert four_x == f"{expected['difference']:+.3f} [{expected['ci'][0]:+.3f}, {expected['ci'][1]:+.3f}]"
+    # beside it, the difference per seed with a t interval over the 3 seeds
+    per_seed = [np.mean(b[1] - a[1]) for a, b in zip(base, [np.clip(b + [[0.0], [0.25]], 0, 1) for b in base])]
+    mean, half = np.mean(per_seed), 4.302653 * np.std(per_seed, ddof=1) / np.sqrt(3)
+    four_x_seeds = seed_row.strip("| ").split(" | ")[2]
+    assert four_x_seeds == f"{mean:+.3f} [{mean - half:+.3f}, {mean + half:+.3f}] ({' '.join(f'{d:+.2f}' for d in per_seed)})"
+    # first-time queries: their own table, from the hits of the queries that repeat no earlier key
+    first = text.split("accuracy on first-time queries")[1].split("\n## ")[0]
+    softmax_1x = stats.mean_with_interval([[np.mean([q < round(4 * a) for q in (0, 2)]) for a in b[0]] for b in base])
+    assert f"| softmax (3 runs) | {softmax_1x['mean']:.3f} [{softmax_1x['ci'][0]:.3f}, {softmax_1x['ci'][1]:.3f}]" in first

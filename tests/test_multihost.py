@@ -31,7 +31,8 @@ STEPS = {
 _PROCESS = """
 import os, sys, time
 sys.path.insert(0, "tests")
-from freeatten_jax.training import cli, distributed
+from freeatten_jax.cli import train as cli
+from freeatten_jax.training import distributed
 workdir, config, port, process, wait_at = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5])
 if sys.argv[6] == "bound" and os.geteuid() == 0:  # root gives up CAP_DAC_OVERRIDE, CAP_DAC_READ_SEARCH: permission bits bind
     import ctypes

@@ -52,3 +52,20 @@ def test_a_contrast_draws_the_same_seeds_for_every_term():
     assert 0.1 < risen["ci"][0] < 0.2 < risen["ci"][1] and risen["difference"] == pytest.approx(0.2, abs=0.05)
     with pytest.raises(ValueError, match="same runs"):
         stats.contrast([(1, eight_RW), (-1, one_RW[:2])])
+
+
+def test_seed_level_interval_is_students_t_over_the_per_seed_contrasts():
+    """Three seeds whose differences average 1, 2 and 3 over their windows: mean 2, sd 1, t(0.975, df 2) = 4.303, so
+    the interval is 2 -/+ 4.303 / sqrt(3); a bootstrap over the same 3 seeds is far narrower (it cannot reach beyond
+    the lowest and the highest seed)."""
+    rng = np.random.default_rng(0)
+    noise_RW = rng.normal(0, 0.2, size=(3, 50))
+    base_RW = rng.normal(3.0, 0.5, size=(3, 50))
+    ours_RW = base_RW + np.array([[1.0], [2.0], [3.0]]) + noise_RW - noise_RW.mean(1, keepdims=True)
+    seed = stats.seed_level([(1, ours_RW), (-1, base_RW)])
+    assert seed["per_seed"] == pytest.approx([1.0, 2.0, 3.0]) and seed["difference"] == pytest.approx(2.0)
+    assert seed["ci"] == pytest.approx((2.0 - 4.302653 / np.sqrt(3), 2.0 + 4.302653 / np.sqrt(3)), rel=1e-6)
+    boot = stats.paired_difference(ours_RW, base_RW)["ci"]
+    assert seed["ci"][0] < 0 < boot[0] and boot[1] <= 3.1  # resolved by the bootstrap, not over seeds
+    one = stats.seed_level([(1, ours_RW[:1]), (-1, base_RW[:1])])
+    assert one["difference"] == pytest.approx(1.0) and np.isnan(one["ci"]).all()  # no interval from one seed

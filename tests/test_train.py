@@ -14,10 +14,10 @@ from flax import nnx
 from helpers import SigtermAtBatch, read_metrics, tiny_config
 
 from freeatten_jax import data
+from freeatten_jax.cli import train as train_cli
 from freeatten_jax.errors import ConfigError
 from freeatten_jax.nn import sharding
-from freeatten_jax.training import checkpoint, config, distributed, loop, optim
-from freeatten_jax.training import cli as train_cli
+from freeatten_jax.training import checkpoint, config, distributed, loop, optim, resume, rollback
 from freeatten_jax.training import state as train_state
 from freeatten_jax.training import step as train_step
 
@@ -81,7 +81,7 @@ def test_nan_stops_with_a_clear_message_and_keeps_the_last_good_checkpoint(text_
         },
     )
     with pytest.raises(
-        loop.NonFiniteLossError, match=r"not finite; stopped without saving; .*a rerun starts from checkpoint step 4$"
+        rollback.NonFiniteLossError, match=r"not finite; stopped without saving; .*a rerun starts from checkpoint step 4$"
     ):
         loop.train_and_evaluate(cfg, tmp_path)
     assert checkpoint.Checkpointer(tmp_path).latest_step() == 4
@@ -135,7 +135,7 @@ def test_resume_check_refuses_each_fixed_field_and_allows_the_others(text_glob):
     """Every model.* and data.* field, train.seq_len, train.batch_size and train.seed shape the state or the
     data stream: changing one alone is refused, naming it; schedule, logging and optimiser fields may change."""
     cfg = config.parse(tiny_config("softmax", text_glob))
-    fields = sorted(loop._flat(cfg.source))
+    fields = sorted(resume.flat_fields(cfg.source))
     fixed = [k for k in fields if k.split(".")[0] in ("model", "data") and k != "data.allow_changed"]
     fixed += ["train.seq_len", "train.batch_size", "train.seed"]
     assert len(fixed) > 20 and "data.path" in fixed and "model.attention" in fixed
@@ -163,12 +163,13 @@ def test_resume_check_refuses_each_fixed_field_and_allows_the_others(text_glob):
         with pytest.raises(
             ConfigError, match=rf"^config\.{re.escape(field)} is .* checkpoint at step 2 in wd used .*\(1 such field"
         ):
-            loop._check_resumable(cfg.source, changed(field), 2, "wd")
+            resume.check_resumable(cfg.source, changed(field), 2, "wd")
     for field in free:
-        loop._check_resumable(cfg.source, changed(field), 2, "wd")
-    loop._check_resumable(cfg.source, cfg, 2, "wd")
+        resume.check_resumable(cfg.source, changed(field), 2, "wd")
+    resume.check_resumable(cfg.source, cfg, 2, "wd")
     moved = changed("data.path")  # data.allow_changed also lets the data's paths change
-    loop._check_resumable(cfg.source, dataclasses.replace(moved, data=dataclasses.replace(cfg.data, allow_changed=True)), 2, "wd")
+    allowed = dataclasses.replace(moved, data=dataclasses.replace(cfg.data, allow_changed=True))
+    resume.check_resumable(cfg.source, allowed, 2, "wd")
 
 
 def test_sharded_mesh_gives_the_same_losses(text_glob, tmp_path):

@@ -19,10 +19,10 @@ from flax import nnx
 from helpers import WORDS, read_metrics, tiny_config
 
 from freeatten_jax import data
+from freeatten_jax.cli import train as train_cli
 from freeatten_jax.configs import base
-from freeatten_jax.errors import ConfigError
-from freeatten_jax.evaluation import loss
-from freeatten_jax.training import cli as train_cli
+from freeatten_jax.errors import ConfigError, UserError
+from freeatten_jax.evaluation import loss, suite
 from freeatten_jax.training import loop, optim, warm_start
 from freeatten_jax.training.run import load_run
 
@@ -79,6 +79,15 @@ def test_a_warm_start_holds_the_sources_weights_at_step_0_and_scores_as_the_swit
     np.testing.assert_allclose(got_WT, expected_WT, rtol=1e-5, atol=1e-6)
     as_trained = loss.token_losses(load_run(source).model, windows_WL)
     assert variant == "lssar" or np.abs(as_trained - got_WT).max() > 1e-4  # the switch changes the scores
+    # the suite evaluates one of its checkpoints (WORKDIR@STEP), named with its origin, apart from runs from scratch
+    settings = suite.Settings(multipliers=(1,), eval_tokens=4 * 33, passkey_depths=())
+    at_0, at_4 = suite.run_suite([f"{workdir}@0", str(workdir)], [], settings, str(tmp_path / "eval"))
+    assert (at_0.name, at_0.step, at_0.variant) == ("warm@0", 0, f"{variant} from softmax@6 +0")
+    assert (at_4.name, at_4.step, at_4.variant) == ("warm", 4, f"{variant} from softmax@6 +4")
+    expected = loss.token_losses(start.model, loss.span_windows(splits.val, 32, 4 * 33)).mean()
+    assert at_0.at(1).loss == pytest.approx(float(expected), rel=1e-5) != at_4.at(1).loss
+    with pytest.raises(UserError, match=r"--workdir=.*warm@9: no checkpoint step 9; it has: \[0, 2, 4\]"):
+        suite.run_suite([f"{workdir}@9"], [], settings, str(tmp_path / "eval"))
     # a new run: its own schedule from step 1 (warm-up from 0), and it trains on
     assert [r["step"] for r in rows] == [1, 2, 3, 4]
     warmup = optim.schedule(start.config.optim, start.config.train.steps)

@@ -124,8 +124,12 @@ def _scales_ssmax(q_BTHD, k_BSKD, n_BHT, opts):
 
 
 def _scales_lssa(q_BTHD, k_BSKD, n_BHT, opts):
-    """Unit-norm q and k (no 1/sqrt(d)), the temperature log(d) log(N_i) on the query side."""
-    temperature_BTH1 = math.log(q_BTHD.shape[-1]) * _log_count_BTH1(n_BHT)
+    """Unit-norm q and k (no 1/sqrt(d)), the temperature log(d) log(N_i) on the query side; with
+    `temperature_length` L, log(d) log(L) for every row (the control that freezes the temperature where training
+    left it)."""
+    length = opts.get("temperature_length")
+    log_n_BTH1 = _log_count_BTH1(n_BHT) if length is None else jnp.full((1, 1, 1, 1), math.log(length), jnp.float32)
+    temperature_BTH1 = math.log(q_BTHD.shape[-1]) * log_n_BTH1
     return inverse_norm(q_BTHD) * temperature_BTH1, inverse_norm(k_BSKD)
 
 
@@ -157,8 +161,8 @@ def _relu_weight(scores, n):
 VARIANTS: dict[str, Variant] = {
     "softmax": Variant(_scales_dot, "softmax", defaults={"scale": None}),
     "ssmax": Variant(_scales_ssmax, "softmax", defaults={"s": 1.0, "b": None, "scale": None}),
-    "lssa": Variant(_scales_lssa, "sum", _softplus_weight),
-    "lssar": Variant(_scales_lssa, "reweight", _softplus_weight, defaults={"p": 15.0}),
+    "lssa": Variant(_scales_lssa, "sum", _softplus_weight, defaults={"temperature_length": None}),
+    "lssar": Variant(_scales_lssa, "reweight", _softplus_weight, defaults={"p": 15.0, "temperature_length": None}),
     "sigmoid": Variant(_scales_dot, "none", _sigmoid_weight, defaults={"scale": None}),
     "relu": Variant(_scales_dot, "none", _relu_weight, defaults={"scale": None}),
 }
@@ -198,7 +202,20 @@ def _check_positive(name: str, x, num_heads: int | None) -> None:
         raise ValueError(f"{name} must be > 0 and finite, got {x}")
 
 
-OPTION_CHECKS = {"s": _check_per_head, "b": _check_per_head, "p": _check_positive, "scale": _check_positive}
+def _check_length(name: str, x, num_heads: int | None) -> None:
+    """A number > 1 (a length whose log is a positive temperature), finite where its value is known."""
+    _check_positive(name, x, num_heads)
+    if is_concrete(x) and float(x) <= 1:
+        raise ValueError(f"{name} must be > 1 (a sequence length), got {x}")
+
+
+OPTION_CHECKS = {
+    "s": _check_per_head,
+    "b": _check_per_head,
+    "p": _check_positive,
+    "scale": _check_positive,
+    "temperature_length": _check_length,
+}
 
 
 def variant_options(name: str, given: dict[str, Any], num_heads: int | None = None) -> dict[str, Any]:

@@ -1,6 +1,7 @@
 """Data: the default Shakespeare corpus, user text, .bin token shards, MQAR, tokenizers, Grain pipelines, document masking."""
 
 from freeatten_jax.data.corpus import CorpusError, cache_root, shakespeare_files
+from freeatten_jax.data.mqar import PLACEMENTS as MQAR_PLACEMENTS
 from freeatten_jax.data.pipeline import eval_windows, num_chunks, train_dataset, train_iterator
 from freeatten_jax.data.shards import Shard, ShardError, read_header, write_shard
 from freeatten_jax.data.sources import (

@@ -3,10 +3,13 @@ whether retrieval survives beyond the training length.
 
 A sequence holds `pairs` key-value pairs at random offsets among noise tokens, then `pairs` queries, each
 of a key drawn from the pairs with replacement and followed by its value (the answer). Only answers are
-scored. Drawn with replacement, no answer follows from the answers before it (docs/method.md §7: with every
-key queried once, softmax trained at 32 tokens stalled in 2 seeds of 3). At m times the training length the
-same pairs sit at the same offsets and the gap before the queries is filled with more noise, so every
-query reaches back (m - 1) * train_len tokens further to find its pair.
+scored. Drawn with replacement (docs/method.md §7: with every key queried once, softmax trained at 32 tokens
+stalled in 2 seeds of 3), a query may repeat an earlier one: its answer then also sits 2-6 tokens back, in the
+query block, and `query_facts` marks it. At m times the training length the same pairs are placed two ways:
+"start" (as in training, the gap before the queries filled with more noise: every query reaches back
+(m - 1) * train_len tokens further, among no more keys) or "end" (noise first, then the training window: each
+query reaches back as far as in training, while the number of keys it sees, N_i, grows m-fold). The first
+changes distance and N_i at once; the second N_i alone.
 
 Two forms: "fused" (one token per pair, key * num_values + value: one attention layer solves it by
 matching the query's key to the pair token's content) and "two_token" (key then value, as in Zoology: needs
@@ -26,6 +29,7 @@ import dataclasses
 import numpy as np
 
 FORMS = ("fused", "two_token")
+PLACEMENTS = ("start", "end")  # where the training window's pairs sit at a longer length (see above)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -89,6 +93,7 @@ class Instance:
     offsets_P: np.ndarray  # token offset of each pair, increasing, non-overlapping
     queried_P: np.ndarray  # the pair each query asks for (indices into the pairs, drawn with replacement)
     noise_seed: int
+    train_len: int  # the length it was drawn for
 
 
 def context_tokens(task: Task, train_len: int) -> int:
@@ -114,18 +119,27 @@ def draw(task: Task, train_len: int, rng: np.random.Generator) -> Instance:
         offsets_P=starts_P + np.arange(task.pairs) * (task.pair_width - 1),
         queried_P=rng.integers(task.pairs, size=task.pairs),
         noise_seed=int(rng.integers(2**31)),
+        train_len=train_len,
     )
 
 
-def render(task: Task, instance: Instance, length: int) -> tuple[np.ndarray, np.ndarray]:
+def _shift(instance: Instance, length: int, placement: str) -> int:
+    """How far the training window's pairs move at `length`: 0 at the start, length - train_len at the end."""
+    if placement not in PLACEMENTS:
+        raise ValueError(f"mqar placement {placement!r} is unknown; valid placements: {', '.join(PLACEMENTS)}")
+    if length < instance.train_len:
+        raise ValueError(f"mqar: length {length} is shorter than the training length this instance was drawn for")
+    return 0 if placement == "start" else length - instance.train_len
+
+
+def render(task: Task, instance: Instance, length: int, placement: str = "start") -> tuple[np.ndarray, np.ndarray]:
     """(tokens [length + 1] int32, answer mask [length] bool over the target positions) of one instance at
-    `length` (>= the training length it was drawn for): the pairs at their offsets, noise up to the query block."""
+    `length` (>= the training length it was drawn for): the pairs placed, noise elsewhere before the query block."""
+    shift = _shift(instance, length, placement)
     tokens_L = np.random.default_rng(instance.noise_seed).integers(task.noise_tokens, size=length + 1) + task.noise_start
     context = length + 1 - task.query_tokens
-    if context < int(instance.offsets_P[-1]) + task.pair_width:
-        raise ValueError(f"mqar: length {length} is shorter than the training length this instance was drawn for")
     pairs_PW = task.pair_tokens(instance.keys_P, instance.values_P)
-    for offset, pair in zip(instance.offsets_P, pairs_PW):
+    for offset, pair in zip(instance.offsets_P + shift, pairs_PW):
         tokens_L[offset : offset + task.pair_width] = pair
     tokens_L[context:] = task.query_answer(instance.keys_P, instance.values_P)[instance.queried_P].reshape(-1)
     mask_T = np.zeros(length, bool)
@@ -133,12 +147,36 @@ def render(task: Task, instance: Instance, length: int) -> tuple[np.ndarray, np.
     return tokens_L.astype(np.int32), mask_T
 
 
-def batch(task: Task, train_len: int, length: int, count: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+def query_facts(task: Task, instance: Instance, length: int, placement: str = "start") -> tuple[np.ndarray, np.ndarray]:
+    """(repeated [P] bool: the query asks for a pair an earlier query asked for, so its answer is also in the query
+    block; distance [P]: tokens from the query back to the first token of its pair), at `length`."""
+    shift = _shift(instance, length, placement)
+    queried_P = instance.queried_P
+    repeated_P = np.array([q in queried_P[:j] for j, q in enumerate(queried_P)])
+    query_positions_P = length + 1 - task.query_tokens + 2 * np.arange(task.pairs)
+    return repeated_P, query_positions_P - (instance.offsets_P[queried_P] + shift)
+
+
+def _draws(task: Task, train_len: int, count: int, seed: int) -> list[Instance]:
+    rng = np.random.default_rng(seed)
+    return [draw(task, train_len, rng) for _ in range(count)]
+
+
+def batch(
+    task: Task, train_len: int, length: int, count: int, seed: int, placement: str = "start"
+) -> tuple[np.ndarray, np.ndarray]:
     """`count` instances drawn for train_len from `seed`, rendered at `length`: tokens [count, length + 1] and
     answer masks [count, length]. The same seed gives the same pairs at every length (paired across lengths)."""
-    rng = np.random.default_rng(seed)
-    rendered = [render(task, draw(task, train_len, rng), length) for _ in range(count)]
+    rendered = [render(task, instance, length, placement) for instance in _draws(task, train_len, count, seed)]
     return np.stack([t for t, _ in rendered]), np.stack([m for _, m in rendered])
+
+
+def batch_query_facts(
+    task: Task, train_len: int, length: int, count: int, seed: int, placement: str = "start"
+) -> tuple[np.ndarray, np.ndarray]:
+    """`query_facts` of `batch`'s instances: repeated [count, P] bool, distance [count, P]."""
+    facts = [query_facts(task, instance, length, placement) for instance in _draws(task, train_len, count, seed)]
+    return np.stack([r for r, _ in facts]), np.stack([d for _, d in facts])
 
 
 VAL_SEED = 1_000_003  # validation instances (training draws from (seed, window index): a different stream)

@@ -12,6 +12,7 @@ import numpy as np
 from flax import nnx
 
 from freeatten_jax.data import mqar
+from freeatten_jax.evaluation.results import MqarLength
 
 
 @functools.partial(jax.jit, static_argnames=("graphdef",))
@@ -32,20 +33,30 @@ def query_hits(model, tokens_BL: np.ndarray, mask_BT: np.ndarray, tokens_per_bat
     return hits_BT[mask_BT].reshape(count, -1)
 
 
-def accuracy_by_length(model, task: mqar.Task, train_len: int, multipliers, instances: int, seed: int) -> list[dict]:
-    """One row per multiplier: length, queries scored, accuracy, and the per-instance accuracies (for paired
-    statistics: instance i is the same pairs at every length)."""
+def accuracy_by_length(
+    model, task: mqar.Task, train_len: int, multipliers, instances: int, seed: int, placements=("start",)
+) -> list[MqarLength]:
+    """One row per placement and multiplier: length, queries scored, accuracy (and on first-time queries), the
+    per-instance accuracies (for paired statistics: instance i is the same pairs at every length and placement) and
+    every query's hit, whether it repeats an earlier query's key and its distance to its pair."""
     rows = []
-    for m in multipliers:
-        tokens_BL, mask_BT = mqar.batch(task, train_len, m * train_len, instances, seed)
-        hits_BP = query_hits(model, tokens_BL, mask_BT)
-        rows.append(
-            {
-                "length": m * train_len,
-                "multiplier": m,
-                "queries": int(hits_BP.size),
-                "accuracy": float(hits_BP.mean()),
-                "per_instance": hits_BP.mean(1).tolist(),
-            }
-        )
+    for placement in placements:
+        for m in multipliers:
+            tokens_BL, mask_BT = mqar.batch(task, train_len, m * train_len, instances, seed, placement)
+            repeated_BP, distance_BP = mqar.batch_query_facts(task, train_len, m * train_len, instances, seed, placement)
+            hits_BP = query_hits(model, tokens_BL, mask_BT)
+            rows.append(
+                MqarLength(
+                    m * train_len,
+                    m,
+                    int(hits_BP.size),
+                    float(hits_BP.mean()),
+                    hits_BP.mean(1).tolist(),
+                    placement,
+                    float(hits_BP[~repeated_BP].mean()),
+                    hits_BP.astype(int).tolist(),
+                    repeated_BP.astype(int).tolist(),
+                    distance_BP.tolist(),
+                )
+            )
     return rows

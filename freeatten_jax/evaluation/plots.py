@@ -16,6 +16,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
 from freeatten_jax.evaluation import stats  # noqa: E402
+from freeatten_jax.evaluation.results import RunResult  # noqa: E402
 
 COLOURS = {
     "softmax": "tab:blue",
@@ -32,19 +33,19 @@ MIN_LOSS_SPAN = 0.5  # nats: the y-axis of a loss plot never zooms in further (a
 LEGEND_TITLE = "colour: variant; line style: eval-time switch"
 
 
-def groups(runs: list[dict]) -> dict[tuple[str, str], list[dict]]:
+def groups(runs: list[RunResult]) -> dict[tuple[str, str], list[RunResult]]:
     """{(variant, switch): its runs}, in the order first seen."""
     out = {}
     for r in runs:
-        out.setdefault((r["variant"], r["switch"]), []).append(r)
+        out.setdefault(r.group, []).append(r)
     return out
 
 
-def _style(runs: list[dict]):
+def _style(runs: list[RunResult]):
     """(variant, switch) -> plot keywords: colour by variant, line style by switch."""
-    switches = list(dict.fromkeys(r["switch"] for r in runs))
+    switches = list(dict.fromkeys(r.switch for r in runs))
     switches = ["none", *[s for s in switches if s != "none"]]
-    others = [v for v in dict.fromkeys(r["variant"] for r in runs) if v not in COLOURS]  # e.g. warm-started runs
+    others = [v for v in dict.fromkeys(r.variant for r in runs) if v not in COLOURS]  # e.g. warm-started runs
     colours = {**COLOURS, **dict(zip(others, SPARE_COLOURS * len(others)))}
 
     def style(variant, switch):
@@ -100,24 +101,18 @@ def _legend(ax) -> None:
         ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False, title=LEGEND_TITLE, title_fontsize=7)
 
 
-def draw_loss_vs_length(runs: list[dict]):
-    """Mean loss by length per group, the runs' 95% intervals as a band, the training length marked."""
+def draw_loss_vs_length(runs: list[RunResult]):
+    """Mean loss by length per group, its 95% interval (seeds, then windows, resampled) as a band, the training
+    length marked."""
     fig, ax = _new("Loss vs length (same held-out span)", "evaluation length (tokens)", "mean next-token loss (nats)")
     style, lows, highs = _style(runs), [], []
     for (variant, switch), rs in groups(runs).items():
-        x = [p["length"] for p in rs[0]["lengths"]]
-        if all("per_window" in p for r in rs for p in r["lengths"]):  # the 95% interval over seeds, then windows
-            summaries = [stats.mean_with_interval([r["lengths"][i]["per_window"] for r in rs]) for i in range(len(x))]
-            mean_X, low_X, high_X = (np.asarray(v) for v in zip(*[(m["mean"], *m["ci"]) for m in summaries]))
-        else:  # results saved before per-window losses were: the envelope of the runs' intervals
-            mean_X, low_X, high_X = _nan_stats(
-                [[p["loss"] for p in r["lengths"]] for r in rs],
-                [[p["loss_ci"][0] for p in r["lengths"]] for r in rs],
-                [[p["loss_ci"][1] for p in r["lengths"]] for r in rs],
-            )
+        x = [p.length for p in rs[0].lengths]
+        summaries = [stats.mean_with_interval([r.lengths[i].per_window for r in rs]) for i in range(len(x))]
+        mean_X, low_X, high_X = (np.asarray(v) for v in zip(*[(m["mean"], *m["ci"]) for m in summaries]))
         _line(ax, x, mean_X, low_X, high_X, style(variant, switch), group_name(variant, switch, len(rs)))
         lows.append(low_X), highs.append(high_X)
-    _mark_train_len(ax, {r["train_len"] for r in runs})
+    _mark_train_len(ax, {r.train_len for r in runs})
     ax.set_xscale("log", base=2)
     if lows:
         ax.set_ylim(*y_limits(np.concatenate(lows), np.concatenate(highs), MIN_LOSS_SPAN))
@@ -125,11 +120,11 @@ def draw_loss_vs_length(runs: list[dict]):
     return fig
 
 
-def draw_per_position(runs: list[dict]):
+def draw_per_position(runs: list[RunResult]):
     fig, ax = _new("Per-position loss at the longest length", "position", "loss (nats, moving average)")
     style, lows, highs = _style(runs), [], []
     for (variant, switch), rs in groups(runs).items():
-        losses_RT = np.asarray([r["per_position"] for r in rs])
+        losses_RT = np.asarray([r.per_position for r in rs])
         width = max(1, losses_RT.shape[1] // 64)  # a moving average keeps the curves readable
         smooth_RT = np.stack([np.convolve(row, np.ones(width) / width, mode="valid") for row in losses_RT])
         mean_X, low_X, high_X = _nan_stats(smooth_RT)
@@ -143,7 +138,7 @@ def draw_per_position(runs: list[dict]):
             group_name(variant, switch, len(rs)),
         )
         lows.append(low_X), highs.append(high_X)
-    _mark_train_len(ax, {r["train_len"] for r in runs})
+    _mark_train_len(ax, {r.train_len for r in runs})
     ax.set_xscale("log", base=2)
     if lows:
         ax.set_ylim(*y_limits(np.concatenate(lows), np.concatenate(highs), MIN_LOSS_SPAN))
@@ -151,21 +146,21 @@ def draw_per_position(runs: list[dict]):
     return fig
 
 
-def accuracy_grid(rs: list[dict], task: str) -> tuple[list[int], list[float], np.ndarray]:
+def accuracy_grid(rs: list[RunResult], task: str) -> tuple[list[int], list[float], np.ndarray]:
     """(lengths, depths, accuracy [depth, length]) pooled over the runs' keys; NaN where nothing was scored."""
-    cells = [c for r in rs for c in r[task]]
-    lengths, depths = sorted({c["length"] for c in cells}), sorted({c["depth"] for c in cells})
+    cells = [c for r in rs for c in getattr(r, task)]
+    lengths, depths = sorted({c.length for c in cells}), sorted({c.depth for c in cells})
     hits_DL, keys_DL = np.zeros((len(depths), len(lengths))), np.zeros((len(depths), len(lengths)))
     for c in cells:
-        if c["accuracy"] is not None:
-            d, n = depths.index(c["depth"]), lengths.index(c["length"])
-            hits_DL[d, n] += c["accuracy"] * c["keys"]
-            keys_DL[d, n] += c["keys"]
+        if c.accuracy is not None:
+            d, n = depths.index(c.depth), lengths.index(c.length)
+            hits_DL[d, n] += c.accuracy * c.keys
+            keys_DL[d, n] += c.keys
     with np.errstate(invalid="ignore", divide="ignore"):
         return lengths, depths, np.where(keys_DL > 0, hits_DL / keys_DL, np.nan)
 
 
-def draw_accuracy(runs: list[dict], task: str, title: str):
+def draw_accuracy(runs: list[RunResult], task: str, title: str):
     """Greedy retrieval accuracy: a heatmap of depth x length per group when the grid has more than one cell,
     else one line per group (the mean over runs' depths and keys)."""
     grouped = groups(runs)
@@ -184,7 +179,7 @@ def draw_accuracy(runs: list[dict], task: str, title: str):
                     style(variant, switch),
                     group_name(variant, switch, len(grouped[variant, switch])),
                 )
-        _mark_train_len(ax, {r["train_len"] for r in runs})
+        _mark_train_len(ax, {r.train_len for r in runs})
         ax.set_xscale("log", base=2)
         ax.set_ylim(-0.03, 1.03)
         _legend(ax)
@@ -212,41 +207,44 @@ def draw_accuracy(runs: list[dict], task: str, title: str):
     return fig
 
 
-def draw_mqar(runs: list[dict]):
-    """MQAR per-query accuracy by length per group: the mean over runs, the runs' min to max as a band."""
-    fig, ax = _new(
-        "MQAR accuracy vs length (same pairs, gap filled with noise)", "sequence length (tokens)", "per-query accuracy"
-    )
+def draw_mqar(runs: list[RunResult]):
+    """MQAR per-query accuracy by length per group, one panel per placement of the pairs: the mean over runs, the runs'
+    min to max as a band."""
+    placements = list(dict.fromkeys(x.placement for r in runs for x in r.mqar))
+    fig, axes = plt.subplots(1, len(placements), figsize=(5 * len(placements) + 3, 4.5), squeeze=False, sharey=True)
     style = _style(runs)
-    for (variant, switch), rs in groups(runs).items():
-        x = [p["length"] for p in rs[0]["mqar"]]
-        _line(
-            ax,
-            x,
-            *_nan_stats([[p["accuracy"] for p in r["mqar"]] for r in rs]),
-            style(variant, switch),
-            group_name(variant, switch, len(rs)),
-        )
-    _mark_train_len(ax, {r["train_len"] for r in runs})
-    ax.set_xscale("log", base=2)
-    ax.set_ylim(-0.03, 1.03)
-    _legend(ax)
+    for ax, placement in zip(axes[0], placements):
+        ax.set(title=f"MQAR accuracy vs length, pairs at the {placement}", xlabel="sequence length (tokens)")
+        for (variant, switch), rs in groups(runs).items():
+            rows = [[x for x in r.mqar if x.placement == placement] for r in rs]
+            _line(
+                ax,
+                [x.length for x in rows[0]],
+                *_nan_stats([[x.accuracy for x in row] for row in rows]),
+                style(variant, switch),
+                group_name(variant, switch, len(rs)),
+            )
+        _mark_train_len(ax, {r.train_len for r in runs})
+        ax.set_xscale("log", base=2)
+        ax.set_ylim(-0.03, 1.03)
+    axes[0, 0].set_ylabel("per-query accuracy")
+    _legend(axes[0, -1])
     return fig
 
 
-def draw_entropy_vs_n(runs: list[dict]):
+def draw_entropy_vs_n(runs: list[RunResult]):
     fig, ax = _new("Entropy vs N_i", "visible keys N_i", "attention entropy (nats, mean over layers and heads)")
     style = _style(runs)
     for (variant, switch), rs in groups(runs).items():
-        entropy_RU = [np.asarray(r["attention"]["entropy"]).mean((0, 1)) for r in rs]
+        entropy_RU = [np.asarray(r.attention.entropy).mean((0, 1)) for r in rs]
         _line(
             ax,
-            rs[0]["attention"]["n_from"],
+            rs[0].attention.n_from,
             *_nan_stats(entropy_RU),
             style(variant, switch),
             group_name(variant, switch, len(rs)),
         )
-    n = np.asarray(runs[0]["attention"]["n_from"], float)
+    n = np.asarray(runs[0].attention.n_from, float)
     ax.plot(n, np.log(n), color="grey", linestyle=":", label="uniform (log N)")
     ax.set_xscale("log", base=2)
     _legend(ax)
@@ -259,7 +257,7 @@ def save(fig, path: pathlib.Path) -> str:
     return path.name
 
 
-def write_all(out: pathlib.Path, runs: list[dict]) -> dict[str, str]:
+def write_all(out: pathlib.Path, runs: list[RunResult]) -> dict[str, str]:
     """Every plot of text runs, as {title: file name relative to out}."""
     return {
         "loss vs length": save(draw_loss_vs_length(runs), out / "loss_vs_length.png"),

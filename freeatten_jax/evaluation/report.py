@@ -1,18 +1,12 @@
 """Writes the suite's results: results.json, CSV files and report.md (tables and the plots)."""
 
 import csv
-import json
 import pathlib
 
 import numpy as np
 
-from freeatten_jax.evaluation import mqar_report, paired, plots
-
-
-def label(run: dict) -> str:
-    """How a run is named in tables and legends: checkpoint name, variant and switch."""
-    switch = "" if run["switch"] == "none" else f" [{run['switch']}]"
-    return f"{run['name']} ({run['variant']}){switch}"
+from freeatten_jax.evaluation import mqar_report, paired, plots, results
+from freeatten_jax.evaluation.results import RetrievalCell, RunResult
 
 
 def _write_csv(path: pathlib.Path, header: list[str], rows: list[list]) -> None:
@@ -32,8 +26,8 @@ def _fmt(x: float | None) -> str:
     return "n/a" if x is None or not np.isfinite(x) else f"{x:.3f}"
 
 
-def _mean(cells: list[dict], key: str) -> float | None:
-    values = [c[key] for c in cells if c[key] is not None]
+def _mean(cells: list[RetrievalCell], key: str) -> float | None:
+    values = [getattr(c, key) for c in cells if getattr(c, key) is not None]
     return float(np.mean(values)) if values else None
 
 
@@ -42,56 +36,56 @@ def _rank_header(candidates: int) -> str:
     return f"mean rank of true key among {candidates} (chance {(candidates + 1) / 2:g})"
 
 
-def retrieval_table(runs: list[dict], task: str, candidates: int) -> str:
+def retrieval_table(runs: list[RunResult], task: str, candidates: int) -> str:
     """Accuracy by length and mean key rank per run, then why the cells that could not be scored were not."""
-    lengths = sorted({c["length"] for r in runs for c in r[task]})
+    lengths = sorted({c.length for r in runs for c in getattr(r, task)})
     table = _md_table(
         ["run", *[str(n) for n in lengths], _rank_header(candidates)],
         [
             [
-                label(r),
-                *[_fmt(_mean([c for c in r[task] if c["length"] == n], "accuracy")) for n in lengths],
-                _fmt(_mean(r[task], "mean_key_rank")),
+                r.label,
+                *[_fmt(_mean([c for c in getattr(r, task) if c.length == n], "accuracy")) for n in lengths],
+                _fmt(_mean(getattr(r, task), "mean_key_rank")),
             ]
             for r in runs
         ],
     )
-    reasons = sorted({(c["length"], c["reason"]) for r in runs for c in r[task] if "reason" in c})
+    reasons = sorted({(c.length, c.reason) for r in runs for c in getattr(r, task) if c.reason})
     lines = [f"- length {n}: {reason}" for n, reason in reasons]
     return table + ("\n\nNot scored (n/a):\n" + "\n".join(lines) if lines else "")
 
 
-def _envelope(rs: list[dict], multiplier: int, key: str) -> str:
+def _envelope(rs: list[RunResult], multiplier: int, key: str) -> str:
     """Mean over runs at one multiplier with [the lowest low, the highest high] of the runs' 95% intervals (for one
     run: its mean and interval), or n/a."""
-    xs = [x for r in rs for x in r["lengths"] if x["multiplier"] == multiplier]
+    xs = [x for r in rs for x in r.lengths if x.multiplier == multiplier]
     if not xs:
         return "n/a"
     return (
-        f"{_fmt(float(np.mean([x[key] for x in xs])))} "
-        f"[{_fmt(min(x[f'{key}_ci'][0] for x in xs))}, {_fmt(max(x[f'{key}_ci'][1] for x in xs))}]"
+        f"{_fmt(float(np.mean([getattr(x, key) for x in xs])))} "
+        f"[{_fmt(min(getattr(x, f'{key}_ci')[0] for x in xs))}, {_fmt(max(getattr(x, f'{key}_ci')[1] for x in xs))}]"
     )
 
 
-def _pooled_accuracy(rs: list[dict], task: str, length: int) -> str:
+def _pooled_accuracy(rs: list[RunResult], task: str, length: int) -> str:
     """Prompts retrieved / prompts scored at one length, over runs, depths and keys, or n/a."""
-    cells = [c for r in rs for c in r[task] if c["length"] == length and c["accuracy"] is not None]
-    scored = sum(c["keys"] for c in cells)
-    return f"{round(sum(c['accuracy'] * c['keys'] for c in cells))}/{scored}" if scored else "n/a"
+    cells = [c for r in rs for c in getattr(r, task) if c.length == length and c.accuracy is not None]
+    scored = sum(c.keys for c in cells)
+    return f"{round(sum(c.accuracy * c.keys for c in cells))}/{scored}" if scored else "n/a"
 
 
-def _pooled_rank(rs: list[dict], task: str) -> str:
+def _pooled_rank(rs: list[RunResult], task: str) -> str:
     """Mean rank of the true key over every scored prompt of the runs, or n/a."""
-    cells = [c for r in rs for c in r[task] if c["mean_key_rank"] is not None]
-    scored = sum(c["keys"] for c in cells)
-    return _fmt(sum(c["mean_key_rank"] * c["keys"] for c in cells) / scored) if scored else "n/a"
+    cells = [c for r in rs for c in getattr(r, task) if c.mean_key_rank is not None]
+    scored = sum(c.keys for c in cells)
+    return _fmt(sum(c.mean_key_rank * c.keys for c in cells) / scored) if scored else "n/a"
 
 
-def grouped_tables(runs: list[dict], multipliers, candidates: int) -> str:
+def grouped_tables(runs: list[RunResult], multipliers, candidates: int) -> str:
     """Runs of one variant under one switch (e.g. seeds) as one row: loss and retrieval by length."""
     groups = plots.groups(runs)
     names = {key: plots.group_name(*key, len(rs)) for key, rs in groups.items()}
-    lengths = [m * runs[0]["train_len"] for m in multipliers] if runs else []
+    lengths = [m * runs[0].train_len for m in multipliers] if runs else []
     loss = lambda key: _md_table(
         ["variant", *[f"{m}x" for m in multipliers]],
         [[names[g], *[_envelope(rs, m, key) for m in multipliers]] for g, rs in groups.items()],
@@ -115,7 +109,7 @@ def grouped_tables(runs: list[dict], multipliers, candidates: int) -> str:
     )
 
 
-def write_csvs(out: pathlib.Path, runs: list[dict]) -> None:
+def write_csvs(out: pathlib.Path, runs: list[RunResult]) -> None:
     _write_csv(
         out / "loss_vs_length.csv",
         [
@@ -137,28 +131,28 @@ def write_csvs(out: pathlib.Path, runs: list[dict]) -> None:
         ],
         [
             [
-                label(r),
-                r["workdir"],
-                r["step"],
-                r["variant"],
-                r["switch"],
-                x["length"],
-                x["multiplier"],
-                x["loss"],
-                *x["loss_ci"],
-                x["loss_last_train_len"],
-                *x["loss_last_train_len_ci"],
-                x["windows"],
-                x["tokens_scored"],
+                r.label,
+                r.workdir,
+                r.step,
+                r.variant,
+                r.switch,
+                x.length,
+                x.multiplier,
+                x.loss,
+                *x.loss_ci,
+                x.loss_last_train_len,
+                *x.loss_last_train_len_ci,
+                x.windows,
+                x.tokens_scored,
             ]
             for r in runs
-            for x in r["lengths"]
+            for x in r.lengths
         ],
     )
     _write_csv(
         out / "per_position.csv",
         ["run", "position", "loss"],
-        [[label(r), i, v] for r in runs for i, v in enumerate(r["per_position"])],
+        [[r.label, i, v] for r in runs for i, v in enumerate(r.per_position)],
     )
     for task in ("passkey", "retrieval"):
         _write_csv(
@@ -166,78 +160,71 @@ def write_csvs(out: pathlib.Path, runs: list[dict]) -> None:
             ["run", "length", "depth", "accuracy", "mean_key_loglik", "mean_key_rank", "keys", "not_scored_because"],
             [
                 [
-                    label(r),
-                    c["length"],
-                    c["depth"],
-                    c["accuracy"],
-                    c["mean_key_loglik"],
-                    c["mean_key_rank"],
-                    c["keys"],
-                    c.get("reason", ""),
+                    r.label,
+                    c.length,
+                    c.depth,
+                    c.accuracy,
+                    c.mean_key_loglik,
+                    c.mean_key_rank,
+                    c.keys,
+                    c.reason,
                 ]
                 for r in runs
-                for c in r[task]
+                for c in getattr(r, task)
             ],
         )
     _write_csv(
         out / "attention.csv",
         ["run", "layer", "head", "n_from", "entropy", "max_weight"],
         [
-            [label(r), layer, head, n, ent[head][u], mx[head][u]]
+            [r.label, layer, head, n, ent[head][u], mx[head][u]]
             for r in runs
-            for layer, (ent, mx) in enumerate(zip(r["attention"]["entropy"], r["attention"]["max_weight"]))
+            for layer, (ent, mx) in enumerate(zip(r.attention.entropy, r.attention.max_weight))
             for head in range(len(ent))
-            for u, n in enumerate(r["attention"]["n_from"])
+            for u, n in enumerate(r.attention.n_from)
         ],
     )
     _write_csv(
         out / "needle_mass.csv",
         ["run", "layer", "head", "mass"],
-        [[label(r), layer, head, m] for r in runs for layer, row in enumerate(r["needle_mass"]) for head, m in enumerate(row)],
+        [[r.label, layer, head, m] for r in runs for layer, row in enumerate(r.needle_mass) for head, m in enumerate(row)],
     )
-    ssmax = [r for r in runs if r["ssmax_s"] is not None]
+    ssmax = [r for r in runs if r.ssmax_s is not None]
     _write_csv(
         out / "ssmax_s.csv",
         ["run", "layer", "head", "s"],
-        [[label(r), layer, head, s] for r in ssmax for layer, row in enumerate(r["ssmax_s"]) for head, s in enumerate(row)],
+        [[r.label, layer, head, s] for r in ssmax for layer, row in enumerate(r.ssmax_s) for head, s in enumerate(row)],
     )
 
 
-def comparability_warnings(runs: list[dict]) -> list[str]:
+def comparability_warnings(runs: list[RunResult]) -> list[str]:
     """One line per way the compared runs differ that the tables do not control for: the checkpoint's
     training step, or the training length."""
     lines = []
     for key, what in (("step", "checkpoint steps"), ("train_len", "training lengths")):
-        values = sorted({r[key] for r in runs})
+        values = sorted({getattr(r, key) for r in runs})
         if len(values) > 1:
-            named = "; ".join(f"{v}: {', '.join(sorted({r['name'] for r in runs if r[key] == v}))}" for v in values)
+            named = "; ".join(f"{v}: {', '.join(sorted({r.name for r in runs if getattr(r, key) == v}))}" for v in values)
             lines.append(
                 f"Warning: the runs compared have different {what} ({named}); their differences are not only the variant's."
             )
     return lines
 
 
-def markdown(runs: list[dict], settings: dict, figures: dict[str, str]) -> str:
+def markdown(runs: list[RunResult], settings: dict, figures: dict[str, str]) -> str:
     multipliers = settings["multipliers"]
     mult_header = [f"{m}x" for m in multipliers]
     by_mult = lambda r, key: [_envelope([r], m, key) for m in multipliers]  # one run: its mean and interval
     checkpoints = _md_table(
         ["run", "checkpoint", "step", "variant", "switch", "train length", "RoPE theta"],
-        [[label(r), r["workdir"], r["step"], r["variant"], r["switch"], r["train_len"], f"{r['rope_theta']:g}"] for r in runs],
+        [[r.label, r.workdir, r.step, r.variant, r.switch, r.train_len, f"{r.rope_theta:g}"] for r in runs],
     )
-    windows = (
-        ", ".join(f"{x['length']}: {x['windows']} windows, {x['tokens_scored']} tokens" for x in runs[0]["lengths"])
-        if runs
-        else ""
-    )
-    spans = ", ".join(sorted({f"{r['span_tokens']}" for r in runs}))
-    n_from = runs[0]["attention"]["n_from"] if runs else []
+    windows = ", ".join(f"{x.length}: {x.windows} windows, {x.tokens_scored} tokens" for x in runs[0].lengths) if runs else ""
+    spans = ", ".join(sorted({f"{r.span_tokens}" for r in runs}))
+    n_from = runs[0].attention.n_from if runs else []
     entropy = _md_table(
         ["run", *[f"N>={n}" for n in n_from]],
-        [
-            [label(r), *[_fmt(float(np.mean(np.asarray(r["attention"]["entropy"])[:, :, u]))) for u in range(len(n_from))]]
-            for r in runs
-        ],
+        [[r.label, *[_fmt(float(np.mean(np.asarray(r.attention.entropy)[:, :, u]))) for u in range(len(n_from))]] for r in runs],
     )
     parts = [
         "# Length-extrapolation report",
@@ -248,9 +235,9 @@ def markdown(runs: list[dict], settings: dict, figures: dict[str, str]) -> str:
         f"## Loss vs length (mean next-token loss, nats, [95% bootstrap interval over windows])\n\n"
         f"Every length scores the same held-out span: the first {spans} validation tokens, cut into non-overlapping "
         f"windows of each length ({windows}).\n\n"
-        + _md_table(["run", *mult_header], [[label(r), *by_mult(r, "loss")] for r in runs]),
+        + _md_table(["run", *mult_header], [[r.label, *by_mult(r, "loss")] for r in runs]),
         "## Loss over the last training-length positions of each window\n\n"
-        + _md_table(["run", *mult_header], [[label(r), *by_mult(r, "loss_last_train_len")] for r in runs]),
+        + _md_table(["run", *mult_header], [[r.label, *by_mult(r, "loss_last_train_len")] for r in runs]),
         f"## Passkey retrieval, Landmark format (greedy: first integer generated equals the key; by prompt length, mean over "
         f"depths {settings['passkey_depths']} and {settings['passkey_keys']} keys; rank among {settings['passkey_candidates']} "
         f"candidate keys)\n\n" + retrieval_table(runs, "passkey", settings["passkey_candidates"]),
@@ -259,35 +246,34 @@ def markdown(runs: list[dict], settings: dict, figures: dict[str, str]) -> str:
         + retrieval_table(runs, "retrieval", settings["passkey_candidates"]),
         "## Attention entropy (nats, mean over layers and heads) by visible keys N_i at the longest length\n\n" + entropy,
         "## Attention mass of the final query on the needle (mean over layers, heads and prompts)\n\n"
-        + _md_table(
-            ["run", "mass"], [[label(r), _fmt(float(np.mean(r["needle_mass"]))) if r["needle_mass"] else "n/a"] for r in runs]
-        ),
+        + _md_table(["run", "mass"], [[r.label, _fmt(float(np.mean(r.needle_mass))) if r.needle_mass else "n/a"] for r in runs]),
     ]
-    ssmax = [r for r in runs if r["ssmax_s"] is not None]
+    ssmax = [r for r in runs if r.ssmax_s is not None]
     if ssmax:
         parts.append(
             "## Learned SSMax s (mean over heads, per layer)\n\n"
             + _md_table(
-                ["run", *[f"layer {i}" for i in range(len(ssmax[0]["ssmax_s"]))]],
-                [[label(r), *[_fmt(float(np.mean(row))) for row in r["ssmax_s"]]] for r in ssmax],
+                ["run", *[f"layer {i}" for i in range(len(ssmax[0].ssmax_s))]],
+                [[r.label, *[_fmt(float(np.mean(row))) for row in r.ssmax_s]] for r in ssmax],
             )
         )
     parts.append("## Plots\n\n" + "\n".join(f"![{name}]({path})" for name, path in figures.items()))
     return "\n\n".join(parts) + "\n"
 
 
-def write(out: pathlib.Path, runs: list[dict], settings: dict) -> None:
+def write(out: pathlib.Path, runs: list[RunResult], settings: dict) -> None:
     """All outputs of the suite into `out`: results.json, then report.md with its CSVs and plots for text runs, and
     mqar.md, mqar.csv and mqar.png for MQAR runs."""
     out.mkdir(parents=True, exist_ok=True)
-    (out / "results.json").write_text(json.dumps({"settings": settings, "runs": runs}, indent=1))
-    text = [r for r in runs if "lengths" in r]
+    results.write(out / "results.json", runs, settings)
+    text = [r for r in runs if r.mqar is None]
     if text:
         write_csvs(out, text)
         figures = plots.write_all(out, text)
         (out / "report.md").write_text(markdown(text, settings, figures))
-    if mqar := [r for r in runs if "mqar" in r]:
+    if mqar := [r for r in runs if r.mqar is not None]:
         _write_csv(out / "mqar.csv", *mqar_report.csv_rows(mqar))
+        mqar_report.write_queries(out / "mqar_queries.csv.gz", mqar)
         figure = plots.save(plots.draw_mqar(mqar), out / "mqar.png")
         (out / "mqar.md").write_text(
             "# MQAR extrapolation report\n\n"

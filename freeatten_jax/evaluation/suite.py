@@ -19,7 +19,7 @@ from tqdm import tqdm
 from freeatten_jax import data
 from freeatten_jax.data import retrieval
 from freeatten_jax.errors import UserError
-from freeatten_jax.evaluation import attention_stats, loss, mqar, passkey, report, switches
+from freeatten_jax.evaluation import attention_stats, loss, mqar, passkey, report, results, switches
 from freeatten_jax.nn import sharding
 from freeatten_jax.nn.decoding import generate
 from freeatten_jax.training import checkpoint, config, warm_start
@@ -40,6 +40,7 @@ class Settings:
     seed: int = 0
     context: int = 1  # devices sharing each window's sequence (context parallelism) for the loss vs length
     mqar_instances: int = 256  # MQAR runs: instances per length (x pairs queries), the same pairs at every length
+    mqar_placements: tuple[str, ...] = data.MQAR_PLACEMENTS  # where the pairs sit at longer lengths (data.mqar)
 
     def quick(self) -> "Settings":
         """A first look in minutes on a CPU: three lengths, a quarter of the span, one passkey depth and key, 64 MQAR
@@ -112,28 +113,27 @@ def _score_prompt(model, tokenizer, prompt_T: np.ndarray, key: str, others: list
     return hit, float(totals[0]), passkey.key_rank(totals[0], totals[1:])
 
 
-def _retrieval(
-    model, tokenizer, task: str, build, lengths: list[int], settings: Settings, rng, progress
-) -> tuple[list[dict], list]:
-    """(grid cells of length x depth, needle-mass [layers, H] for each prompt at the longest length).
+def _retrieval(model, tokenizer, task: str, build, lengths: list[int], settings: Settings, rng):
+    """Yields what it scores next; returns (grid cells of length x depth, needle-mass [layers, H] for each prompt at
+    the longest length).
 
     `build(tokenizer, length, depth, key) -> (prompt tokens, needle slice)`; a cell that cannot be
     scored (no tokenizer, or the prompt does not fit the length) carries the reason instead of numbers."""
     cells, masses = [], []
     for length in lengths:
-        progress.set_postfix_str(f"{task} at length {length}")
         for depth in settings.passkey_depths:
-            cell = {"length": length, "depth": depth, "accuracy": None, "mean_key_loglik": None, "mean_key_rank": None, "keys": 0}
-            progress.update(1)
+            yield f"{task} at length {length}, depth {depth:g}"
+            cell = results.RetrievalCell(length, depth)
             if tokenizer is None:
-                cells.append({**cell, "reason": "the run has no tokenizer (set data.tokenizer_path for .bin shards)"})
+                cell.reason = "the run has no tokenizer (set data.tokenizer_path for .bin shards)"
+                cells.append(cell)
                 continue
             hits, logliks, ranks = [], [], []
             for key in passkey.random_keys(rng, settings.passkey_keys):
                 try:
                     prompt_T, needle = build(tokenizer, length, depth, key)
                 except ValueError as e:
-                    cell["reason"] = str(e)
+                    cell.reason = str(e)
                     break
                 others = [k for k in passkey.random_keys(rng, settings.passkey_candidates * 2) if k != key]
                 hit, loglik, rank = _score_prompt(model, tokenizer, prompt_T, key, others[: settings.passkey_candidates - 1])
@@ -141,12 +141,8 @@ def _retrieval(
                 if length == lengths[-1]:
                     masses.append(attention_stats.needle_mass(model, jnp.asarray(prompt_T[None]), needle))
             if hits:
-                cell.update(
-                    accuracy=float(np.mean(hits)),
-                    mean_key_loglik=float(np.mean(logliks)),
-                    mean_key_rank=float(np.mean(ranks)),
-                    keys=len(hits),
-                )
+                cell.accuracy, cell.mean_key_loglik = float(np.mean(hits)), float(np.mean(logliks))
+                cell.mean_key_rank, cell.keys = float(np.mean(ranks)), len(hits)
             cells.append(cell)
     return cells, masses
 
@@ -154,10 +150,11 @@ def _retrieval(
 MQAR_SEED = 2_000_003  # the evaluation's MQAR instances: neither training's stream nor validation's (data.mqar)
 
 
-def evaluate(checkpoint_at: str, switch: switches.Switch, settings: Settings, splits_of, progress) -> dict:
+def measure(checkpoint_at: str, switch: switches.Switch, settings: Settings, splits_of):
     """Every measurement for one checkpoint (WORKDIR[@STEP]) under one switch: MQAR accuracy by length for an MQAR
-    run, else loss, retrieval and attention analysis on held-out text. A warm-started run's variant is named with
-    its origin and its steps since (`ssmax from softmax@450 +150`), so that it is not pooled with runs from scratch."""
+    run, else loss, retrieval and attention analysis on held-out text. A generator: it yields what it measures next
+    (for a progress display) and returns the RunResult. A warm-started run's variant is named with its origin and
+    its steps since (`ssmax from softmax@450 +150`), so that it is not pooled with runs from scratch."""
     mesh = _context_mesh(settings.context)
     workdir, step = warm_start.split_step(checkpoint_at)
     loaded = load_run(workdir, step=step, mesh=mesh)
@@ -165,65 +162,86 @@ def evaluate(checkpoint_at: str, switch: switches.Switch, settings: Settings, sp
     switches.apply(model, cfg, switch)
     model.set_implementation(settings.implementation)
     origin = warm_start.origin(workdir)
-    run = {
-        "name": pathlib.Path(workdir).name + ("" if step is None else f"@{step}"),
-        "workdir": str(workdir),
-        "step": loaded.step,
-        "variant": cfg.model.variant_name + (f" from {origin} +{loaded.step}" if origin else ""),
-        "switch": switch.label,
-        "seed": cfg.train.seed,
-        "train_len": cfg.train.seq_len,
-        "rope_theta": float(model.attention_layers[0].rope_theta),
-    }
+    run = results.RunResult(
+        name=pathlib.Path(workdir).name + ("" if step is None else f"@{step}"),
+        workdir=str(workdir),
+        step=loaded.step,
+        variant=cfg.model.variant_name + (f" from {origin} +{loaded.step}" if origin else ""),
+        switch=switch.label,
+        seed=cfg.train.seed,
+        train_len=cfg.train.seq_len,
+        rope_theta=float(model.attention_layers[0].rope_theta),
+    )
     if cfg.data.source == "mqar":
-        progress.set_postfix_str("MQAR accuracy by length")
-        run["mqar"] = mqar.accuracy_by_length(
-            model, data.mqar_task(cfg.data), cfg.train.seq_len, sorted(settings.multipliers), settings.mqar_instances, MQAR_SEED
+        yield "MQAR accuracy by length"
+        run.mqar = mqar.accuracy_by_length(
+            model,
+            data.mqar_task(cfg.data),
+            cfg.train.seq_len,
+            sorted(settings.multipliers),
+            settings.mqar_instances,
+            MQAR_SEED,
+            settings.mqar_placements,
         )
-        progress.update(tasks_per_run(settings))
         return run
-    return _text_measurements(run, model, cfg, loaded.tokenizer, settings, splits_of(cfg.data), mesh, progress)
+    yield from _text_measurements(run, model, cfg, loaded.tokenizer, settings, splits_of(cfg.data), mesh)
+    return run
 
 
-def tasks_per_run(settings: Settings) -> int:
-    """Progress steps of one run: one per length, the analysis and each retrieval cell (an MQAR run takes them at once)."""
-    return len(settings.multipliers) + 1 + 2 * len(settings.multipliers) * len(settings.passkey_depths)
+def evaluate(checkpoint_at: str, switch: switches.Switch, settings: Settings, splits_of) -> results.RunResult:
+    """`measure`'s result, without a progress display."""
+    with tqdm(disable=True) as progress:
+        return _drive(measure(checkpoint_at, switch, settings, splits_of), progress)
 
 
-def _text_measurements(run: dict, model, cfg, tokenizer, settings: Settings, splits: data.Splits, mesh, progress) -> dict:
-    """Loss by length on the held-out span, attention analysis, passkey and training-format retrieval."""
+def _drive(measurements, progress) -> results.RunResult:
+    """Runs a `measure` generator to its result, showing each step on `progress` (a tqdm bar): a step counts as done
+    when the next one starts."""
+    started = 0
+    while True:
+        try:
+            doing = next(measurements)
+        except StopIteration as done:
+            progress.update(started)
+            return done.value
+        progress.update(started)
+        progress.set_postfix_str(doing)
+        started = 1
+
+
+def tasks_per_run(settings: Settings, is_mqar: bool) -> int:
+    """Steps `measure` yields for one run: one per length, the analysis and each retrieval cell (MQAR: one)."""
+    return 1 if is_mqar else len(settings.multipliers) + 1 + 2 * len(settings.multipliers) * len(settings.passkey_depths)
+
+
+def _text_measurements(run: results.RunResult, model, cfg, tokenizer, settings: Settings, splits: data.Splits, mesh):
+    """Loss by length on the held-out span, attention analysis, passkey and training-format retrieval, into `run`."""
     train_len = cfg.train.seq_len
-    run["lengths"] = []
-    run["span_tokens"] = min(span_tokens(settings, train_len), sum(len(s) for s in splits.val))
+    run.span_tokens = min(span_tokens(settings, train_len), sum(len(s) for s in splits.val))
     longest = None
     for m in sorted(settings.multipliers):  # the last one is the longest: per-position loss and analysis
-        windows_WL = _windows(splits, m * train_len, run["span_tokens"], m)
+        yield f"loss at length {m * train_len}"
+        windows_WL = _windows(splits, m * train_len, run.span_tokens, m)
         _check_context(m * train_len, settings.context)
-        progress.set_postfix_str(f"loss at length {m * train_len}")
         with sharding.use_mesh(mesh, sharding.DEFAULT_RULES):  # the sequence over 'context' when it is > 1
             losses_WT = loss.token_losses(model, windows_WL, eos_id=data.document_eos(cfg.data))
-        run["lengths"].append({"length": m * train_len, "multiplier": m, **loss.summarise(losses_WT, train_len, settings.seed)})
-        run["per_position"] = losses_WT.mean(0).tolist()
+        run.lengths.append(results.LengthLoss(m * train_len, m, **loss.summarise(losses_WT, train_len, settings.seed)))
+        run.per_position = losses_WT.mean(0).tolist()
         longest = windows_WL
-        progress.update(1)
-    progress.set_postfix_str("attention analysis")
+    yield "attention analysis"
     tokens_BT = jnp.asarray(longest[: settings.analysis_windows, :-1])
     entropy, max_weight, n_from = attention_stats.entropy_and_max(model, tokens_BT)
-    run["attention"] = {"entropy": entropy.tolist(), "max_weight": max_weight.tolist(), "n_from": n_from.tolist()}
-    progress.update(1)
-    lengths = [x["length"] for x in run["lengths"]]
-    run["passkey"], masses = _retrieval(
-        model, tokenizer, "passkey", passkey.build_prompt, lengths, settings, np.random.default_rng(settings.seed), progress
+    run.attention = results.AttentionStats(entropy.tolist(), max_weight.tolist(), n_from.tolist())
+    lengths = [x.length for x in run.lengths]
+    run.passkey, masses = yield from _retrieval(
+        model, tokenizer, "passkey", passkey.build_prompt, lengths, settings, np.random.default_rng(settings.seed)
     )
-    run["retrieval"], _ = _retrieval(
-        model, tokenizer, "retrieval", retrieval.build_prompt, lengths, settings, np.random.default_rng(settings.seed), progress
+    run.retrieval, _ = yield from _retrieval(
+        model, tokenizer, "retrieval", retrieval.build_prompt, lengths, settings, np.random.default_rng(settings.seed)
     )
-    run["needle_mass"] = []
-    if masses:
-        run["needle_mass"] = np.mean(masses, axis=0).tolist()
+    run.needle_mass = np.mean(masses, axis=0).tolist() if masses else []
     s = attention_stats.ssmax_s(model)
-    run["ssmax_s"] = None if s is None else s.tolist()
-    return run
+    run.ssmax_s = None if s is None else s.tolist()
 
 
 def _context_mesh(context: int) -> jax.sharding.Mesh:
@@ -261,16 +279,16 @@ def estimate(first_s: float, jobs: int) -> str:
     return f"first of {jobs} runs took {first_s:.0f} s: the whole evaluation will take about {total_min:.0f} min{hint}"
 
 
-def run_suite(workdirs: list[str], switch_texts: list[str], settings: Settings, out: str) -> list[dict]:
+def run_suite(workdirs: list[str], switch_texts: list[str], settings: Settings, out: str) -> list[results.RunResult]:
     """Evaluates each checkpoint as trained and under each applicable switch; writes the report to `out`."""
     parsed = [switches.parse(t) for t in switch_texts]
     configs = {w: _saved_config(w) for w in workdirs}
     jobs = [(w, s) for w in workdirs for s in [switches.NONE, *parsed] if switches.applicable(configs[w], s)]
     if not jobs:
         raise UserError("nothing to evaluate: no switch applies to these checkpoints")
-    per_job = tasks_per_run(settings)
+    is_mqar = {w: configs[w].data.source == "mqar" for w in workdirs}
     runs, splits_of = [], SplitCache()
-    mqar_runs = sum(configs[w].data.source == "mqar" for w, _ in jobs)
+    mqar_runs = sum(is_mqar[w] for w, _ in jobs)
     what = [f"{len(settings.passkey_depths)} passkey depth(s) x {settings.passkey_keys} key(s)"] * (mqar_runs < len(jobs))
     what += [f"MQAR: {settings.mqar_instances} instances per length"] * (mqar_runs > 0)
     print(
@@ -280,10 +298,10 @@ def run_suite(workdirs: list[str], switch_texts: list[str], settings: Settings, 
         file=sys.stderr,
     )
     start = time.perf_counter()
-    with tqdm(total=len(jobs) * per_job, desc="eval", unit="task") as progress:
+    with tqdm(total=sum(tasks_per_run(settings, is_mqar[w]) for w, _ in jobs), desc="eval", unit="task") as progress:
         for i, (workdir, switch) in enumerate(jobs):
             progress.set_description(f"{pathlib.Path(workdir).name} ({configs[workdir].model.variant_name}) [{switch.label}]")
-            runs.append(evaluate(workdir, switch, settings, splits_of, progress))
+            runs.append(_drive(measure(workdir, switch, settings, splits_of), progress))
             if i == 0 and len(jobs) > 1:
                 progress.write(estimate(time.perf_counter() - start, len(jobs)), file=sys.stderr)
     report.write(pathlib.Path(out), runs, {**dataclasses.asdict(settings), "switches": switch_texts, "workdirs": list(workdirs)})

@@ -23,7 +23,8 @@ def _p(model, cfg, value: str) -> None:
     """Re-weighting p on an LSSA or LSSAR checkpoint; `off` gives plain LSSA."""
     if cfg.model.attention not in REWEIGHTABLE:
         raise ValueError(f"switch p applies to lssa/lssar checkpoints, not {cfg.model.attention!r}")
-    model.set_attention("lssar", p=None if value == "off" else float(value))
+    kept = {k: v for k, v in dict(cfg.model.attention_options).items() if k != "p"}  # a frozen temperature stays
+    model.set_attention("lssar", **kept, p=None if value == "off" else float(value))
 
 
 def _rope_theta(model, cfg, value: str) -> None:

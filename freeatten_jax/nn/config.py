@@ -113,9 +113,12 @@ class ModelConfig:
 
     @property
     def variant_name(self) -> str:
-        """The variant as reports name it: `softmax_logn` for SSMax with s fixed at its initial value and no b."""
+        """The variant as reports name it: `softmax_logn` for SSMax with s fixed at its initial value and no b;
+        `lssa_fixed` / `lssar_fixed` for LSSA / LSSAR with the temperature frozen at one length."""
         if self.attention == "ssmax" and not self.ssmax_learn_s and not self.ssmax_bias:
             return "softmax_logn"
+        if dict(self.attention_options).get("temperature_length") is not None:
+            return f"{self.attention}_fixed"
         return self.attention
 
     @property

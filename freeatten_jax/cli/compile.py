@@ -17,8 +17,8 @@ import sys
 from absl import flags
 from ml_collections import config_flags
 
-from freeatten_jax import cli
 from freeatten_jax.attention import IMPLEMENTATIONS, VARIANTS
+from freeatten_jax.cli import shared as cli
 
 
 def main() -> None:

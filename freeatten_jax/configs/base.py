@@ -36,8 +36,19 @@ TRAINING = {
 }
 
 
-# Named controls: another variant with fixed settings (the softmax_logn control: SSMax with s frozen at 1/log T_train).
-CONTROLS = {"softmax_logn": ("ssmax", {"model.ssmax_learn_s": False})}
+def _frozen_temperature(cfg: ml_collections.ConfigDict) -> None:
+    """LSSA / LSSAR's temperature log(d) log(N_i) frozen at log(d) log(T_train) for every row (following
+    train.seq_len, as model.max_len does)."""
+    cfg.model.attention_options.temperature_length = cfg.train.get_ref("seq_len").to_float()
+
+
+# Named controls: another variant with fixed settings: the softmax_logn control (SSMax with s frozen at 1/log T_train)
+# and the frozen-temperature LSSA / LSSAR (docs/method.md §2).
+CONTROLS = {
+    "softmax_logn": ("ssmax", {"model.ssmax_learn_s": False}),
+    "lssa_fixed": ("lssa", _frozen_temperature),
+    "lssar_fixed": ("lssar", _frozen_temperature),
+}
 
 
 def get_config(variant: str = "softmax", size: str = "tiny", init: str = "") -> ml_collections.ConfigDict:
@@ -48,7 +59,10 @@ def get_config(variant: str = "softmax", size: str = "tiny", init: str = "") -> 
     cfg = config_defaults.build(presets.preset(size), defaults)
     cfg.model.attention = variant
     cfg.update_from_flattened_dict(TRAINING[size])
-    cfg.update_from_flattened_dict(settings)
+    if callable(settings):
+        settings(cfg)
+    else:
+        cfg.update_from_flattened_dict(settings)
     if init:
         from freeatten_jax.training import warm_start
 

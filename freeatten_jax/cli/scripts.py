@@ -29,20 +29,20 @@ def _run(module: str, extra: str) -> None:
 
 
 def train() -> None:
-    _run("freeatten_jax.training.cli", "train")
+    _run("freeatten_jax.cli.train", "train")
 
 
 def evaluate() -> None:
-    _run("freeatten_jax.evaluation.cli", "train,eval")
+    _run("freeatten_jax.cli.evaluate", "train,eval")
 
 
 def generate() -> None:
-    _run("freeatten_jax.training.generate_cli", "train")
+    _run("freeatten_jax.cli.generate", "train")
 
 
 def import_() -> None:
-    _run("freeatten_jax.training.import_cli", "train")
+    _run("freeatten_jax.cli.import_hf", "train")
 
 
 def compile_() -> None:
-    _run("freeatten_jax.compile.cli", "compile")
+    _run("freeatten_jax.cli.compile", "compile")

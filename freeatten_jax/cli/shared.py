@@ -12,7 +12,8 @@ from typing import NoReturn
 
 from absl import app, flags, logging
 
-from freeatten_jax import configs, usage
+from freeatten_jax import configs
+from freeatten_jax.cli import usage
 from freeatten_jax.errors import EXIT_ERROR, UserError
 
 # Raised while parsing the command line (bad flag values, config files that fail to load, unknown fields).

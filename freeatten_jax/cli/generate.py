@@ -10,7 +10,7 @@ import sys
 
 from absl import flags, logging
 
-from freeatten_jax import cli
+from freeatten_jax.cli import shared as cli
 
 SEPARATOR = "-" * 40
 

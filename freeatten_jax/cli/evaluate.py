@@ -12,8 +12,8 @@ import sys
 
 from absl import flags, logging
 
-from freeatten_jax import cli
 from freeatten_jax.attention import IMPLEMENTATIONS
+from freeatten_jax.cli import shared as cli
 from freeatten_jax.errors import UserError
 
 # Values each switch takes (besides switches.parse's syntax); a bad one is refused before any checkpoint is read.
@@ -77,6 +77,12 @@ def main() -> None:
     mqar_instances = flags.DEFINE_integer(
         "mqar_instances", 256, "MQAR runs: instances per length (each queries every pair; the same instances at every length)."
     )
+    placements = flags.DEFINE_list(
+        "mqar_placements",
+        "start,end",
+        "MQAR runs: where the training window's pairs sit at longer lengths: start (as in training, noise before the "
+        "queries) and/or end (noise first: the queries reach back as far as in training).",
+    )
     context = flags.DEFINE_integer(
         "context",
         1,
@@ -85,10 +91,15 @@ def main() -> None:
     )
 
     def evaluate(_):
+        from freeatten_jax.data.mqar import PLACEMENTS
         from freeatten_jax.evaluation import suite
 
         for text in switches.value:
             _check_switch(text)
+        if not placements.value or any(p not in PLACEMENTS for p in placements.value):
+            raise UserError(
+                f"--mqar_placements={','.join(placements.value)} is invalid; allowed: {', '.join(PLACEMENTS)} or both"
+            )
 
         settings = suite.Settings(
             multipliers=tuple(sorted(multipliers.value)),
@@ -101,6 +112,7 @@ def main() -> None:
             seed=seed.value,
             context=context.value,
             mqar_instances=mqar_instances.value,
+            mqar_placements=tuple(placements.value),
         )
         suite.run_suite(workdirs.value, switches.value, settings.quick() if quick.value else settings, out.value)
         for name in ("report.md", "mqar.md"):

@@ -15,7 +15,7 @@ import sys
 from absl import flags
 from ml_collections import config_flags
 
-from freeatten_jax import cli
+from freeatten_jax.cli import shared as cli
 from freeatten_jax.errors import UserError
 
 

@@ -1,0 +1,122 @@
+"""The suite's results, one schema: what `suite` measures, what `report`, `plots`, `paired` and `mqar_report` read,
+and what results.json holds (`write` and `read` round-trip it).
+
+A run's result is one checkpoint under one eval-time switch: text runs carry loss by length, retrieval cells and the
+attention analysis; MQAR runs carry accuracy by length.
+"""
+
+import dataclasses
+import json
+import pathlib
+
+
+@dataclasses.dataclass
+class LengthLoss:
+    """Loss at one evaluation length over the held-out span, with 95% bootstrap intervals over windows."""
+
+    length: int
+    multiplier: int
+    loss: float
+    loss_ci: tuple[float, float]
+    loss_last_train_len: float  # over the last training-length positions of each window
+    loss_last_train_len_ci: tuple[float, float]
+    per_window: list[float]  # for paired comparisons: every run scores the same windows
+    windows: int
+    tokens_scored: int
+
+
+@dataclasses.dataclass
+class RetrievalCell:
+    """Greedy retrieval at one (prompt length, needle depth): None and `reason` where it could not be scored."""
+
+    length: int
+    depth: float
+    accuracy: float | None = None
+    mean_key_loglik: float | None = None
+    mean_key_rank: float | None = None  # among the candidate keys, 1: the most likely
+    keys: int = 0
+    reason: str = ""
+
+
+@dataclasses.dataclass
+class AttentionStats:
+    """Entropy and max weight [layers, H, U] by bucket of visible keys N_i >= n_from[u], at the longest length."""
+
+    entropy: list
+    max_weight: list
+    n_from: list[int]
+
+
+@dataclasses.dataclass
+class MqarLength:
+    """MQAR per-query accuracy at one length and placement of the pairs (data.mqar.PLACEMENTS); per_instance for
+    paired statistics (the same pairs at every length), and every query's hit with what it asked [instance][slot]."""
+
+    length: int
+    multiplier: int
+    queries: int
+    accuracy: float
+    per_instance: list[float]
+    placement: str = "start"
+    first_time_accuracy: float | None = None  # over queries for a key no earlier query asked for
+    hits: list = dataclasses.field(default_factory=list)  # [B][P] 0/1
+    repeated: list = dataclasses.field(default_factory=list)  # [B][P] 0/1: an earlier query asked for the same key
+    distance: list = dataclasses.field(default_factory=list)  # [B][P] tokens from the query back to its pair
+
+
+@dataclasses.dataclass
+class RunResult:
+    name: str  # the checkpoint's folder name (WORKDIR@STEP's with @STEP)
+    workdir: str
+    step: int
+    variant: str  # as reports name it: a warm-started run's with its origin (`ssmax from softmax@450 +150`)
+    switch: str  # the eval-time switch's label, "none" for the checkpoint as trained
+    seed: int
+    train_len: int
+    rope_theta: float
+    lengths: list[LengthLoss] = dataclasses.field(default_factory=list)  # text runs from here on
+    span_tokens: int = 0
+    per_position: list[float] = dataclasses.field(default_factory=list)  # at the longest length, mean over windows
+    attention: AttentionStats | None = None
+    passkey: list[RetrievalCell] = dataclasses.field(default_factory=list)
+    retrieval: list[RetrievalCell] = dataclasses.field(default_factory=list)
+    needle_mass: list = dataclasses.field(default_factory=list)  # [layers, H], mean over the longest prompts
+    ssmax_s: list | None = None  # [layers, H] for SSMax runs
+    mqar: list[MqarLength] | None = None  # MQAR runs only
+
+    @property
+    def label(self) -> str:
+        """How a run is named in tables and legends: checkpoint name, variant and switch."""
+        return f"{self.name} ({self.variant})" + ("" if self.switch == "none" else f" [{self.switch}]")
+
+    @property
+    def group(self) -> tuple[str, str]:
+        """Runs of one (variant, switch), e.g. seeds, form one group of the summary tables and plots."""
+        return self.variant, self.switch
+
+    def at(self, multiplier: int) -> LengthLoss:
+        return next(x for x in self.lengths if x.multiplier == multiplier)
+
+
+def write(path: pathlib.Path, runs: list[RunResult], settings: dict) -> None:
+    path.write_text(json.dumps({"settings": settings, "runs": [dataclasses.asdict(r) for r in runs]}, indent=1))
+
+
+def read(path) -> tuple[list[RunResult], dict]:
+    """(runs, settings) of a results.json that `write` wrote."""
+    saved = json.loads(pathlib.Path(path).read_text())
+    return [from_dict(r) for r in saved["runs"]], saved["settings"]
+
+
+def from_dict(r: dict) -> RunResult:
+    tuples = lambda x: {k: tuple(v) if k.endswith("_ci") else v for k, v in x.items()}
+    return RunResult(
+        **{
+            **r,
+            "lengths": [LengthLoss(**tuples(x)) for x in r.get("lengths", [])],
+            "attention": AttentionStats(**r["attention"]) if r.get("attention") else None,
+            "passkey": [RetrievalCell(**c) for c in r.get("passkey", [])],
+            "retrieval": [RetrievalCell(**c) for c in r.get("retrieval", [])],
+            "mqar": None if r.get("mqar") is None else [MqarLength(**x) for x in r["mqar"]],
+        }
+    )
