@@ -867,6 +867,20 @@ MUTANTS = [
         ("tests/test_eval.py::test_suite_writes_every_output",),
     ),
     Mutant(
+        "eval --merge: results measured under other settings reported together",
+        "freeatten_jax/evaluation/results.py",
+        "            if theirs_is != ours_is:",
+        "            if False:",
+        ("tests/test_eval.py::test_merge_reports_earlier_results_beside_new_runs_measured_alike",),
+    ),
+    Mutant(
+        "eval --merge: a checkpoint both merged and measured again",
+        "freeatten_jax/evaluation/results.py",
+        "        if again := sorted(names & {r.name for r in [*runs, *theirs]}):",
+        "        if again := []:",
+        ("tests/test_eval.py::test_merge_reports_earlier_results_beside_new_runs_measured_alike",),
+    ),
+    Mutant(
         "mqar: the end placement leaves the pairs where training put them",
         "freeatten_jax/data/mqar.py",
         'return 0 if placement == "start" else length - instance.train_len',

@@ -8,7 +8,8 @@
 # (seeds, then windows, resampled), Landmark passkey and training-format retrieval at every length, LSSA + re-weighting
 # p=15, and the SSMax paper's protocol (RoPE base x50 at evaluation) for softmax and SSMax.
 # Rerunning resumes unfinished runs (from their last checkpoint) and skips finished ones; the evaluation is redone
-# at the end. STEPS, SEEDS, VARIANTS, FRACTION and EVAL_TOKENS may be overridden.
+# at the end. STEPS, SEEDS, VARIANTS, FRACTION and EVAL_TOKENS may be overridden; MERGE=results.json[.gz] of an earlier
+# evaluation with the same settings adds its runs to the report unmeasured (freeatten-eval --merge).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}
@@ -32,4 +33,4 @@ for seed in $SEEDS; do
   done
 done
 "$PY" eval.py "${workdirs[@]}" --switch=p=15 --switch=rope_theta=50x@softmax+ssmax \
-  --eval_tokens="$EVAL_TOKENS" --passkey_keys=3 --passkey_depths=0.1,0.5,0.9 --out="$OUT"
+  --eval_tokens="$EVAL_TOKENS" --passkey_keys=3 --passkey_depths=0.1,0.5,0.9 --out="$OUT" ${MERGE:+--merge="$MERGE"}

@@ -2,7 +2,9 @@
 
 import csv
 import dataclasses
+import gzip
 import os
+import re
 import subprocess
 import sys
 
@@ -91,6 +93,31 @@ def test_loss_at_1x_equals_training_validation_loss(trained, tmp_path):
     assert one_x.windows == 6 and one_x.tokens_scored == 6 * 32
     assert one_x.loss == pytest.approx(final["val_loss"], rel=1e-5)
     assert one_x.loss_ci[0] < one_x.loss < one_x.loss_ci[1]
+
+
+@pytest.mark.slow
+def test_merge_reports_earlier_results_beside_new_runs_measured_alike(trained, tmp_path):
+    settings = suite.Settings(multipliers=(1, 2), eval_tokens=2 * 65, passkey_depths=())
+    (lssa,) = suite.run_suite([trained["lssa"][0]], [], settings, str(tmp_path / "a"))
+    earlier = tmp_path / "a" / "results.json.gz"  # as docs/results/ ships it
+    earlier.write_bytes(gzip.compress((tmp_path / "a" / "results.json").read_bytes()))
+    (ssmax,) = suite.run_suite([trained["ssmax"][0]], [], settings, str(tmp_path / "b"), merge=(str(earlier),))
+    both, described = results.read(tmp_path / "b" / "results.json")
+    assert both == [lssa, ssmax] and described["workdirs"] == [trained["lssa"][0], trained["ssmax"][0]]
+    assert described["merged"] == [str(earlier)]
+    report = (tmp_path / "b" / "report.md").read_text()
+    assert f"| {lssa.label} | {lssa.workdir} |" in report and f"| {ssmax.label} | {ssmax.workdir} |" in report
+    refused = {  # before anything is measured: no output folder
+        "measured with multipliers=[1, 2], this evaluation with [1, 4]": ([trained["ssmax"][0]], (1, 4)),
+        f"holds {lssa.name}, which is measured here too": ([trained["lssa"][0]], (1, 2)),
+    }
+    for message, (workdirs, multipliers) in refused.items():
+        changed = dataclasses.replace(settings, multipliers=multipliers)
+        with pytest.raises(UserError, match=re.escape(f"--merge={earlier}: {message}")):
+            suite.run_suite(workdirs, [], changed, str(tmp_path / "c"), merge=(str(earlier),))
+        assert not (tmp_path / "c").exists()
+    with pytest.raises(UserError, match="not a results file that freeatten-eval wrote"):
+        suite.run_suite([trained["ssmax"][0]], [], settings, str(tmp_path / "c"), merge=(str(tmp_path / "b" / "report.md"),))
 
 
 @pytest.mark.slow

@@ -46,6 +46,12 @@ def main() -> None:
     )
     out = flags.DEFINE_string("out", None, "Directory for report.md, results.json, CSV files and plots.", required=True)
     switches = flags.DEFINE_multi_string("switch", [], "Eval-time switch, e.g. p=15, p=off, rope_theta=50x, s=0.3.")
+    merge = flags.DEFINE_multi_string(
+        "merge",
+        [],
+        "An earlier evaluation's results.json (or .json.gz) whose runs join the report unmeasured; it must have been "
+        "measured with the same lengths, span, passkey and MQAR settings (repeat for several).",
+    )
     multipliers = flags.DEFINE(
         cli.NumberList(int, lambda m: m >= 1, "integers >= 1 (lengths in training lengths), e.g. 1,2,4"),
         "multipliers",
@@ -114,7 +120,9 @@ def main() -> None:
             mqar_instances=mqar_instances.value,
             mqar_placements=tuple(placements.value),
         )
-        suite.run_suite(workdirs.value, switches.value, settings.quick() if quick.value else settings, out.value)
+        suite.run_suite(
+            workdirs.value, switches.value, settings.quick() if quick.value else settings, out.value, tuple(merge.value)
+        )
         for name in ("report.md", "mqar.md"):
             if (pathlib.Path(out.value) / name).exists():
                 print(f"report: {out.value}/{name}")

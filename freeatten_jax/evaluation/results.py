@@ -6,8 +6,24 @@ attention analysis; MQAR runs carry accuracy by length.
 """
 
 import dataclasses
+import gzip
 import json
 import pathlib
+
+from freeatten_jax.errors import UserError
+
+# Settings that shape what a text run measures, and those an MQAR run's: results measured under others do not compare.
+TEXT_SETTINGS = (
+    "multipliers",
+    "eval_tokens",
+    "span_windows",
+    "passkey_depths",
+    "passkey_keys",
+    "passkey_candidates",
+    "analysis_windows",
+    "seed",
+)
+MQAR_SETTINGS = ("multipliers", "mqar_instances", "mqar_placements")
 
 
 @dataclasses.dataclass
@@ -103,9 +119,43 @@ def write(path: pathlib.Path, runs: list[RunResult], settings: dict) -> None:
 
 
 def read(path) -> tuple[list[RunResult], dict]:
-    """(runs, settings) of a results.json that `write` wrote."""
-    saved = json.loads(pathlib.Path(path).read_text())
+    """(runs, settings) of a results.json that `write` wrote, or of it gzipped (results.json.gz)."""
+    path = pathlib.Path(path)
+    saved = json.loads(gzip.decompress(path.read_bytes()) if path.suffix == ".gz" else path.read_text())
     return [from_dict(r) for r in saved["runs"]], saved["settings"]
+
+
+def earlier(paths: list[str], settings: dict, names: set[str], mqar: bool) -> tuple[list[RunResult], dict]:
+    """The runs of earlier results files, to report beside new ones without measuring them again, and the settings
+    that then describe the report (`settings`: the new runs'). Called before anything is measured: refuses a file
+    measured under other settings, or holding a checkpoint named in `names` (measured again)."""
+    runs, workdirs, switches = [], [], []
+    for path in paths:
+        try:
+            theirs, their = read(path)
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            raise UserError(f"--merge={path}: not a results file that freeatten-eval wrote ({e})") from None
+        keys = TEXT_SETTINGS + MQAR_SETTINGS if mqar or any(r.mqar is not None for r in theirs) else TEXT_SETTINGS
+        for key in keys:
+            theirs_is, ours_is = json.dumps(their.get(key)), json.dumps(settings[key])
+            if theirs_is != ours_is:
+                raise UserError(
+                    f"--merge={path}: measured with {key}={theirs_is}, this evaluation with {ours_is}; "
+                    "only results measured alike are reported together"
+                )
+        if again := sorted(names & {r.name for r in [*runs, *theirs]}):
+            raise UserError(f"--merge={path}: holds {again[0]}, which is measured here too; leave out one")
+        names = names | {r.name for r in theirs}
+        runs += theirs
+        workdirs += their["workdirs"]
+        switches += their["switches"]
+    described = {
+        **settings,
+        "workdirs": [*workdirs, *settings["workdirs"]],
+        "switches": list(dict.fromkeys([*switches, *settings["switches"]])),
+        "merged": [*map(str, paths)],
+    }
+    return runs, described
 
 
 def from_dict(r: dict) -> RunResult:

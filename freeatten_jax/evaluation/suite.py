@@ -279,14 +279,19 @@ def estimate(first_s: float, jobs: int) -> str:
     return f"first of {jobs} runs took {first_s:.0f} s: the whole evaluation will take about {total_min:.0f} min{hint}"
 
 
-def run_suite(workdirs: list[str], switch_texts: list[str], settings: Settings, out: str) -> list[results.RunResult]:
-    """Evaluates each checkpoint as trained and under each applicable switch; writes the report to `out`."""
+def run_suite(
+    workdirs: list[str], switch_texts: list[str], settings: Settings, out: str, merge: tuple[str, ...] = ()
+) -> list[results.RunResult]:
+    """Evaluates each checkpoint as trained and under each applicable switch; writes the report of these runs and of
+    those in the results files `merge` to `out`. Returns the runs measured here."""
     parsed = [switches.parse(t) for t in switch_texts]
     configs = {w: _saved_config(w) for w in workdirs}
     jobs = [(w, s) for w in workdirs for s in [switches.NONE, *parsed] if switches.applicable(configs[w], s)]
     if not jobs:
         raise UserError("nothing to evaluate: no switch applies to these checkpoints")
     is_mqar = {w: configs[w].data.source == "mqar" for w in workdirs}
+    described = {**dataclasses.asdict(settings), "switches": switch_texts, "workdirs": list(workdirs)}
+    earlier, described = results.earlier(list(merge), described, {pathlib.Path(w).name for w in workdirs}, any(is_mqar.values()))
     runs, splits_of = [], SplitCache()
     mqar_runs = sum(is_mqar[w] for w, _ in jobs)
     what = [f"{len(settings.passkey_depths)} passkey depth(s) x {settings.passkey_keys} key(s)"] * (mqar_runs < len(jobs))
@@ -304,5 +309,5 @@ def run_suite(workdirs: list[str], switch_texts: list[str], settings: Settings, 
             runs.append(_drive(measure(workdir, switch, settings, splits_of), progress))
             if i == 0 and len(jobs) > 1:
                 progress.write(estimate(time.perf_counter() - start, len(jobs)), file=sys.stderr)
-    report.write(pathlib.Path(out), runs, {**dataclasses.asdict(settings), "switches": switch_texts, "workdirs": list(workdirs)})
+    report.write(pathlib.Path(out), [*earlier, *runs], described)
     return runs
