@@ -406,19 +406,35 @@ def test_load_run_is_the_public_way_to_use_a_trained_model(trained, caplog):
         freeatten_jax.load_run(workdir, step=5)
 
 
-def _summary_run(variant, switch, losses, hits):
-    """A run with loss (and its interval) per multiplier 1, 2 and one retrieval cell of two keys per length."""
+def _summary_run(variant, switch, losses, hits, entropy=1.0, s=None):
+    """A run with loss (and its interval) per multiplier 1, 2, one retrieval cell of two keys per length, an entropy for
+    rows seeing >= 1 and >= 8 keys, and optionally a learned s (1 layer, 2 heads)."""
     lengths = [results.LengthLoss(8 * m, m, x, (x - 0.1, x + 0.1), x, (x, x), [x], 1, 8 * m) for m, x in zip((1, 2), losses)]
     cells = [results.RetrievalCell(8 * m, 0.5, h / 2, None, 1.0 + h, 2) for m, h in zip((1, 2), hits)]
-    return results.RunResult(variant, "", 0, variant, switch, 0, 8, 10_000.0, lengths=lengths, passkey=cells, retrieval=cells)
+    attention = results.AttentionStats([[[0.0, entropy], [0.0, entropy + 1]]], [], [1, 8])  # [layers, H, N bins]
+    return results.RunResult(
+        variant,
+        "",
+        0,
+        variant,
+        switch,
+        0,
+        8,
+        10_000.0,
+        lengths=lengths,
+        passkey=cells,
+        retrieval=cells,
+        attention=attention,
+        ssmax_s=s,
+    )
 
 
 def test_summary_pools_seeds_per_variant_and_switch():
     from freeatten_jax.evaluation import report
 
     runs = [
-        _summary_run("softmax", "none", (1.0, 2.0), (2, 0)),
-        _summary_run("softmax", "none", (2.0, 4.0), (1, 1)),
+        _summary_run("softmax", "none", (1.0, 2.0), (2, 0), entropy=1.0, s=[[0.2, 0.4]]),
+        _summary_run("softmax", "none", (2.0, 4.0), (1, 1), entropy=2.0, s=[[0.4, 0.6]]),
         _summary_run("softmax", "rope_theta=50x", (1.5, 1.5), (0, 0)),
     ]
     text = report.grouped_tables(runs, (1, 2), candidates=5)
@@ -427,3 +443,6 @@ def test_summary_pools_seeds_per_variant_and_switch():
     assert "| softmax [rope_theta=50x] | 1.500 [1.400, 1.600] | 1.500 [1.400, 1.600] |" in text
     assert "| softmax (2 runs) | retrieval | 3/4 | 1/4 | 2.000 |" in text
     assert "| softmax [rope_theta=50x] | passkey | 0/2 | 0/2 | 1.000 |" in text
+    entropy = "| variant | N>=1 | N>=8 |\n|---|---|---|\n| softmax (2 runs) | 0.000 | 2.000 |\n"
+    assert entropy + "| softmax [rope_theta=50x] | 0.000 | 1.500 |" in text  # mean over runs, layers and heads
+    assert text.endswith("| variant | layer 0 |\n|---|---|\n| softmax (2 runs) | 0.400 |")  # runs that learn s only

@@ -82,7 +82,8 @@ def _pooled_rank(rs: list[RunResult], task: str) -> str:
 
 
 def grouped_tables(runs: list[RunResult], multipliers, candidates: int) -> str:
-    """Runs of one variant under one switch (e.g. seeds) as one row: loss and retrieval by length."""
+    """Runs of one variant under one switch (e.g. seeds) as one row: loss and retrieval by length, attention entropy by
+    visible keys and the learned SSMax s."""
     groups = plots.groups(runs)
     names = {key: plots.group_name(*key, len(rs)) for key, rs in groups.items()}
     lengths = [m * runs[0].train_len for m in multipliers] if runs else []
@@ -98,6 +99,16 @@ def grouped_tables(runs: list[RunResult], multipliers, candidates: int) -> str:
             for task in ("passkey", "retrieval")
         ],
     )
+    n_from = runs[0].attention.n_from if runs else []
+    entropy = _md_table(
+        ["variant", *[f"N>={n}" for n in n_from]],
+        [[names[g], *[_fmt(float(np.mean(column))) for column in zip(*map(_entropy_by_n, rs))]] for g, rs in groups.items()],
+    )
+    s_by_layer = {g: np.mean([r.ssmax_s for r in rs], axis=(0, 2)) for g, rs in groups.items() if rs[0].ssmax_s is not None}
+    learned_s = _md_table(
+        ["variant", *[f"layer {i}" for i in range(len(next(iter(s_by_layer.values()), [])))]],
+        [[names[g], *map(_fmt, s_L)] for g, s_L in s_by_layer.items()],
+    )
     return (
         "Loss over all positions: mean over runs [lowest low, highest high of the runs' 95% intervals]\n\n"
         + loss("loss")
@@ -106,7 +117,16 @@ def grouped_tables(runs: list[RunResult], multipliers, candidates: int) -> str:
         + "\n\nRetrieval: prompts retrieved (greedy) / prompts scored by length, pooled over runs, depths and keys; "
         + "the key's rank is of its likelihood among the candidate keys (1: the most likely), not of what is generated\n\n"
         + retrieval
+        + "\n\nAttention entropy (nats) by visible keys N_i at the longest length: mean over runs, layers and heads\n\n"
+        + entropy
+        + ("\n\nLearned SSMax s, mean over runs and heads, per layer\n\n" + learned_s if s_by_layer else "")
     )
+
+
+def _entropy_by_n(r: RunResult) -> list[float]:
+    """A run's attention entropy for rows that see at least each `n_from` keys, mean over layers and heads."""
+    entropy_LHU = np.asarray(r.attention.entropy)
+    return [float(np.mean(entropy_LHU[:, :, u])) for u in range(entropy_LHU.shape[2])]
 
 
 def write_csvs(out: pathlib.Path, runs: list[RunResult]) -> None:
@@ -222,10 +242,7 @@ def markdown(runs: list[RunResult], settings: dict, figures: dict[str, str]) -> 
     windows = ", ".join(f"{x.length}: {x.windows} windows, {x.tokens_scored} tokens" for x in runs[0].lengths) if runs else ""
     spans = ", ".join(sorted({f"{r.span_tokens}" for r in runs}))
     n_from = runs[0].attention.n_from if runs else []
-    entropy = _md_table(
-        ["run", *[f"N>={n}" for n in n_from]],
-        [[r.label, *[_fmt(float(np.mean(np.asarray(r.attention.entropy)[:, :, u]))) for u in range(len(n_from))]] for r in runs],
-    )
+    entropy = _md_table(["run", *[f"N>={n}" for n in n_from]], [[r.label, *map(_fmt, _entropy_by_n(r))] for r in runs])
     parts = [
         "# Length-extrapolation report",
         *comparability_warnings(runs),
