@@ -881,6 +881,13 @@ MUTANTS = [
         ("tests/test_eval.py::test_merge_reports_earlier_results_beside_new_runs_measured_alike",),
     ),
     Mutant(
+        "mqar report: the cost of distance taken as end minus start",
+        "freeatten_jax/evaluation/mqar_report.py",
+        'stats.seed_level([(1, per_instance(rs, multiplier, "start")), (-1, per_instance(rs, multiplier, "end"))])',
+        'stats.seed_level([(-1, per_instance(rs, multiplier, "start")), (1, per_instance(rs, multiplier, "end"))])',
+        ("tests/test_mqar_training.py::test_the_report_gives_placement_start_minus_end_per_variant_over_seeds",),
+    ),
+    Mutant(
         "mqar: the end placement leaves the pairs where training put them",
         "freeatten_jax/data/mqar.py",
         'return 0 if placement == "start" else length - instance.train_len',

@@ -2,6 +2,7 @@
 by length into mqar.csv / mqar.md; the softmax_logn control keeps its temperature fixed."""
 
 import csv
+import dataclasses
 import gzip
 
 import jax
@@ -172,3 +173,23 @@ def test_the_report_pairs_each_variant_with_softmax_by_seed_and_instance():
     first = text.split("accuracy on first-time queries")[1].split("\n## ")[0]
     softmax_1x = stats.mean_with_interval([[np.mean([q < round(4 * a) for q in (0, 2)]) for a in b[0]] for b in base])
     assert f"| softmax (3 runs) | {softmax_1x['mean']:.3f} [{softmax_1x['ci'][0]:.3f}, {softmax_1x['ci'][1]:.3f}]" in first
+
+
+def test_the_report_gives_placement_start_minus_end_per_variant_over_seeds():
+    rng = np.random.default_rng(1)
+    start_RMW = [rng.integers(0, 5, size=(2, 50)) / 4 for _ in range(3)]
+    end_RMW = [np.clip(x + [[0.0], [0.25]], 0, 1) for x in start_RMW]  # at 4x the end placement retrieves more
+    runs = []
+    for seed, (start, end) in enumerate(zip(start_RMW, end_RMW)):
+        run = _run("lssa", seed, start)
+        run.mqar += [dataclasses.replace(x, placement="end") for x in _run("lssa", seed, end).mqar]
+        runs.append(run)
+    section = mqar_report.markdown(runs).split("placement start minus at end")[1]
+    (row,) = [line for line in section.splitlines() if line.startswith("| lssa")]
+    one_x, four_x = row.strip("| ").split(" | ")[1:3]
+    assert one_x == "+0.000 [+0.000, +0.000] (+0.00 +0.00 +0.00)"
+    per_seed = [np.mean(s[1] - e[1]) for s, e in zip(start_RMW, end_RMW)]
+    mean, half = np.mean(per_seed), 4.302653 * np.std(per_seed, ddof=1) / np.sqrt(3)
+    assert (
+        mean < 0 and four_x == f"{mean:+.3f} [{mean - half:+.3f}, {mean + half:+.3f}] ({' '.join(f'{d:+.2f}' for d in per_seed)})"
+    )

@@ -1,7 +1,8 @@
 """The MQAR part of the suite's report: mqar.csv (one row per run, placement and length), mqar_queries.csv.gz (one
 row per query), and per placement: accuracy by length per variant (all queries, and first-time queries), then the
 differences against softmax paired by seed, with two intervals: the hierarchical bootstrap (evaluation.stats: seeds,
-then instances, resampled) and a Student t interval over the per-seed differences.
+then instances, resampled) and a Student t interval over the per-seed differences; last, placement start minus end
+per variant (the cost of distance, N_i held equal).
 
 Glossary: R runs (seeds) of a group, W instances (the same pairs at every length), P queries per instance.
 """
@@ -111,4 +112,16 @@ def markdown(runs: list[RunResult]) -> str:
                 "(each seed's difference)); a variant is ahead only where this interval excludes 0",
                 table([(names[g], [seed for _, seed in row]) for g, row in cells.items()]),
             ]
+    if {"start", "end"} <= set(placements):
+        parts += [
+            "## MQAR: accuracy at placement start minus at end, run by run (what reaching further back costs at the same "
+            "N_i; mean [95% t interval over seeds] (each seed's difference))",
+            table([(names[g], [_distance_cost(rs, m) for m in multipliers]) for g, rs in grouped.items()]),
+        ]
     return "\n\n".join(parts)
+
+
+def _distance_cost(rs: list[RunResult], multiplier: int) -> str:
+    """Placement start minus end over the same instances, per seed, with a t interval over the seeds."""
+    seed_level = stats.seed_level([(1, per_instance(rs, multiplier, "start")), (-1, per_instance(rs, multiplier, "end"))])
+    return f"{_cell(seed_level, 'difference')} ({' '.join(f'{d:+.2f}' for d in seed_level['per_seed'])})"
