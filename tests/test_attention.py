@@ -90,6 +90,10 @@ def test_a_frozen_temperature_uses_log_d_log_l_on_every_row(variant):
         np.asarray(frozen).transpose(0, 2, 1, 3)[same_BT], adaptive.transpose(0, 2, 1, 3)[same_BT], rtol=1e-5
     )
     assert np.abs(np.asarray(frozen) - adaptive).max() > 1e-3
+    traced = jax.jit(lambda length: attention.attention_weights(q, k, v, variant=variant, temperature_length=length, **kwargs))
+    np.testing.assert_allclose(
+        traced(4.0), frozen, rtol=1e-5, atol=1e-9
+    )  # options jitted as arguments (the eval's attention analysis)
     with pytest.raises(ValueError, match=r"temperature_length must be > 1 \(a sequence length\), got 1"):
         attention.attend(q, k, v, variant=variant, temperature_length=1)
 

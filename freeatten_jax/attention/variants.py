@@ -126,9 +126,9 @@ def _scales_ssmax(q_BTHD, k_BSKD, n_BHT, opts):
 def _scales_lssa(q_BTHD, k_BSKD, n_BHT, opts):
     """Unit-norm q and k (no 1/sqrt(d)), the temperature log(d) log(N_i) on the query side; with
     `temperature_length` L, log(d) log(L) for every row (the control that freezes the temperature where training
-    left it)."""
+    left it; L may be traced, as options are when a caller jits them)."""
     length = opts.get("temperature_length")
-    log_n_BTH1 = _log_count_BTH1(n_BHT) if length is None else jnp.full((1, 1, 1, 1), math.log(length), jnp.float32)
+    log_n_BTH1 = _log_count_BTH1(n_BHT) if length is None else jnp.log(jnp.full((1, 1, 1, 1), length, jnp.float32))
     temperature_BTH1 = math.log(q_BTHD.shape[-1]) * log_n_BTH1
     return inverse_norm(q_BTHD) * temperature_BTH1, inverse_norm(k_BSKD)
 
