@@ -888,6 +888,13 @@ MUTANTS = [
         ("tests/test_mqar_training.py::test_the_report_gives_placement_start_minus_end_per_variant_over_seeds",),
     ),
     Mutant(
+        "check_figures: a figure in no source passes",
+        "scripts/check_figures.py",
+        "        return any(_rounded(v, decimals) == figure for v in self.values)",
+        "        return True",
+        ("tests/test_figures.py::test_a_figure_that_is_not_in_its_sources_is_named",),
+    ),
+    Mutant(
         "mqar: the end placement leaves the pairs where training put them",
         "freeatten_jax/data/mqar.py",
         'return 0 if placement == "start" else length - instance.train_len',
