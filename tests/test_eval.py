@@ -105,6 +105,10 @@ def test_merge_reports_earlier_results_beside_new_runs_measured_alike(trained, t
     both, described = results.read(tmp_path / "b" / "results.json")
     assert both == [lssa, ssmax] and described["workdirs"] == [trained["lssa"][0], trained["ssmax"][0]]
     assert described["merged"] == [str(earlier)]
+    other = tmp_path / "other.json"  # a second earlier file: its runs join too
+    results.write(other, [dataclasses.replace(lssa, name="other")], {**described, "workdirs": ["other"]})
+    suite.run_suite([trained["ssmax"][0]], [], settings, str(tmp_path / "d"), merge=(str(earlier), str(other)))
+    assert [r.name for r in results.read(tmp_path / "d" / "results.json")[0]] == [lssa.name, "other", ssmax.name]
     report = (tmp_path / "b" / "report.md").read_text()
     assert f"| {lssa.label} | {lssa.workdir} |" in report and f"| {ssmax.label} | {ssmax.workdir} |" in report
     refused = {  # before anything is measured: no output folder

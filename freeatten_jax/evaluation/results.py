@@ -143,7 +143,7 @@ def earlier(paths: list[str], settings: dict, names: set[str], mqar: bool) -> tu
                     f"--merge={path}: measured with {key}={theirs_is}, this evaluation with {ours_is}; "
                     "only results measured alike are reported together"
                 )
-        if again := sorted(names & {r.name for r in [*runs, *theirs]}):
+        if again := sorted(names & {r.name for r in theirs}):
             raise UserError(f"--merge={path}: holds {again[0]}, which is measured here too; leave out one")
         names = names | {r.name for r in theirs}
         runs += theirs
