@@ -1,6 +1,8 @@
-"""Per-score instruction budget of the Pallas GPU kernels, compiled for H100 (sm_90a) without a GPU.
+"""Per-score instruction budget of the Pallas kernels, compiled for H100 (sm_90a) or a TPU without the chip.
 
-    python benchmarks/kernel_budget.py [--variants softmax,lssa,lssar,sigmoid] [--seq_len 8192]
+    python benchmarks/kernel_budget.py [--target h100|v5e|v5p|v6e] [--variants softmax,lssa,lssar,sigmoid] [--seq_len 8192]
+
+TPU targets: the VLIW bundles of each kernel's grid step (benchmarks/tpu_bundles.py). H100:
 
 Compiles attend's forward+backward (implementation="pallas", bf16, B=1, H=2, D=128, causal) for an
 H100 target through the CUDA PJRT plugin (`pip install '.[compile]'`), with XLA's dump on, so each
@@ -22,6 +24,8 @@ import shutil
 import subprocess
 import sys
 import tempfile
+
+import tpu_bundles
 
 RATES = {"tensor": 4096, "mufu": 16, "fp32": 128, "alu": 64, "issue": 128}  # per SM per clock (H100 SXM)
 MODEL_FLOP = {"fwd": 4, "bwd": 10}  # tensor FLOP per score, in units of D
@@ -198,14 +202,8 @@ def clocks(per_score, flop) -> float:
     )
 
 
-def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--variants", default="softmax,lssa,lssar,sigmoid")
-    parser.add_argument("--seq_len", type=int, default=8192)
-    args = parser.parse_args(argv)
-    dump = tempfile.mkdtemp(prefix="kernel_budget_")
-    os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} --xla_dump_to={dump} --xla_dump_hlo_as_text"
-    os.environ.setdefault("JAX_PLATFORMS", "cpu")  # the CUDA plugin compiles through its topology; no GPU is opened
+def gpu_table(args, dump: str) -> None:
+    """The H100 table: per kernel and sweep part, per-score counts by class and the bound."""
     from freeatten_jax.attention import pallas
 
     block_q, block_k = pallas.LOWERINGS["cuda"].blocks()
@@ -240,6 +238,47 @@ def main(argv=None) -> None:
         for part, kinds in times.items():
             backward = MODEL_FLOP["bwd"] * d / RATES["tensor"] / (kinds["dq"] + kinds["dkv"])
             print(f"| {variant} backward {part} (dq + dkv at 10·D per score) | | | | | | | | {backward:.2f} |", flush=True)
+
+
+def tpu_table(args, dump: str) -> None:
+    """The TPU table: per kernel, the interior grid step's bundles (and the masked one's), MXU pushes, EUP ops
+    per score and the bound (tpu_bundles)."""
+    import jax
+
+    from freeatten_jax.attention import pallas_tpu
+    from freeatten_jax.compile import compile_attention, targets
+
+    topology, d = tpu_bundles.TOPOLOGY[args.target], 128
+    with jax.set_mesh(jax.sharding.Mesh(targets.devices(topology)[:1], ("device",))):
+        block_q, block_k = pallas_tpu.tuning().blocks
+    print(
+        f"TPU {args.target}, T={args.seq_len}, D={d}, bf16, causal, blocks {block_q}x{block_k}; per grid step of the "
+        f"interior (mask-free) path, passes summed; bound = model MACs / {tpu_bundles.MACS_PER_CYCLE[args.target]:,} "
+        "per cycle / bundles (one bundle a cycle)"
+    )
+    print("| kernel | interior bundles | masked bundles | vmatmul per MXU | EUP ops (pow2 / log2 / rcp; one a vreg) | bound |")
+    print("|---|---|---|---|---|---|")
+    for variant in args.variants.split(","):
+        compile_attention(topology, variant=variant, seq_len=args.seq_len, heads=1)
+        for row in tpu_bundles.table_rows(variant, args.target, dump, block_q, block_k, d):
+            print(row, flush=True)
+        for path in glob.glob(os.path.join(dump, "*")):  # ~500 MB a compile
+            os.remove(path)
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--target", default="h100", choices=["h100", *tpu_bundles.TOPOLOGY])
+    parser.add_argument("--variants", default="softmax,lssa,lssar,sigmoid")
+    parser.add_argument("--seq_len", type=int, default=8192)
+    args = parser.parse_args(argv)
+    dump = tempfile.mkdtemp(prefix="kernel_budget_")
+    if args.target == "h100":
+        os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} --xla_dump_to={dump} --xla_dump_hlo_as_text"
+    else:  # read once, when libtpu loads
+        os.environ["LIBTPU_INIT_ARGS"] = f"{os.environ.get('LIBTPU_INIT_ARGS', '')} {tpu_bundles.dump_flags(dump)}"
+    os.environ.setdefault("JAX_PLATFORMS", "cpu")  # the CUDA plugin compiles through its topology; no GPU is opened
+    (gpu_table if args.target == "h100" else tpu_table)(args, dump)
     shutil.rmtree(dump)
 
 

@@ -144,7 +144,7 @@ MUTANTS = [
     ),
     # --- attention/rules.py: the row rules every implementation runs (issue 20 item 4); each must fail each one's tests
     *every_implementation(
-        "rules: online softmax does not rescale the accumulator", "acc * scale + ctx.pv(w, v)", "acc + ctx.pv(w, v)", "softmax"
+        "rules: online softmax does not rescale the accumulator", "ctx.pv(w, v, acc * scale)", "ctx.pv(w, v, acc)", "softmax"
     ),
     *every_implementation(
         "rules: LSSAR's integer power one too high",
@@ -935,5 +935,26 @@ MUTANTS = [
         'model.set_attention("lssar", **kept, p=None if value == "off" else float(value))',
         'model.set_attention("lssar", p=None if value == "off" else float(value))',
         ("tests/test_eval.py::test_the_p_switch_keeps_a_frozen_temperature",),
+    ),
+    Mutant(
+        "gpu kernels: the weighted sum added outside the matmul's accumulator",
+        "freeatten_jax/attention/pallas_kernels.py",
+        "acc = dot((w - hi.astype(jnp.float32)).astype(x.dtype), x, NN) + acc\n    return dot(hi, x, NN) + acc",
+        "return acc + (dot(hi, x, NN) + dot((w - hi.astype(jnp.float32)).astype(x.dtype), x, NN))\n    return dot(hi, x, NN) + acc",
+        ("tests/test_kernel_budget.py::test_gpu_budget_keeps_the_lssa_kernels_fused",),
+    ),
+    Mutant(
+        "gpu kernels: exp2 in Triton's subnormal-safe form",
+        "freeatten_jax/attention/pallas_kernels.py",
+        "rcp=rcp_ptx, exp2=ex2_ptx)",
+        "rcp=rcp_ptx)",
+        ("tests/test_kernel_budget.py::test_gpu_budget_keeps_the_lssa_kernels_fused",),
+    ),
+    Mutant(
+        "tpu bundles: masked and interior regions swapped",
+        "benchmarks/tpu_bundles.py",
+        "for m, i in zip(found[0::2], found[1::2]):",
+        "for i, m in zip(found[0::2], found[1::2]):",
+        ("tests/test_kernel_budget.py::test_tpu_bundle_table_counts_the_interior_step_of_each_kernel",),
     ),
 ]

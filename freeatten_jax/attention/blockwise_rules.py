@@ -31,8 +31,8 @@ class Config(NamedTuple):
         return rules.Ctx(n=n, p=self.p, static_power=self.static_power, weight=self.weight, pv=pv)
 
 
-def pv(w_BKGQC, v_BKCD):
-    return jnp.einsum("BKGQC,BKCD->BKGQD", w_BKGQC, v_BKCD, precision=_HIGHEST)
+def pv(w_BKGQC, v_BKCD, acc_BKGQD):
+    return acc_BKGQD + jnp.einsum("BKGQC,BKCD->BKGQD", w_BKGQC, v_BKCD, precision=_HIGHEST)
 
 
 class Rule(NamedTuple):

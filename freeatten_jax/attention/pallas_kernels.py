@@ -40,14 +40,15 @@ def scaled_scores(a, b, a_scale, b_scale):
     return s if b_scale is None else s * b_scale
 
 
-def weighted_dot(split: bool, w, x, dims=NN):
-    """w (float32: weights or ds) @ x on the tensor cores, accumulated in float32. With `split` (and x not
+def weighted_dot(split: bool, w, x, acc):
+    """acc + w @ x (w float32: weights or ds) on the tensor cores, accumulated in float32. With `split` (and x not
     float32), w runs as two halves in x's dtype, w = hi + lo: the result is as exact as with float32 w (error
-    ~2^-17 of w instead of bfloat16's 2^-9) for one more matmul."""
+    ~2^-17 of w instead of bfloat16's 2^-9) for one more matmul. Each matmul's sum is `dot + acc`, the form
+    Triton folds into the matmul's own accumulator (acc + (hi + lo) cost two float32 adds per element)."""
     hi = w.astype(x.dtype)
-    if not split or x.dtype == jnp.float32:
-        return dot(hi, x, dims)
-    return dot(hi, x, dims) + dot((w - hi.astype(jnp.float32)).astype(x.dtype), x, dims)
+    if split and x.dtype != jnp.float32:
+        acc = dot((w - hi.astype(jnp.float32)).astype(x.dtype), x, NN) + acc
+    return dot(hi, x, NN) + acc
 
 
 # ----------------------------------------------------------------------------- masks inside a kernel
@@ -141,6 +142,12 @@ def fma_ptx(a, b, c):
     return _ptx("fma.rn.f32 $0, $1, $2, $3;", a, b, c)
 
 
+def ex2_ptx(x):
+    """2^x by the hardware's exp2 with results below 2^-126 flushed to 0 (PTX ex2.approx.ftz.f32): Triton's exp2 is
+    the non-flushing form, which ptxas wraps in a range test and two multiplies per element."""
+    return _ptx("ex2.approx.ftz.f32 $0, $1;", x)
+
+
 def rcp_ptx(x):
     """1 / x by the hardware's reciprocal (PTX rcp.approx.ftz.f32, within 1 ulp) instead of an IEEE division."""
     return _ptx("rcp.approx.ftz.f32 $0, $1;", x)
@@ -148,7 +155,8 @@ def rcp_ptx(x):
 
 def kernel_ctx(cfg: Static, n, p):
     pv = functools.partial(weighted_dot, cfg.split)
-    fast: dict[str, Callable] = dict(log2_1p=functools.partial(log2_1p, fma=fma_ptx), rcp=rcp_ptx) if cfg.ptx else {}
+    ptx: dict[str, Callable] = dict(log2_1p=functools.partial(log2_1p, fma=fma_ptx), rcp=rcp_ptx, exp2=ex2_ptx)
+    fast: dict[str, Callable] = ptx if cfg.ptx else {}
     fast |= dict(log2_1p=log2_1p_eup) if cfg.eup_log else {}
     return Ctx(n=n, p=p, static_power=cfg.static_power, weight=cfg.weight, pv=pv, **fast)
 
@@ -271,7 +279,7 @@ def dq_kernel(
         _, ds = family.grad(*args)
         if cfg.p_grad and family.power_grad is not None:
             dpow = dpow + jnp.sum(family.power_grad(*args), axis=-1, keepdims=True)
-        return dq + weighted_dot(cfg.split, ds if ks is None else ds * ks, k), dpow
+        return weighted_dot(cfg.split, ds if ks is None else ds * ks, k, dq), dpow
 
     carry = (jnp.zeros(q.shape, jnp.float32), jnp.zeros((cfg.block_q, 1), jnp.float32))
     full = (full_ref[0, b, i], full_ref[1, b, i])
@@ -316,7 +324,7 @@ def dkv_kernel(
         vis_t = visible(cfg, qrow_ref[0, i], qrow_ref[1, i], *k_col) if masked else None
         s_t = scaled_scores(k, q, ks, qs)
         w_t, ds_t = family.grad(s_t, vis_t, kernel_ctx(cfg, n_ref[i], p_ref[0]), rows, dot(v, dout, NT))
-        return dk + weighted_dot(cfg.split, ds_t * qs, q), dv + weighted_dot(cfg.split, w_t, dout)
+        return weighted_dot(cfg.split, ds_t * qs, q, dk), weighted_dot(cfg.split, w_t, dout, dv)
 
     carry = (jnp.zeros(k.shape, jnp.float32), jnp.zeros(v.shape, jnp.float32))
     full = (full_ref[0, b, j], full_ref[1, b, j])

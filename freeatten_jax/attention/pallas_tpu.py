@@ -225,7 +225,7 @@ def dq_kernel(
         ks = key_factor(cfg, ks_ref, ...)
         args = (scaled_scores(q_ref[...], k, column(qs_ref[...]), ks), vis, ctx, rows, dot(dout_ref[...], v_ref[...], NT))
         _, ds = family.grad(*args)
-        acc_refs[0][...] += weighted_dot(cfg.split, ds if ks is None else ds * ks, k)
+        acc_refs[0][...] = weighted_dot(cfg.split, ds if ks is None else ds * ks, k, acc_refs[0][...])
         if cfg.p_grad and family.power_grad is not None:
             acc_refs[1][...] += jnp.sum(family.power_grad(*args), axis=1, keepdims=True)
 
@@ -276,8 +276,8 @@ def dkv_kernel(
         ctx = kernel_ctx(cfg, n_ref[...], p_ref[0])
         s_t = scaled_scores(k_ref[...], q, column(ks_ref[...]) if cfg.key_scale else None, qs)
         w_t, ds_t = family.grad(s_t, vis_t, ctx, rows, dot(v_ref[...], dout, NT))
-        dk_acc[...] += weighted_dot(cfg.split, ds_t * qs, q)
-        dv_acc[...] += weighted_dot(cfg.split, w_t, dout)
+        dk_acc[...] = weighted_dot(cfg.split, ds_t * qs, q, dk_acc[...])
+        dv_acc[...] = weighted_dot(cfg.split, w_t, dout, dv_acc[...])
 
     interior = (full_ref[0, b, j] <= i) & (i < full_ref[1, b, j])
     pl.when((first_ref[b, j] <= i) & (i < end_ref[b, j]) & ~interior)(functools.partial(add, True))

@@ -66,9 +66,10 @@ class Ctx(NamedTuple):
     p: Any  # float32 scalar, LSSAR's power
     static_power: int | None  # p when a known whole number (an exact integer power)
     weight: Callable | None  # the variant's elementwise weight(s, n), for the "none" family
-    pv: Callable  # pv(w, v) = Σ_j w_ij v_j in float32, in the caller's layout
+    pv: Callable  # pv(w, v, acc) = acc + Σ_j w_ij v_j in float32, in the caller's layout (a kernel adds in the matmul)
     log2_1p: Callable = log2_1p  # log2(1 + t) for t in [0, 1] (a kernel may take the hardware's log instead)
     rcp: Callable = reciprocal  # 1 / x, elementwise (the hardware's reciprocal where an IEEE division is slow)
+    exp2: Callable = jnp.exp2  # 2^x, elementwise (a GPU kernel flushes results below 2^-126 to 0: no subnormal fix-up)
 
 
 class Pass(NamedTuple):
@@ -108,10 +109,10 @@ def forward(family: Family, sweep: Callable, ctx: Ctx):
     return out, rows
 
 
-def softplus_and_sigmoid(s2, log2_1p_fn=log2_1p, rcp=reciprocal):
+def softplus_and_sigmoid(s2, log2_1p_fn=log2_1p, rcp=reciprocal, exp2=jnp.exp2):
     """softplus in base 2, log2(1 + 2^s2) = softplus(s) / ln 2 for s2 = s log2 e, and sigmoid(s), sharing one
     exp2 of -|s2|: max(s2, 0) + log2(1 + t) with t = 2^-|s2| in (0, 1], accurate down to t = 2^-126."""
-    t = jnp.exp2(-jnp.abs(s2))
+    t = exp2(-jnp.abs(s2))
     return jnp.maximum(s2, 0.0) + log2_1p_fn(t), jnp.where(s2 >= 0, 1.0, t) * rcp(1.0 + t)
 
 
@@ -152,9 +153,9 @@ def _softmax_step(carry, s, vis, v, ctx, rows):
     m, l, acc = carry
     s = _keep(vis, s, NEG_INF)
     m_new = jnp.maximum(m, _row_max(s))
-    w = _keep(vis, jnp.exp2(s - m_new), 0.0)
-    scale = jnp.exp2(m - m_new)
-    return m_new, l * scale + _row_sum(w), acc * scale + ctx.pv(w, v)
+    w = _keep(vis, ctx.exp2(s - m_new), 0.0)
+    scale = ctx.exp2(m - m_new)
+    return m_new, l * scale + _row_sum(w), ctx.pv(w, v, acc * scale)
 
 
 def _softmax_finish(carry, ctx):
@@ -164,7 +165,7 @@ def _softmax_finish(carry, ctx):
 
 
 def _softmax_grad(s, vis, ctx, rows, dp):
-    w = _keep(vis, jnp.exp2(s - rows["lse"]), 0.0)
+    w = _keep(vis, ctx.exp2(s - rows["lse"]), 0.0)
     return w, _keep(vis, w * (dp - rows["d"]), 0.0)
 
 
@@ -174,8 +175,8 @@ def _softmax_grad(s, vis, ctx, rows, dp):
 def _sum_step(carry, s, vis, v, ctx, rows):
     """u = softplus(s) >= 0 grows at most linearly in a bounded score: no running max, no rescale."""
     z, acc = carry
-    u = _keep(vis, softplus_and_sigmoid(s, ctx.log2_1p, ctx.rcp)[0], 0.0)
-    return z + _row_sum(u), acc + ctx.pv(u, v)
+    u = _keep(vis, softplus_and_sigmoid(s, ctx.log2_1p, ctx.rcp, ctx.exp2)[0], 0.0)
+    return z + _row_sum(u), ctx.pv(u, v, acc)
 
 
 def _sum_finish(carry, ctx):
@@ -185,7 +186,7 @@ def _sum_finish(carry, ctx):
 
 
 def _sum_grad(s, vis, ctx, rows, dp):
-    u, slope = softplus_and_sigmoid(s, ctx.log2_1p, ctx.rcp)
+    u, slope = softplus_and_sigmoid(s, ctx.log2_1p, ctx.rcp, ctx.exp2)
     return _keep(vis, u * rows["inv_z"], 0.0), _keep(vis, (dp - rows["d"]) * (slope * (LOG2E * rows["inv_z"])), 0.0)
 
 
@@ -198,7 +199,7 @@ def _sum_backward_rows(stats, out, dout, p):
 
 
 def _none_step(acc, s, vis, v, ctx, rows):
-    return acc + ctx.pv(_keep(vis, ctx.weight(s, ctx.n), 0.0), v)
+    return ctx.pv(_keep(vis, ctx.weight(s, ctx.n), 0.0), v, acc)
 
 
 def _none_grad(s, vis, ctx, rows, dp):
@@ -220,7 +221,7 @@ def _none_grad(s, vis, ctx, rows, dp):
 def _reweight_terms(s, vis, ctx, rows):
     """sigmoid(s), whether each score counts, ρ^(p-1) there (1 on a flat row, 0 where it does not count) and
     r = ρ^p (ρ on a flat row), each before the row normalisation."""
-    u, slope = softplus_and_sigmoid(s, ctx.log2_1p, ctx.rcp)
+    u, slope = softplus_and_sigmoid(s, ctx.log2_1p, ctx.rcp, ctx.exp2)
     active = u > rows["thr"] if vis is None else vis & (u > rows["thr"])
     rho = jnp.where(active, (u - rows["thr"]) * rows["alpha"], 1.0)
     rho_pm1 = jnp.where(active, jnp.where(rows["sharp"] > 0, power_minus_one(rho, ctx), 1.0), 0.0)
@@ -229,7 +230,7 @@ def _reweight_terms(s, vis, ctx, rows):
 
 def _reweight_step1(carry, s, vis, v, ctx, rows):
     z, u_max = carry
-    u = _keep(vis, softplus_and_sigmoid(s, ctx.log2_1p, ctx.rcp)[0], 0.0)
+    u = _keep(vis, softplus_and_sigmoid(s, ctx.log2_1p, ctx.rcp, ctx.exp2)[0], 0.0)
     return z + _row_sum(u), jnp.maximum(u_max, _row_max(u))
 
 
@@ -247,7 +248,7 @@ def _reweight_finish1(carry, ctx):
 def _reweight_step2(carry, s, vis, v, ctx, rows):
     l, acc, l_dx, acc_dx = carry
     _, _, _, rho_pm1, r = _reweight_terms(s, vis, ctx, rows)
-    return l + _row_sum(r), acc + ctx.pv(r, v), l_dx + _row_sum(rho_pm1), acc_dx + ctx.pv(rho_pm1, v)
+    return l + _row_sum(r), ctx.pv(r, v, acc), l_dx + _row_sum(rho_pm1), ctx.pv(rho_pm1, v, acc_dx)
 
 
 def _reweight_finish2(carry, ctx):

@@ -1,0 +1,122 @@
+"""Per-grid-step budget of the TPU (Mosaic) kernels from their final VLIW bundles, compiled without a TPU.
+
+Used by `python benchmarks/kernel_budget.py --target v5e` (or v5p, v6e). libtpu writes each kernel's schedule
+when asked through LIBTPU_INIT_ARGS (`--xla_jf_dump_to=DIR --xla_jf_dump_llo_text=true`, set before jax is
+imported): `*-freeatten_<family>_<kind>.*-final_bundles.txt`, one bundle a line, with `Start region N` /
+`End region N` markers. Each `pl.when` of a kernel is a region; the grid step's block work (one key block of
+one pass, or one query block in dK/dV) is a region holding `vmatmul`s and no region that holds one, and
+pallas_tpu emits them in pairs, masked then interior, per pass. The interior step is the sum of the
+interior regions' bundles (every pass of LSSAR's forward visits each key block). The bound assumes one
+bundle a cycle and MACS_PER_CYCLE for the MXUs (peak bf16 FLOP/s / 2 / clock); it is a static upper bound
+(1.0 = the step could be MXU-bound), not a measured speed, and it leaves out each step's fixed overhead
+outside the regions (DMA issue and waits, index arithmetic).
+"""
+
+import collections
+import glob
+import os
+import re
+
+# per TensorCore per cycle: v5e 197 TF/s at 1.5 GHz and v5p 459 TF/s over 2 cores at 1.75 GHz are four
+# 128 x 128 MXUs; v6e 918 TF/s at 1.75 GHz is four 256 x 256 ones (clocks: public spec sheets, not verified here)
+MACS_PER_CYCLE = {"v5e": 4 * 128 * 128, "v5p": 4 * 128 * 128, "v6e": 4 * 256 * 256}
+TOPOLOGY = {"v5e": "tpu:v5e:1x1", "v5p": "tpu:v5:1x1x1", "v6e": "tpu:v6e:1x1"}
+MODEL_MACS = {"fwd": 2, "bwd": 5}  # MACs per score in units of D (FlashAttention-2's 4·D and 10·D FLOP)
+EUP = ("vpow2.f32", "vlog2.f32", "vrcp.f32")
+BUNDLE = re.compile(r"^\s*(?:0x[0-9a-f]+|\d+)\s+:")
+
+
+def dump_flags(folder: str) -> str:
+    return f"--xla_jf_dump_to={folder} --xla_jf_dump_llo_text=true"
+
+
+def opcodes(line: str):
+    """The opcodes of one bundle line (`{ %x = vmul.f32 ... ;; %y = vpow2.f32 ... }`)."""
+    body = line.split("{", 1)[1].rsplit("}", 1)[0] if "{" in line else ""
+    for ins in body.split(";;"):
+        found = re.match(r"\s*(?:%\S+\s*=\s*)?([a-z][\w.]*)", ins.split("/*")[0])
+        if found:
+            yield found.group(1)
+
+
+def regions(lines):
+    """{region: (first, last) bundle index} from the Start/End region markers."""
+    spans, open_at = {}, {}
+    for n, line in enumerate(lines):
+        for kind, region in re.findall(r"(Start|End) region (\d+)", line):
+            if kind == "Start":
+                open_at[int(region)] = n
+            elif int(region) in open_at:
+                spans[int(region)] = (open_at.pop(int(region)), n)
+    return spans
+
+
+def step_regions(lines):
+    """The block-work regions in code order, each as a Counter of its opcodes plus "bundles"."""
+    spans = regions(lines)
+    counts = {}
+    for region, (a, b) in spans.items():
+        counter = collections.Counter(op for line in lines[a : b + 1] for op in opcodes(line))
+        counter["bundles"] = b - a + 1
+        counts[region] = counter
+
+    def has_matmul(region):
+        return any(op.startswith("vmatmul") for op in counts[region])
+
+    def inside(inner, outer):
+        return inner != outer and spans[outer][0] <= spans[inner][0] and spans[inner][1] <= spans[outer][1]
+
+    leaves = [r for r in spans if has_matmul(r) and not any(has_matmul(o) and inside(o, r) for o in spans)]
+    return [counts[r] for r in sorted(leaves, key=lambda r: spans[r][0])]
+
+
+def kernel_budget(path: str):
+    """(interior Counter summed over passes, masked Counter) of one kernel's bundle file: opcode counts and
+    "bundles" per grid step (one elementwise op covers a vreg, 1,024 float32)."""
+    lines = [line for line in open(path) if BUNDLE.match(line)]
+    found = step_regions(lines)
+    if len(found) % 2:
+        raise SystemExit(f"{os.path.basename(path)}: {len(found)} block regions, expected masked/interior pairs")
+    interior, masked = collections.Counter(), collections.Counter()
+    for m, i in zip(found[0::2], found[1::2]):
+        masked.update(m)
+        interior.update(i)
+    return interior, masked
+
+
+def bundle_files(folder: str):
+    """{kind: path} of the freeatten kernels' final bundles in a dump folder (fwd, dq, dkv)."""
+    found = {}
+    for path in glob.glob(os.path.join(folder, "*freeatten_*-final_bundles.txt")):
+        name = re.search(r"freeatten_\w+?_(fwd|dq|dkv)\b", os.path.basename(path))
+        if name and "schedule-analysis" not in path:
+            found[name.group(1)] = path
+    return found
+
+
+def mxu_pushes(counter) -> int:
+    """vmatmul issues on the busiest MXU."""
+    per_mxu = collections.Counter()
+    for op, n in counter.items():
+        unit = re.search(r"\.mxu(\d)", op)
+        if op.startswith("vmatmul") and unit:
+            per_mxu[unit.group(1)] += n
+    return max(per_mxu.values(), default=0)
+
+
+def table_rows(variant: str, generation: str, folder: str, block_q: int, block_k: int, d: int):
+    """Markdown rows for one variant's three kernels and its backward."""
+    rows, bundles = [], {}
+    scores = block_q * block_k
+    minimum = {kind: MODEL_MACS[kind] * d * scores / MACS_PER_CYCLE[generation] for kind in MODEL_MACS}
+    for kind in ("fwd", "dq", "dkv"):
+        interior, masked = kernel_budget(bundle_files(folder)[kind])
+        bundles[kind] = interior["bundles"]
+        eup = " / ".join(f"{interior[op]:,}" for op in EUP)
+        bound = f"{minimum['fwd'] / interior['bundles']:.2f}" if kind == "fwd" else ""
+        rows.append(
+            f"| {variant} {kind} | {interior['bundles']:,} | {masked['bundles']:,} | {mxu_pushes(interior)} | {eup} | {bound} |"
+        )
+    backward = minimum["bwd"] / (bundles["dq"] + bundles["dkv"])
+    rows.append(f"| {variant} backward (dq + dkv) | {bundles['dq'] + bundles['dkv']:,} | | | | {backward:.2f} |")
+    return rows
