@@ -939,8 +939,8 @@ MUTANTS = [
     Mutant(
         "gpu kernels: the weighted sum added outside the matmul's accumulator",
         "freeatten_jax/attention/pallas_kernels.py",
-        "acc = dot((w - hi.astype(jnp.float32)).astype(x.dtype), x, NN) + acc\n    return dot(hi, x, NN) + acc",
-        "return acc + (dot(hi, x, NN) + dot((w - hi.astype(jnp.float32)).astype(x.dtype), x, NN))\n    return dot(hi, x, NN) + acc",
+        "acc = dot((w - hi.astype(jnp.float32)).astype(x.dtype), x, NN) + acc\n",
+        "return acc + (dot(hi, x, NN) + dot((w - hi.astype(jnp.float32)).astype(x.dtype), x, NN))\n",
         ("tests/test_kernel_budget.py::test_gpu_budget_keeps_the_lssa_kernels_fused",),
     ),
     Mutant(
