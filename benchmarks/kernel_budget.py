@@ -252,12 +252,15 @@ def tpu_table(args, dump: str) -> None:
     with jax.set_mesh(jax.sharding.Mesh(targets.devices(topology)[:1], ("device",))):
         block_q, block_k = pallas_tpu.tuning().blocks
     print(
-        f"TPU {args.target}, T={args.seq_len}, D={d}, bf16, causal, blocks {block_q}x{block_k}; per grid step of the "
+        f"TPU {args.target}, T={args.seq_len}, D={d}, bf16, causal, blocks {block_q}x{block_k}; per key block on the "
         f"interior (mask-free) path, passes summed; bound = model MACs / {tpu_bundles.MACS_PER_CYCLE[args.target]:,} "
         "per cycle / bundles (one bundle a cycle)"
     )
-    print("| kernel | interior bundles | masked bundles | vmatmul per MXU | EUP ops (pow2 / log2 / rcp; one a vreg) | bound |")
-    print("|---|---|---|---|---|---|")
+    print(
+        "| kernel | interior bundles | steps x every-step bundles | masked bundles | vmatmul per MXU "
+        "| EUP ops (pow2 / log2 / rcp; one a vreg) | bound |"
+    )
+    print("|---|---|---|---|---|---|---|")
     for variant in args.variants.split(","):
         compile_attention(topology, variant=variant, seq_len=args.seq_len, heads=1)
         for row in tpu_bundles.table_rows(variant, args.target, dump, block_q, block_k, d):

@@ -5,11 +5,11 @@ when asked through LIBTPU_INIT_ARGS (`--xla_jf_dump_to=DIR --xla_jf_dump_llo_tex
 imported): `*-freeatten_<family>_<kind>.*-final_bundles.txt`, one bundle a line, with `Start region N` /
 `End region N` markers. Each `pl.when` of a kernel is a region; the grid step's block work (one key block of
 one pass, or one query block in dK/dV) is a region holding `vmatmul`s and no region that holds one, and
-pallas_tpu emits them in pairs, masked then interior, per pass. The interior step is the sum of the
-interior regions' bundles (every pass of LSSAR's forward visits each key block). The bound assumes one
-bundle a cycle and MACS_PER_CYCLE for the MXUs (peak bf16 FLOP/s / 2 / clock); it is a static upper bound
-(1.0 = the step could be MXU-bound), not a measured speed, and it leaves out each step's fixed overhead
-outside the regions (DMA issue and waits, index arithmetic).
+pallas_tpu emits them in pairs, masked then interior, per pass. A key block's interior path is the sum of the
+interior regions' bundles (every pass of LSSAR's forward visits each key block) plus, per grid step, the
+bundles of the step's body that no branch skips. The bound assumes one bundle a cycle and MACS_PER_CYCLE for
+the MXUs (peak bf16 FLOP/s / 2 / clock); it is a static upper bound (1.0 = the path could be MXU-bound), not a
+measured speed: DMA waits and the pipeline's own per-step cost are not in it.
 """
 
 import collections
@@ -23,7 +23,7 @@ MACS_PER_CYCLE = {"v5e": 4 * 128 * 128, "v5p": 4 * 128 * 128, "v6e": 4 * 256 * 2
 TOPOLOGY = {"v5e": "tpu:v5e:1x1", "v5p": "tpu:v5:1x1x1", "v6e": "tpu:v6e:1x1"}
 MODEL_MACS = {"fwd": 2, "bwd": 5}  # MACs per score in units of D (FlashAttention-2's 4·D and 10·D FLOP)
 EUP = ("vpow2.f32", "vlog2.f32", "vrcp.f32")
-BUNDLE = re.compile(r"^\s*(?:0x[0-9a-f]+|\d+)\s+:")
+BUNDLE = re.compile(r"^\s*(?:0x[0-9a-f]+|\d+)\s+(?:[A-Z]{2}:\s*)*[:>{]")  # an address, markers (LB:, PF:, ...)
 
 
 def dump_flags(folder: str) -> str:
@@ -52,7 +52,8 @@ def regions(lines):
 
 
 def step_regions(lines):
-    """The block-work regions in code order, each as a Counter of its opcodes plus "bundles"."""
+    """The block-work regions in code order, each as a Counter of its opcodes plus "bundles", and the (first, last)
+    bundle of the smallest region around them all."""
     spans = regions(lines)
     counts = {}
     for region, (a, b) in spans.items():
@@ -67,20 +68,40 @@ def step_regions(lines):
         return inner != outer and spans[outer][0] <= spans[inner][0] and spans[inner][1] <= spans[outer][1]
 
     leaves = [r for r in spans if has_matmul(r) and not any(has_matmul(o) and inside(o, r) for o in spans)]
-    return [counts[r] for r in sorted(leaves, key=lambda r: spans[r][0])]
+    around = [r for r in spans if all(inside(leaf, r) for leaf in leaves)]
+    body = spans[min(around, key=lambda r: spans[r][1] - spans[r][0])]
+    return [counts[r] for r in sorted(leaves, key=lambda r: spans[r][0])], body
+
+
+def every_step(lines, body) -> int:
+    """Bundles of the step's body (first, last: the smallest region around all block work) that no forward branch
+    inside it skips: what every grid step runs besides its block work (index arithmetic, DMA bookkeeping, and
+    anything not under a `pl.when`)."""
+    starts = {}
+    for n, line in enumerate(lines):
+        for region in re.findall(r"Start(?:/End empty)? region (\d+)", line):
+            starts.setdefault(int(region), n)
+    skipped = set()
+    for n in range(body[0], body[1] + 1):
+        for region in re.findall(r"sbr\.rel .*?target = \$region(\d+)", lines[n]):
+            if starts.get(int(region), -1) > n:
+                skipped.update(range(n + 1, starts[int(region)]))
+    return sum(1 for n in range(body[0], body[1] + 1) if n not in skipped)
 
 
 def kernel_budget(path: str):
     """(interior Counter summed over passes, masked Counter) of one kernel's bundle file: opcode counts and
     "bundles" per grid step (one elementwise op covers a vreg, 1,024 float32)."""
     lines = [line for line in open(path) if BUNDLE.match(line)]
-    found = step_regions(lines)
+    found, body = step_regions(lines)
     if len(found) % 2:
         raise SystemExit(f"{os.path.basename(path)}: {len(found)} block regions, expected masked/interior pairs")
     interior, masked = collections.Counter(), collections.Counter()
     for m, i in zip(found[0::2], found[1::2]):
         masked.update(m)
         interior.update(i)
+    interior["every step"] = masked["every step"] = every_step(lines, body)
+    interior["steps"] = masked["steps"] = len(found) // 2  # grid steps per key block: one a pass
     return interior, masked
 
 
@@ -105,18 +126,20 @@ def mxu_pushes(counter) -> int:
 
 
 def table_rows(variant: str, generation: str, folder: str, block_q: int, block_k: int, d: int):
-    """Markdown rows for one variant's three kernels and its backward."""
-    rows, bundles = [], {}
+    """Markdown rows for one variant's three kernels and its backward: a key block's interior path is its
+    interior regions plus, per grid step (one a pass), the bundles every step runs."""
+    rows, path = [], {}
     scores = block_q * block_k
     minimum = {kind: MODEL_MACS[kind] * d * scores / MACS_PER_CYCLE[generation] for kind in MODEL_MACS}
     for kind in ("fwd", "dq", "dkv"):
         interior, masked = kernel_budget(bundle_files(folder)[kind])
-        bundles[kind] = interior["bundles"]
+        path[kind] = interior["bundles"] + interior["steps"] * interior["every step"]
         eup = " / ".join(f"{interior[op]:,}" for op in EUP)
-        bound = f"{minimum['fwd'] / interior['bundles']:.2f}" if kind == "fwd" else ""
+        bound = f"{minimum['fwd'] / path[kind]:.2f}" if kind == "fwd" else ""
         rows.append(
-            f"| {variant} {kind} | {interior['bundles']:,} | {masked['bundles']:,} | {mxu_pushes(interior)} | {eup} | {bound} |"
+            f"| {variant} {kind} | {interior['bundles']:,} | {interior['steps']} x {interior['every step']:,} | "
+            f"{masked['bundles']:,} | {mxu_pushes(interior)} | {eup} | {bound} |"
         )
-    backward = minimum["bwd"] / (bundles["dq"] + bundles["dkv"])
-    rows.append(f"| {variant} backward (dq + dkv) | {bundles['dq'] + bundles['dkv']:,} | | | | {backward:.2f} |")
+    backward = minimum["bwd"] / (path["dq"] + path["dkv"])
+    rows.append(f"| {variant} backward (dq + dkv) | {path['dq'] + path['dkv']:,} | | | | | {backward:.2f} |")
     return rows

@@ -957,4 +957,11 @@ MUTANTS = [
         "for i, m in zip(found[0::2], found[1::2]):",
         ("tests/test_kernel_budget.py::test_tpu_bundle_table_counts_the_interior_step_of_each_kernel",),
     ),
+    Mutant(
+        "tpu kernels: an earlier pass finished on every grid step",
+        "freeatten_jax/attention/pallas_tpu.py",
+        "pl.when((now == which) & (j == blocks - 1))(functools.partial(finish, one, load, new_refs))",
+        "functools.partial(finish, one, load, new_refs)()",
+        ("tests/test_kernel_budget.py::test_tpu_lssar_forward_finishes_its_first_pass_once",),
+    ),
 ]

@@ -29,20 +29,35 @@ def budget_table(*args) -> dict[str, list[str]]:
     return {cells[0]: cells[1:] for cells in rows[1:]}
 
 
+@pytest.fixture(scope="module")
+def v5e_table():
+    return budget_table("--target", "v5e", "--variants", "lssa,lssar", "--seq_len", "1024")
+
+
 @pytest.mark.slow
-def test_tpu_bundle_table_counts_the_interior_step_of_each_kernel():
+def test_tpu_bundle_table_counts_the_interior_step_of_each_kernel(v5e_table):
     """v5e, LSSA, 512 x 512 blocks, D = 128: vmatmul issues per MXU follow from the matmuls (16 rows of bfloat16 a
     push against a 128 x 128 tile, 4 MXUs; split matmuls run the weights' matmuls twice), one exp2 and one log2
     per float32 vreg of the [512, 512] scores, and the interior step takes fewer bundles than the masked one."""
-    table = budget_table("--target", "v5e", "--variants", "lssa", "--seq_len", "1024")
+    table = v5e_table
     pushes = lambda matmuls: matmuls * (512 // 16) * (512 // 128) // 4  # noqa: E731  [512, 128] x [128, 512] each
-    assert [int(table[f"lssa {k}"][2]) for k in ("fwd", "dq", "dkv")] == [pushes(3), pushes(4), pushes(6)]
-    assert table["lssa fwd"][3].split(" / ")[:2] == ["256", "256"]
+    number = lambda cell: int(cell.replace(",", ""))  # noqa: E731
+    assert [number(table[f"lssa {k}"][3]) for k in ("fwd", "dq", "dkv")] == [pushes(3), pushes(4), pushes(6)]
+    assert table["lssa fwd"][4].split(" / ")[:2] == ["256", "256"]
     for kind in ("fwd", "dq", "dkv"):
-        interior, masked = (int(x.replace(",", "")) for x in table[f"lssa {kind}"][:2])
-        assert 0 < interior < masked
-    bound = float(table["lssa fwd"][4])
-    assert bound == pytest.approx(2 * 128 * 512 * 512 / 65536 / int(table["lssa fwd"][0].replace(",", "")), abs=0.006)
+        interior, masked = number(table[f"lssa {kind}"][0]), number(table[f"lssa {kind}"][2])
+        steps, every = table[f"lssa {kind}"][1].split(" x ")
+        assert 0 < interior < masked and steps == "1" and 0 < number(every) < interior / 4
+    path = number(table["lssa fwd"][0]) + number(table["lssa fwd"][1].split(" x ")[1])
+    assert float(table["lssa fwd"][5]) == pytest.approx(2 * 128 * 512 * 512 / 65536 / path, abs=0.006)
+
+
+@pytest.mark.slow
+def test_tpu_lssar_forward_finishes_its_first_pass_once(v5e_table):
+    """LSSAR's forward: two grid steps per key block (its two passes), and its first pass's row statistics
+    computed once per row, at the pass's last step, not on every step (they cost ~1,200 bundles a step)."""
+    steps, every = v5e_table["lssar fwd"][1].split(" x ")
+    assert steps == "2" and int(every.replace(",", "")) < 400
 
 
 @pytest.mark.slow

@@ -12,8 +12,7 @@ Pallas fetches nothing for them; wholly visible (interior) blocks skip the mask.
 """
 
 import functools
-import itertools
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -36,7 +35,7 @@ from freeatten_jax.attention.pallas_kernels import (
     weighted_dot,
     write_forward,
 )
-from freeatten_jax.attention.rules import FAMILIES, forward
+from freeatten_jax.attention.rules import FAMILIES
 
 
 class Tuning(NamedTuple):
@@ -113,35 +112,55 @@ def forward_kernel(
     n_ref,
     *refs,
 ):
-    """One grid step (b, h, i, t): key block t % J of sweep t // J (J = blocks); the output is written at the last step."""
+    """One grid step (b, h, i, t): key block t % J of pass t // J (J = blocks). Each pass's `finish` runs once, at
+    its last step, under its own `pl.when` (Mosaic does not move a computation into the branch that uses it:
+    LSSAR's first finish cost ~1,200 bundles on every step): an earlier pass's row statistics wait in scratch for
+    the next pass's steps, and the last pass's output and statistics are written at the last step."""
     b, i, t = pl.program_id(0), pl.program_id(2), pl.program_id(3)
     j, now = jax.lax.rem(t, blocks), jax.lax.div(t, blocks)  # C division (no sign op, which Mosaic lowers per chip)
     interior, masked = _spans(full_ref, first_ref, end_ref, b, i, j)
     family = FAMILIES[cfg.family]
     outputs = 1 + len(family.stats) + len(family.extras) + low_half(cfg)
     out_refs, slots = refs[:outputs], iter(refs[outputs:])
-    q, passes = q_ref[...], itertools.count()
     held_block = functools.partial(_held_block, cfg, q_ref, k_ref, v_ref, qs_ref, ks_ref, qcol_ref, kvrow_ref)
-
-    def sweep(init, step, with_values=True):
-        which = next(passes)
-        leaves, tree = jax.tree.flatten(init(jnp.zeros((cfg.block_q, 1), jnp.float32), jnp.zeros(q.shape, jnp.float32)))
+    ctx, row_refs = kernel_ctx(cfg, n_ref[...], p_ref[0]), dict[str, Any]()
+    load_rows = lambda: {name: ref[...] for name, ref in row_refs.items()}  # noqa: E731
+    for which, one in enumerate(family.passes):
+        leaves, tree = jax.tree.flatten(one.init(jnp.zeros((cfg.block_q, 1), jnp.float32), jnp.zeros(q_ref.shape, jnp.float32)))
         carry_refs = [next(slots) for _ in leaves]
-        load = lambda: jax.tree.unflatten(tree, [ref[...] for ref in carry_refs])  # noqa: E731
+        load = functools.partial(lambda refs, tree: jax.tree.unflatten(tree, [ref[...] for ref in refs]), carry_refs, tree)
+        pl.when((now == which) & (j == 0))(functools.partial(_store, carry_refs, leaves))
 
-        @pl.when((now == which) & (j == 0))
-        def _():
-            _store(carry_refs, leaves)
+        def visit(one, carry_refs, load, is_masked):
+            _store(carry_refs, one.step(load(), *held_block(is_masked, one.with_values), ctx, load_rows()))
 
         for when, is_masked in ((masked, True), (interior, False)):
-            pl.when((now == which) & when)(lambda m=is_masked: _store(carry_refs, step(load(), *held_block(m, with_values))))
-        return load()
+            pl.when((now == which) & when)(functools.partial(visit, one, carry_refs, load, is_masked))
+        if which < sweeps - 1:
+            names = list(finished_rows(cfg, which, q_ref.shape[-1]))
+            new_refs = [next(slots) for _ in names]
 
-    out, stats = forward(family, sweep, kernel_ctx(cfg, n_ref[...], p_ref[0]))
+            def finish(one, load, new_refs):
+                _store(new_refs, [x for _, x in sorted(one.finish(load(), ctx)[1].items())])
 
-    @pl.when(t == sweeps * blocks - 1)
-    def _():
-        write_forward(cfg, family, out_refs, out, stats)
+            pl.when((now == which) & (j == blocks - 1))(functools.partial(finish, one, load, new_refs))
+            row_refs |= dict(zip(names, new_refs))
+        else:
+
+            def write(one, load):
+                out, new = one.finish(load(), ctx)
+                write_forward(cfg, family, out_refs, out, {**load_rows(), **new})
+
+            pl.when(t == sweeps * blocks - 1)(functools.partial(write, one, load))
+
+
+def finished_rows(cfg: Static, which: int, d: int) -> dict:
+    """{name: shape} of the row statistics pass `which` finishes with (sorted by name), for a [Q, D] block."""
+    one, q = FAMILIES[cfg.family].passes[which], cfg.block_q
+    ctx = kernel_ctx(cfg, jnp.zeros((q, 1), jnp.float32), jnp.zeros((), jnp.float32))
+    carry = one.init(jnp.zeros((q, 1), jnp.float32), jnp.zeros((q, d), jnp.float32))
+    rows = jax.eval_shape(lambda c: one.finish(c, ctx)[1], carry)
+    return {name: rows[name].shape for name in sorted(rows)}
 
 
 def pass_kernel(
@@ -296,9 +315,10 @@ def _common(cfg: Static, interpret: bool):
     return dict(interpret=interpret, compiler_params=params)
 
 
-def _query_major_specs(cfg: Static, shapes):
+def _query_major_specs(cfg: Static, shapes, values_from: int = 0):
     """The forward and dq kernels' input specs on the grid (b, h, i, t), key block j = t % J clamped into the
-    visiting span, and the specs of a [Q, D] block and a [Q, 1] row."""
+    visiting span, and the specs of a [Q, D] block and a [Q, 1] row. V is read from step `values_from` on: before
+    it (LSSAR's first pass) its index stays on the block the first step that reads it takes, so it is fetched once."""
     (b, h, tp, d), (kv_heads, sp) = shapes
     k_blocks, g = sp // cfg.block_k, cfg.kv_groups
 
@@ -308,6 +328,10 @@ def _query_major_specs(cfg: Static, shapes):
     q_spec = pl.BlockSpec((None, None, cfg.block_q, d), lambda b, h, i, t, *_: (b, h, i, 0))
     row_spec = pl.BlockSpec((None, None, cfg.block_q, 1), lambda b, h, i, t, *_: (b, h, i, 0))
     kv_spec = pl.BlockSpec((None, None, cfg.block_k, d), lambda b, h, i, t, *s: (b, jax.lax.div(h, g), key_index(b, i, t, *s), 0))
+    v_spec = pl.BlockSpec(
+        (None, None, cfg.block_k, d),
+        lambda b, h, i, t, *s: (b, jax.lax.div(h, g), key_index(b, i, jnp.maximum(t, values_from), *s), 0),
+    )
     key_factors = pl.BlockSpec(
         (None, None, None, 1, cfg.block_k), lambda b, h, i, t, *s: (b, jax.lax.div(h, g), key_index(b, i, t, *s), 0, 0)
     )
@@ -318,7 +342,7 @@ def _query_major_specs(cfg: Static, shapes):
     ]
     q_factors = pl.BlockSpec((None, None, None, 1, cfg.block_q), lambda b, h, i, t, *_: (b, h, i, 0, 0))
     smem = pl.BlockSpec(memory_space=pltpu.SMEM)
-    return [smem, q_spec, kv_spec, kv_spec, q_factors, key_factors, *mask_specs], q_spec, row_spec
+    return [smem, q_spec, kv_spec, v_spec, q_factors, key_factors, *mask_specs], q_spec, row_spec
 
 
 def pass_call(cfg: Static, shapes, which: int, row_names, interpret: bool):
@@ -326,7 +350,9 @@ def pass_call(cfg: Static, shapes, which: int, row_names, interpret: bool):
     the carry in; the carry out (aliasing the carry in)."""
     cfg = cfg._replace(eup_log=True)
     (b, h, tp, d), (_, sp) = shapes
-    in_specs, _, row_spec = _query_major_specs(cfg, shapes)
+    in_specs, _, row_spec = _query_major_specs(
+        cfg, shapes, 0 if FAMILIES[cfg.family].passes[which].with_values else sp // cfg.block_k
+    )
     widths = carry_widths(cfg, which, d)
     carry_specs = [pl.BlockSpec((None, None, cfg.block_q, w), lambda b, h, i, t, *_: (b, h, i, 0)) for w in widths]
     first_carry = 3 + len(in_specs) + len(row_names)
@@ -355,6 +381,8 @@ def calls(cfg: Static, shapes, interpret: bool):
     common = _common(cfg, interpret)
     smem = pl.BlockSpec(memory_space=pltpu.SMEM)
     in_specs, q_spec, row_spec = _query_major_specs(cfg, shapes)
+    first_valued = [one.with_values for one in family.passes].index(True)  # LSSAR's first pass reads no V
+    forward_specs = _query_major_specs(cfg, shapes, first_valued * k_blocks)[0]
     carries = [[(cfg.block_q, w) for w in carry_widths(cfg, which, d)] for which in range(len(family.passes))]
     stat_shapes = [jax.ShapeDtypeStruct((b, h, tp, 1), f32)] * len(family.stats)
     out_shape = jax.ShapeDtypeStruct((b, h, tp, d), cfg.dtype)
@@ -364,9 +392,13 @@ def calls(cfg: Static, shapes, interpret: bool):
         grid_spec=pltpu.PrefetchScalarGridSpec(
             num_scalar_prefetch=3,
             grid=(b, h, q_blocks, len(carries) * k_blocks),
-            in_specs=in_specs,
+            in_specs=forward_specs,
             out_specs=[q_spec] + [row_spec] * len(stat_shapes) + [q_spec] * (len(extra_shapes) + low_half(cfg)),
-            scratch_shapes=[pltpu.VMEM(shape, f32) for sweep in carries for shape in sweep],
+            scratch_shapes=[
+                pltpu.VMEM(shape, f32)
+                for which, sweep in enumerate(carries)
+                for shape in sweep + (list(finished_rows(cfg, which, d).values()) if which < len(carries) - 1 else [])
+            ],
         ),
         out_shape=[out_shape] + stat_shapes + extra_shapes + [out_shape] * low_half(cfg),
         name=f"freeatten_{cfg.family}_fwd",
