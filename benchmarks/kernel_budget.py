@@ -207,10 +207,10 @@ def gpu_table(args, dump: str) -> None:
     from freeatten_jax.attention import pallas
 
     block_q, block_k = pallas.LOWERINGS["cuda"].blocks()
-    warps, d = pallas.TRITON_WARPS, 128
+    d = 128
     print(
-        f"H100 sm_90a, T={args.seq_len}, D={d}, bf16, causal, blocks {block_q}x{block_k}, {warps} warps; per score, "
-        "the kernel's sweeps summed; interior = mask-free blocks, edge = masked ones"
+        f"H100 sm_90a, T={args.seq_len}, D={d}, bf16, causal, blocks {block_q}x{block_k}, {pallas.TRITON_WARPS} warps; "
+        "per score, the kernel's sweeps summed; interior = mask-free blocks, edge = masked ones"
     )
     print("| kernel | tensor FLOP | MUFU | FP32 | other ALU | all | spill ld/st per iteration | registers, spill bytes | bound |")
     print("|---|---|---|---|---|---|---|---|---|")
@@ -225,6 +225,7 @@ def gpu_table(args, dump: str) -> None:
             seen.add(entry.group(1))
             kind = entry.group(1).rsplit("_", 1)[1]
             registers, spills = ptxas(ptx, ptx + ".cubin")
+            warps = int(re.search(r"\.reqntid\s+(\d+)", open(ptx).read()).group(1)) // 32  # the kernel's own
             for part, (per_score, flop) in budget(ptx + ".cubin", block_q, block_k, warps).items():
                 times[part][kind] = clocks(per_score, flop)
                 model = MODEL_FLOP["fwd"] * d if kind == "fwd" else flop
