@@ -146,9 +146,10 @@ def _calls(cfg: Static, shapes, compiler_params, interpret: bool):
     common = dict(interpret=interpret, compiler_params=compiler_params)
     f32 = jnp.float32
 
-    # forward and dq: grid (b, h, i)
-    in_specs, q_spec, row_spec = _query_major_specs(cfg, shapes)
-    stat_shapes = [jax.ShapeDtypeStruct((b, h, tp, 1), f32)] * len(family.stats)
+    # forward and dq: grid (b, h, i); row statistics and rows lane-dense, one [1, Q] row per block
+    in_specs, q_spec, _ = _query_major_specs(cfg, shapes)
+    row_spec = pl.BlockSpec((None, None, None, 1, cfg.block_q), lambda b, h, i: (b, h, i, 0, 0))
+    stat_shapes = [jax.ShapeDtypeStruct((b, h, q_blocks, 1, cfg.block_q), f32)] * len(family.stats)
     out_shape = jax.ShapeDtypeStruct((b, h, tp, d), cfg.dtype)
     extra_shapes = [jax.ShapeDtypeStruct((b, h, tp, d), f32)] * len(family.extras)
     forward = pl.pallas_call(
@@ -165,7 +166,9 @@ def _calls(cfg: Static, shapes, compiler_params, interpret: bool):
         grid=(b, h, q_blocks),
         in_specs=in_specs + [q_spec] + [row_spec] * len(family.rows),
         out_specs=[q_spec, row_spec][: 1 + cfg.p_grad],
-        out_shape=[jax.ShapeDtypeStruct((b, h, tp, d), f32), jax.ShapeDtypeStruct((b, h, tp, 1), f32)][: 1 + cfg.p_grad],
+        out_shape=[jax.ShapeDtypeStruct((b, h, tp, d), f32), jax.ShapeDtypeStruct((b, h, q_blocks, 1, cfg.block_q), f32)][
+            : 1 + cfg.p_grad
+        ],
         name=f"freeatten_{cfg.family}_dq",
         **common,
     )
@@ -195,13 +198,15 @@ def _calls(cfg: Static, shapes, compiler_params, interpret: bool):
 
 
 def backward_rows(family: str, stats, out, dout, p_1):
-    """The [B, H, Tp, 1] row terms of the gradient (D_i = dO_i·O_i, and LSSAR's E_i) in the kernels' order."""
-    rows = FAMILIES[family].backward_rows(stats, out, dout, p_1[0])
+    """The row terms of the gradient (D_i = dO_i·O_i, and LSSAR's E_i) in the kernels' order, each [B, H, Tp, 1],
+    from statistics as [B, H, Tp, 1] or lane-dense [B, H, I, 1, Q] (as the kernels write them)."""
+    columns = {name: x.reshape(*out.shape[:3], 1) if x.ndim == 5 else x for name, x in stats.items()}
+    rows = FAMILIES[family].backward_rows(columns, out, dout, p_1[0])
     return [rows[name] for name in FAMILIES[family].rows]
 
 
 def by_blocks(x, size: int):
-    """[B, heads, L, 1] -> [B, heads, L / size, 1, size]: one row per block."""
+    """[B, heads, L, 1] -> [B, heads, L / size, 1, size]: one row per block (lane-dense)."""
     return x.reshape(*x.shape[:2], -1, 1, size)
 
 
@@ -253,11 +258,11 @@ def mask_args(plan: pallas_plan.Plan, key_major: bool = False):
 
 def kernel_backward(cfg: Static, dq_call, dkv_call, q, k, v, qs, ks, p_1, plan: pallas_plan.Plan, rows, dout):
     """The dq and dkv kernels on one plan: (dq sum, dk sum, dv, dL/dp per row or None), as make_core takes them."""
+    rows = [by_blocks(x, cfg.block_q) for x in rows]  # [B, H, I, 1, Q]
     first, end, full, *masks = mask_args(plan)
     dq_sum, *dpow = dq_call(first, end, full, p_1, q, k, v, qs, ks, *masks, dout, *rows)
     first, end, full, *masks = mask_args(plan, key_major=True)
-    rows_t = [by_blocks(x, cfg.block_q) for x in rows]  # [B, H, I, 1, Q]
-    dk_sum, dv = dkv_call(first, end, full, p_1, q, k, v, qs, ks, *masks, dout, *rows_t)
+    dk_sum, dv = dkv_call(first, end, full, p_1, q, k, v, qs, ks, *masks, dout, *rows)
     return dq_sum, dk_sum, dv, dpow[0] if cfg.p_grad else None
 
 

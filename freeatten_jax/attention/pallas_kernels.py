@@ -103,6 +103,12 @@ def column(x_1N):
     return jnp.max(jnp.broadcast_to(x_1N, (8, x_1N.shape[1])).T, axis=1, keepdims=True)
 
 
+def row(x_N1):
+    """An [N, 1] column as a [1, N] row (column's inverse), through an [N, 128] transpose: a statistic written
+    lane-dense."""
+    return jnp.max(jnp.broadcast_to(x_N1, (x_N1.shape[0], 128)).T, axis=0, keepdims=True)
+
+
 def low_half(cfg: Static) -> bool:
     """Whether the forward also writes the output's low half, the residual that keeps D_i exact: below float32,
     with split matmuls (the other half of the kernels' exactness; softmax keeps FlashAttention's memory)."""
@@ -117,11 +123,11 @@ def split_output(cfg: Static, out):
 
 
 def write_forward(cfg: Static, family, out_refs, out, stats):
-    """The output's halves (split_output) and the family's statistics."""
+    """The output's halves (split_output) and the family's statistics (each row statistic lane-dense, as a row)."""
     hi, lo = split_output(cfg, out)
     out_refs[0][...] = hi
     for ref, name in zip(out_refs[1:], family.stats + family.extras):
-        ref[...] = stats[name]
+        ref[...] = row(stats[name]) if name in family.stats else stats[name]
     if lo is not None:
         out_refs[-1][...] = lo
 
@@ -258,11 +264,11 @@ def dq_kernel(
     *refs,
 ):
     """For one (batch, head, query block): Σ_j ds_ij b_j k_j over the visible key blocks (dL/dq_i is a_i times
-    it, pallas.py) and, if cfg.p_grad, the block's rows' shares of dL/dp as [Q, 1]."""
+    it, pallas.py) and, if cfg.p_grad, the block's rows' shares of dL/dp as a [1, Q] row."""
     b, i = pl.program_id(0), pl.program_id(2)
     family = FAMILIES[cfg.family]
     row_refs, out_refs = refs[: len(family.rows)], refs[len(family.rows) :]
-    rows = {name: ref[...] for name, ref in zip(family.rows, row_refs)}
+    rows = {name: column(ref[...]) for name, ref in zip(family.rows, row_refs)}  # each [1, Q] in HBM
     q, qs, dout, ctx = q_ref[...], column(qs_ref[...]), dout_ref[...], kernel_ctx(cfg, n_ref[...], p_ref[0])
     q_col = (qcol_ref[0], qcol_ref[1])
 
@@ -286,8 +292,9 @@ def dq_kernel(
     carry = sweep_spans(
         first_ref[b, i], end_ref[b, i], full, functools.partial(body, True), functools.partial(body, False), carry
     )
-    for ref, x in zip(out_refs, carry):
-        ref[...] = x
+    out_refs[0][...] = carry[0]
+    if cfg.p_grad:
+        out_refs[1][...] = row(carry[1])
 
 
 def dkv_kernel(

@@ -29,6 +29,7 @@ from freeatten_jax.attention.pallas_kernels import (
     key_block,
     key_factor,
     low_half,
+    row,
     scaled_scores,
     split_pass_refs,
     visible,
@@ -223,19 +224,22 @@ def dq_kernel(
     *refs,
 ):
     """One grid step (b, h, i, j): adds key block j's share of Σ_j ds_ij b_j k_j (and of the rows' dL/dp if
-    cfg.p_grad); written at the last step."""
+    cfg.p_grad, written as a [1, Q] row); written at the last step. The rows come lane-dense, as [1, Q]."""
     b, i, j = pl.program_id(0), pl.program_id(2), pl.program_id(3)
     family = FAMILIES[cfg.family]
-    row_refs, rest = refs[: len(family.rows)], refs[len(family.rows) :]
+    rows_in, column_refs = refs[: len(family.rows)], refs[len(refs) - len(family.rows) :]
+    rest = refs[len(family.rows) : len(refs) - len(family.rows)]
     out_refs, acc_refs = rest[: len(rest) // 2], rest[len(rest) // 2 :]
 
     @pl.when(j == 0)
     def _():
         for ref in acc_refs:
             ref[...] = jnp.zeros(ref.shape, jnp.float32)
+        for ref, lane_dense in zip(column_refs, rows_in):  # each row [1, Q] in HBM, a column once per query block
+            ref[...] = column(lane_dense[...])
 
     def add(masked: bool):
-        rows = {name: ref[...] for name, ref in zip(family.rows, row_refs)}
+        rows = {name: ref[...] for name, ref in zip(family.rows, column_refs)}
         ctx = kernel_ctx(cfg, n_ref[...], p_ref[0])
         k, vis = k_ref[...], None
         if masked:
@@ -254,8 +258,9 @@ def dq_kernel(
 
     @pl.when(j == pl.num_programs(3) - 1)
     def _():
-        for ref, acc in zip(out_refs, acc_refs):
-            ref[...] = acc[...]
+        out_refs[0][...] = acc_refs[0][...]
+        if cfg.p_grad:
+            out_refs[1][...] = row(acc_refs[1][...])
 
 
 def dkv_kernel(
@@ -380,11 +385,12 @@ def calls(cfg: Static, shapes, interpret: bool):
     family, f32 = FAMILIES[cfg.family], jnp.float32
     common = _common(cfg, interpret)
     smem = pl.BlockSpec(memory_space=pltpu.SMEM)
-    in_specs, q_spec, row_spec = _query_major_specs(cfg, shapes)
+    in_specs, q_spec, _ = _query_major_specs(cfg, shapes)
+    row_spec = pl.BlockSpec((None, None, None, 1, cfg.block_q), lambda b, h, i, t, *_: (b, h, i, 0, 0))  # lane-dense
     first_valued = [one.with_values for one in family.passes].index(True)  # LSSAR's first pass reads no V
     forward_specs = _query_major_specs(cfg, shapes, first_valued * k_blocks)[0]
     carries = [[(cfg.block_q, w) for w in carry_widths(cfg, which, d)] for which in range(len(family.passes))]
-    stat_shapes = [jax.ShapeDtypeStruct((b, h, tp, 1), f32)] * len(family.stats)
+    stat_shapes = [jax.ShapeDtypeStruct((b, h, q_blocks, 1, cfg.block_q), f32)] * len(family.stats)
     out_shape = jax.ShapeDtypeStruct((b, h, tp, d), cfg.dtype)
     extra_shapes = [jax.ShapeDtypeStruct((b, h, tp, d), f32)] * len(family.extras)
     forward = pl.pallas_call(
@@ -411,9 +417,12 @@ def calls(cfg: Static, shapes, interpret: bool):
             grid=(b, h, q_blocks, k_blocks),
             in_specs=in_specs + [q_spec] + [row_spec] * len(family.rows),
             out_specs=[q_spec, row_spec][: 1 + cfg.p_grad],
-            scratch_shapes=[pltpu.VMEM((cfg.block_q, d), f32), pltpu.VMEM((cfg.block_q, 1), f32)][: 1 + cfg.p_grad],
+            scratch_shapes=[pltpu.VMEM((cfg.block_q, d), f32), pltpu.VMEM((cfg.block_q, 1), f32)][: 1 + cfg.p_grad]
+            + [pltpu.VMEM((cfg.block_q, 1), f32)] * len(family.rows),
         ),
-        out_shape=[jax.ShapeDtypeStruct((b, h, tp, d), f32), jax.ShapeDtypeStruct((b, h, tp, 1), f32)][: 1 + cfg.p_grad],
+        out_shape=[jax.ShapeDtypeStruct((b, h, tp, d), f32), jax.ShapeDtypeStruct((b, h, q_blocks, 1, cfg.block_q), f32)][
+            : 1 + cfg.p_grad
+        ],
         name=f"freeatten_{cfg.family}_dq",
         **common,
     )
