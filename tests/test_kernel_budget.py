@@ -25,7 +25,8 @@ def budget_table(*args) -> dict[str, list[str]]:
         check=True,
         timeout=600,
     ).stdout
-    rows = [line.strip("| ").split(" | ") for line in out.splitlines() if line.startswith("| ") and "---" not in line]
+    rows = [[c.strip() for c in line.strip().strip("|").split("|")] for line in out.splitlines() if line.startswith("| ")]
+    rows = [cells for cells in rows if not cells[0].startswith("---")]
     return {cells[0]: cells[1:] for cells in rows[1:]}
 
 
@@ -63,11 +64,14 @@ def test_tpu_lssar_forward_finishes_its_first_pass_once(v5e_table):
 @pytest.mark.slow
 def test_gpu_budget_keeps_the_lssa_kernels_fused():
     """H100, LSSA: tensor FLOP per score from the matmuls (6·D forward with the split weights, 8·D dq, 12·D dK/dV),
-    one exp2 per score, and ceilings that fail if the weighted sums stop accumulating in the matmul (+4 float32
-    adds a score) or exp2 takes Triton's subnormal-safe form again (+3 instructions a score)."""
+    one exp2 per score, the tensor-only ceilings they set, and limits that fail if the weighted sums stop
+    accumulating in the matmul (+4 float32 adds a score) or exp2 takes Triton's subnormal-safe form again
+    (+3 instructions a score)."""
     table = budget_table("--variants", "lssa", "--seq_len", "1024")
     fwd, dq, dkv = (table[f"lssa {kind} interior"] for kind in ("fwd", "dq", "dkv"))
     assert [int(x[0]) for x in (fwd, dq, dkv)] == [6 * 128, 8 * 128, 12 * 128]
     assert float(fwd[1]) == 1.0
     assert float(fwd[4]) <= 25.0 and float(fwd[7]) >= 0.6  # all instructions per score; bound
     assert float(dq[7]) == 1.0 and float(dkv[7]) == 1.0  # both tensor-bound
+    backward = table["lssa backward interior (dq + dkv at 10·D per score)"]
+    assert (fwd[8], backward[-2], backward[-1]) == ("0.67", "0.50", "0.50")  # the ceilings: 4·D of 6·D, 10·D of 20·D
