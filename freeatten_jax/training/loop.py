@@ -125,6 +125,7 @@ def _train(run: _Run, initialise_only: bool) -> RunMetrics:
                 source = run.source or warm_start.checked_source(cfg, run.splits.tokenizer)
                 state = warm_start.apply(cfg, state, source, run.workdir)
                 rollback.save(ckpt, run.watch, 0, state, train_iter, cfg.source)
+                ckpt.wait()  # durable before step 1: a run killed from here on resumes without its source
     except BaseException:
         ckpt.close()
         raise
