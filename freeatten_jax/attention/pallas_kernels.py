@@ -164,7 +164,8 @@ def kernel_ctx(cfg: Static, n, p):
     ptx: dict[str, Callable] = dict(log2_1p=functools.partial(log2_1p, fma=fma_ptx), rcp=rcp_ptx, exp2=ex2_ptx)
     fast: dict[str, Callable] = ptx if cfg.ptx else {}
     fast |= dict(log2_1p=log2_1p_eup) if cfg.eup_log else {}
-    return Ctx(n=n, p=p, static_power=cfg.static_power, weight=cfg.weight, pv=pv, **fast)
+    pv_once = functools.partial(weighted_dot, False)
+    return Ctx(n=n, p=p, static_power=cfg.static_power, weight=cfg.weight, pv=pv, pv_once=pv_once, **fast)
 
 
 def sweep_spans(first, end, full, masked, interior, carry):

@@ -70,6 +70,7 @@ class Ctx(NamedTuple):
     log2_1p: Callable = log2_1p  # log2(1 + t) for t in [0, 1] (a kernel may take the hardware's log instead)
     rcp: Callable = reciprocal  # 1 / x, elementwise (the hardware's reciprocal where an IEEE division is slow)
     exp2: Callable = jnp.exp2  # 2^x, elementwise (a GPU kernel flushes results below 2^-126 to 0: no subnormal fix-up)
+    pv_once: Callable | None = None  # pv with the weights rounded once to the matmul dtype (None: pv), for LSSAR's y
 
 
 class Pass(NamedTuple):
@@ -253,7 +254,8 @@ def _reweight_finish1(carry, ctx):
 def _reweight_step2(carry, s, vis, v, ctx, rows):
     l, acc, l_dx, acc_dx = carry
     _, _, _, rho_pm1, r = _reweight_terms(s, vis, ctx, rows)
-    return l + _row_sum(r), ctx.pv(r, v, acc), l_dx + _row_sum(rho_pm1), ctx.pv(rho_pm1, v, acc_dx)
+    y = (ctx.pv_once or ctx.pv)(rho_pm1, v, acc_dx)  # only the gradient's E_i reads y: one rounding of ρ^(p-1) is enough
+    return l + _row_sum(r), ctx.pv(r, v, acc), l_dx + _row_sum(rho_pm1), y
 
 
 def _reweight_finish2(carry, ctx):
