@@ -964,4 +964,11 @@ MUTANTS = [
         "functools.partial(finish, one, load, new_refs)()",
         ("tests/test_kernel_budget.py::test_tpu_lssar_forward_finishes_its_first_pass_once",),
     ),
+    Mutant(
+        "gpu/tpu kernels: LSSAR's y split like the output",
+        "freeatten_jax/attention/pallas_kernels.py",
+        "pv_once = functools.partial(weighted_dot, False)",
+        "pv_once = pv",
+        ("tests/test_kernel_budget.py::test_gpu_budget_keeps_the_lssa_kernels_fused",),
+    ),
 ]

@@ -66,8 +66,8 @@ def test_gpu_budget_keeps_the_lssa_kernels_fused():
     """H100, LSSA: tensor FLOP per score from the matmuls (6·D forward with the split weights, 8·D dq, 12·D dK/dV),
     one exp2 per score, the tensor-only ceilings they set, and limits that fail if the weighted sums stop
     accumulating in the matmul (+4 float32 adds a score) or exp2 takes Triton's subnormal-safe form again
-    (+3 instructions a score)."""
-    table = budget_table("--variants", "lssa", "--seq_len", "1024")
+    (+3 instructions a score); LSSAR's forward at 10·D (its y's weights rounded once, not split)."""
+    table = budget_table("--variants", "lssa,lssar", "--seq_len", "1024")
     fwd, dq, dkv = (table[f"lssa {kind} interior"] for kind in ("fwd", "dq", "dkv"))
     assert [int(x[0]) for x in (fwd, dq, dkv)] == [6 * 128, 8 * 128, 12 * 128]
     assert float(fwd[1]) == 1.0
@@ -75,3 +75,5 @@ def test_gpu_budget_keeps_the_lssa_kernels_fused():
     assert float(dq[7]) == 1.0 and float(dkv[7]) == 1.0  # both tensor-bound
     backward = table["lssa backward interior (dq + dkv at 10·D per score)"]
     assert (fwd[8], backward[-2], backward[-1]) == ("0.67", "0.50", "0.50")  # the ceilings: 4·D of 6·D, 10·D of 20·D
+    lssar = table["lssar fwd interior"]  # QKᵀ twice (two passes), r split, ρ^(p-1) rounded once: 10·D
+    assert (int(lssar[0]), lssar[8]) == (10 * 128, "0.40")
