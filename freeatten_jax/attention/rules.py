@@ -122,6 +122,11 @@ def softplus_and_sigmoid(s2, log2_1p_fn=log2_1p, rcp=reciprocal, exp2=jnp.exp2):
     return jnp.maximum(s2, 0.0) + log2_1p_fn(t), jnp.where(s2 >= 0, 1.0, t) * rcp(1.0 + t)
 
 
+def _softplus_and_sigmoid(s2, ctx: Ctx):
+    """softplus_and_sigmoid with the log, reciprocal and exp2 the caller's context takes."""
+    return softplus_and_sigmoid(s2, ctx.log2_1p, ctx.rcp, ctx.exp2)
+
+
 def power_minus_one(y, ctx: Ctx):
     """y ** (p - 1) for y > 0: an exact integer power when p is a known whole number."""
     if ctx.static_power is not None:
@@ -181,7 +186,7 @@ def _softmax_grad(s, vis, ctx, rows, dp):
 def _sum_step(carry, s, vis, v, ctx, rows):
     """u = softplus(s) >= 0 grows at most linearly in a bounded score: no running max, no rescale."""
     z, acc = carry
-    u = _keep(vis, softplus_and_sigmoid(s, ctx.log2_1p, ctx.rcp, ctx.exp2)[0], 0.0)
+    u = _keep(vis, _softplus_and_sigmoid(s, ctx)[0], 0.0)
     return z + _row_sum(u), ctx.pv(u, v, acc)
 
 
@@ -192,7 +197,7 @@ def _sum_finish(carry, ctx):
 
 
 def _sum_grad(s, vis, ctx, rows, dp):
-    u, slope = softplus_and_sigmoid(s, ctx.log2_1p, ctx.rcp, ctx.exp2)
+    u, slope = _softplus_and_sigmoid(s, ctx)
     return _keep(vis, u * rows["inv_z"], 0.0), _keep(vis, (dp - rows["d"]) * (slope * (LOG2E * rows["inv_z"])), 0.0)
 
 
@@ -227,7 +232,7 @@ def _none_grad(s, vis, ctx, rows, dp):
 def _reweight_terms(s, vis, ctx, rows):
     """sigmoid(s), whether each score counts, ρ^(p-1) there (1 on a flat row, 0 where it does not count) and
     r = ρ^p (ρ on a flat row), each before the row normalisation."""
-    u, slope = softplus_and_sigmoid(s, ctx.log2_1p, ctx.rcp, ctx.exp2)
+    u, slope = _softplus_and_sigmoid(s, ctx)
     active = u > rows["thr"] if vis is None else vis & (u > rows["thr"])
     rho = jnp.where(active, (u - rows["thr"]) * rows["alpha"], 1.0)
     rho_pm1 = jnp.where(active, jnp.where(rows["sharp"] > 0, power_minus_one(rho, ctx), 1.0), 0.0)
@@ -236,7 +241,7 @@ def _reweight_terms(s, vis, ctx, rows):
 
 def _reweight_step1(carry, s, vis, v, ctx, rows):
     z, u_max = carry
-    u = _keep(vis, softplus_and_sigmoid(s, ctx.log2_1p, ctx.rcp, ctx.exp2)[0], 0.0)
+    u = _keep(vis, _softplus_and_sigmoid(s, ctx)[0], 0.0)
     return z + _row_sum(u), jnp.maximum(u_max, _row_max(u))
 
 
