@@ -199,9 +199,9 @@ def _calls(cfg: Static, shapes, compiler_params, interpret: bool):
 
 def backward_rows(family: str, stats, out, dout, p_1):
     """The row terms of the gradient (D_i = dO_i·O_i, and LSSAR's E_i) in the kernels' order, each [B, H, Tp, 1],
-    from statistics as [B, H, Tp, 1] or lane-dense [B, H, I, 1, Q] (as the kernels write them)."""
-    columns = {name: x.reshape(*out.shape[:3], 1) if x.ndim == 5 else x for name, x in stats.items()}
-    rows = FAMILIES[family].backward_rows(columns, out, dout, p_1[0])
+    from row statistics as lane-dense [B, H, I, 1, Q] (as the kernels write them) or [B, H, Tp, 1] (the ring)."""
+    stats = {**stats, **{name: stats[name].reshape(*out.shape[:3], 1) for name in FAMILIES[family].stats}}
+    rows = FAMILIES[family].backward_rows(stats, out, dout, p_1[0])
     return [rows[name] for name in FAMILIES[family].rows]
 
 
