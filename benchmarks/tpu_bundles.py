@@ -40,21 +40,26 @@ def opcodes(line: str):
 
 
 def regions(lines):
-    """{region: (first, last) bundle index} from the Start/End region markers."""
-    spans, open_at = {}, {}
+    """({region: (first, last) bundle index}, {region: first bundle}) from the region markers: the spans of the
+    regions that hold bundles, and where every region (empty ones too: branch targets) starts."""
+    spans, open_at, starts = {}, {}, {}
     for n, line in enumerate(lines):
-        for kind, region in re.findall(r"(Start|End) region (\d+)", line):
+        for kind, number in re.findall(r"(Start/End empty|Start|End) region (\d+)", line):
+            region = int(number)
+            if kind == "End":
+                if region in open_at:
+                    spans[region] = (open_at.pop(region), n)
+                continue
+            starts.setdefault(region, n)
             if kind == "Start":
-                open_at[int(region)] = n
-            elif int(region) in open_at:
-                spans[int(region)] = (open_at.pop(int(region)), n)
-    return spans
+                open_at[region] = n
+    return spans, starts
 
 
 def step_regions(lines):
     """The block-work regions in code order, each as a Counter of its opcodes plus "bundles", and the (first, last)
     bundle of the smallest region around them all."""
-    spans = regions(lines)
+    spans, _ = regions(lines)
     counts = {}
     for region, (a, b) in spans.items():
         counter = collections.Counter(op for line in lines[a : b + 1] for op in opcodes(line))
@@ -77,10 +82,7 @@ def every_step(lines, body) -> int:
     """Bundles of the step's body (first, last: the smallest region around all block work) that no forward branch
     inside it skips: what every grid step runs besides its block work (index arithmetic, DMA bookkeeping, and
     anything not under a `pl.when`)."""
-    starts = {}
-    for n, line in enumerate(lines):
-        for region in re.findall(r"Start(?:/End empty)? region (\d+)", line):
-            starts.setdefault(int(region), n)
+    _, starts = regions(lines)
     skipped = set()
     for n in range(body[0], body[1] + 1):
         for region in re.findall(r"sbr\.rel .*?target = \$region(\d+)", lines[n]):
@@ -91,7 +93,8 @@ def every_step(lines, body) -> int:
 
 def kernel_budget(path: str):
     """(interior Counter summed over passes, masked Counter) of one kernel's bundle file: opcode counts and
-    "bundles" per grid step (one elementwise op covers a vreg, 1,024 float32)."""
+    "bundles" per grid step (one elementwise op covers a vreg, 1,024 float32); the interior one also holds
+    "steps" (grid steps per key block) and "every step" (every_step)."""
     lines = [line for line in open(path) if BUNDLE.match(line)]
     found, body = step_regions(lines)
     if len(found) % 2:
@@ -100,8 +103,8 @@ def kernel_budget(path: str):
     for m, i in zip(found[0::2], found[1::2]):
         masked.update(m)
         interior.update(i)
-    interior["every step"] = masked["every step"] = every_step(lines, body)
-    interior["steps"] = masked["steps"] = len(found) // 2  # grid steps per key block: one a pass
+    interior["every step"] = every_step(lines, body)
+    interior["steps"] = len(found) // 2  # grid steps per key block: one a pass
     return interior, masked
 
 
@@ -131,8 +134,9 @@ def table_rows(variant: str, generation: str, folder: str, block_q: int, block_k
     rows, path = [], {}
     scores = block_q * block_k
     minimum = {kind: MODEL_MACS[kind] * d * scores / MACS_PER_CYCLE[generation] for kind in MODEL_MACS}
+    files = bundle_files(folder)
     for kind in ("fwd", "dq", "dkv"):
-        interior, masked = kernel_budget(bundle_files(folder)[kind])
+        interior, masked = kernel_budget(files[kind])
         path[kind] = interior["bundles"] + interior["steps"] * interior["every step"]
         eup = " / ".join(f"{interior[op]:,}" for op in EUP)
         bound = f"{minimum['fwd'] / path[kind]:.2f}" if kind == "fwd" else ""
