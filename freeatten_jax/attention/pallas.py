@@ -214,7 +214,7 @@ def make_core(cfg: Static, run_forward, run_backward):
     """core(q, k, v, qs, ks, p_1, where) = the kernels' output, with a custom VJP whose residuals are the inputs,
     the output and row statistics. The scores are qs_i ks_j q_i·k_j (float32 factors, the family's score_scale
     in qs, lane-dense as one row per block: qs [B, H, I, 1, Q], ks [B, K, J, 1, C]). run_forward(q, k, v, qs, ks,
-    p_1, where) gives (out, its low half or None, statistics); run_backward(q, k, v, qs, ks, p_1, where, rows,
+    p_1, where) gives (out, its low half or None, statistics); run_backward(q, k, v, qs, ks, p_1, where, rows (lane-dense),
     dout) the kernels' (dq, dk sums, dv, dL/dp per row or None): sums without the factors of their own side,
     which this applies, with the factors' own gradients. `where` is a pallas_plan.Plan here, a ring in
     ring_kernels.py."""
@@ -236,6 +236,7 @@ def make_core(cfg: Static, run_forward, run_backward):
         q, k, v, qs, ks, p_1, where, out, low, stats = residuals
         out_f32 = out if low is None else out.astype(jnp.float32) + low.astype(jnp.float32)
         rows = backward_rows(cfg.family, stats, out_f32, dout, p_1)  # D_i from the float32 output, as the reference's
+        rows = [by_blocks(x, cfg.block_q) for x in rows]  # lane-dense [B, H, I, 1, Q], once (the ring's steps reuse them)
         dq_sum, dk_sum, dv, dpow = run_backward(q, k, v, qs, ks, p_1, where, rows, dout)
         dp_1 = jnp.sum(dpow).reshape(1) if cfg.p_grad else None
         dq_sum, dk_sum = dq_sum * inv_scale, dk_sum * inv_scale
@@ -257,8 +258,8 @@ def mask_args(plan: pallas_plan.Plan, key_major: bool = False):
 
 
 def kernel_backward(cfg: Static, dq_call, dkv_call, q, k, v, qs, ks, p_1, plan: pallas_plan.Plan, rows, dout):
-    """The dq and dkv kernels on one plan: (dq sum, dk sum, dv, dL/dp per row or None), as make_core takes them."""
-    rows = [by_blocks(x, cfg.block_q) for x in rows]  # [B, H, I, 1, Q]
+    """The dq and dkv kernels on one plan, the row terms lane-dense: (dq sum, dk sum, dv, dL/dp per row or None), as
+    make_core takes them."""
     first, end, full, *masks = mask_args(plan)
     dq_sum, *dpow = dq_call(first, end, full, p_1, q, k, v, qs, ks, *masks, dout, *rows)
     first, end, full, *masks = mask_args(plan, key_major=True)
