@@ -43,6 +43,9 @@ def scenario(name: str, rng):
         segments = jnp.array([[0] * 20 + [1] * 17, [0] * 9 + [1] * 21 + [2] * 7])
         kv_mask = jnp.array([[True] * 37, [True] * 30 + [False] * 7])  # segment 2 of row 1 sees nothing
         return q, k, v, g, True, dict(q_segment_ids=segments, kv_mask=kv_mask)
+    if name == "causal_plain_gqa":  # a plain mask (T == S, default positions): the TPU kernels' folded causal schedule
+        q, k, v, g = inputs(rng, 2, 37, 37, 4, 2, 16)
+        return q, k, v, g, True, {}
     if name == "bidirectional_window_positions_mqa":  # unsorted positions, S > T, window, padding, MQA
         q, k, v, g = inputs(rng, 2, 23, 41, 4, 1, 16)
         q_positions = jax.random.permutation(jax.random.fold_in(rng, 1), 41)[:23]
@@ -63,6 +66,7 @@ CASES += [("causal_packed_padded_gqa", variant, "tpu") for variant in FAMILIES]
 CASES += [("bidirectional_window_positions_mqa", variant, "gpu") for variant in ("lssa", "lssar")]
 CASES += [("kv_cache_offset_bfloat16", variant, "gpu") for variant in ("ssmax", "lssar")]
 CASES += [("bidirectional_window_positions_mqa", "lssar", "tpu"), ("kv_cache_offset_bfloat16", "lssar", "tpu")]
+CASES += [("causal_plain_gqa", "lssar", "tpu")]
 
 
 @pytest.mark.parametrize("name, variant, kernels", CASES)

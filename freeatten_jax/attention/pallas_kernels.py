@@ -71,6 +71,7 @@ class Static(NamedTuple):
     split: bool  # the weights and ds enter their matmuls as two halves (weighted_dot)
     ptx: bool = False  # a CUDA compile: fused multiply-adds as inline PTX (fma_ptx)
     eup_log: bool = False  # the TPU kernels: log2(1 + t) by the transcendental unit (rules.log2_1p_eup)
+    plain_length: int | None = None  # T (= S) of a plain mask (Mask.plain): its causal block spans known when tracing
 
 
 def visible(cfg: Static, q_pos, q_seg, k_pos, k_seg, k_valid):

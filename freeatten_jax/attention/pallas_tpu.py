@@ -1,14 +1,16 @@
 """The TPU (Mosaic) kernels: K/V streamed along an "arbitrary" grid axis, VMEM scratch accumulators.
 
 Glossary: B batch, H heads, K kv heads, G = H // K, Tp / Sp padded lengths, Q / C query / key block
-length, I / J number of query / key blocks, D head dim. The forward and dQ kernels run on a grid
-(b, h, i, t) whose last axis walks the key blocks (t = pass · J + j: LSSAR's forward sweeps twice), and
-the dK/dV kernel on (b, kv head, j, t) whose last axis walks the G heads' query blocks (t = g · I + i).
-Each grid step holds one block of each operand in VMEM, so VMEM use does not grow with the sequence
-(the GPU kernels, pallas_kernels.py, read whole K/V and loop inside the kernel instead). Blocks outside
-the span that pallas_plan computed are not visited, and their index map repeats a visited block, so
-Pallas fetches nothing for them; wholly visible (interior) blocks skip the mask. The families' maths
-(rules.FAMILIES) is shared: here a `sweep` keeps its carry in scratch between grid steps.
+length, I / J number of query / key blocks, D head dim, R / L a schedule's grid rows and steps a row. The
+forward and dQ kernels run on a grid (b, h, r, t) whose last axis walks the key blocks of the query blocks
+of row r (each pass in turn: LSSAR's forward sweeps twice), and the dK/dV kernel on (b, kv head, r, t) whose
+last axis walks the query blocks, each for the G heads of a group, of row r's key blocks (tpu_schedule: a
+plain causal mask folds its triangle of block pairs into rows without an empty step). Each grid step holds
+one block of each operand in VMEM, so VMEM use does not grow with the sequence (the GPU kernels,
+pallas_kernels.py, read whole K/V and loop inside the kernel instead). Blocks outside the span that
+pallas_plan computed are not visited, and their index map repeats a visited block, so Pallas fetches
+nothing for them; wholly visible (interior) blocks skip the mask. The families' maths (rules.FAMILIES) is
+shared: here a `sweep` keeps its carry in scratch between grid steps.
 """
 
 import functools
@@ -37,6 +39,7 @@ from freeatten_jax.attention.pallas_kernels import (
     write_forward,
 )
 from freeatten_jax.attention.rules import FAMILIES
+from freeatten_jax.attention.tpu_schedule import Schedule, causal_spans, full, locate, schedule
 
 
 class Tuning(NamedTuple):
@@ -89,16 +92,30 @@ def _held_block(cfg: Static, q_ref, k_ref, v_ref, qs_ref, ks_ref, qcol_ref, kvro
     return scaled_scores(q_ref[...], k, column(qs_ref[...]), key_factor(cfg, ks_ref, ...)), vis, v
 
 
-def _spans(full_ref, first_ref, end_ref, b, i, j):
-    """Whether key block j is interior (every pair visible: no mask) and whether it is visited with a mask."""
-    interior = (full_ref[0, b, i] <= j) & (j < full_ref[1, b, i])
-    return interior, (first_ref[b, i] <= j) & (j < end_ref[b, i]) & ~interior
+def _spans(full_ref, first_ref, end_ref, b, step):
+    """Whether a step's inner block is interior (every pair visible: no mask) and whether it is visited with a mask."""
+    i, j = step.outer, step.inner
+    interior = (full_ref[0, b, i] <= j) & (j < full_ref[1, b, i]) & step.valid
+    return interior, (first_ref[b, i] <= j) & (j < end_ref[b, i]) & step.valid & ~interior
+
+
+def sweep(cfg: Static, outer: int, inner: int, passes: int = 1, minor: int = 1, key_major: bool = False) -> Schedule:
+    """A kernel's schedule over `outer` blocks: the causal spans under a plain causal mask, else every inner block."""
+    if not (cfg.causal and cfg.plain_length):
+        return full(outer, inner, passes, minor)
+    blocks = (cfg.block_k, cfg.block_q) if key_major else (cfg.block_q, cfg.block_k)
+    return schedule(*causal_spans(cfg.plain_length, *blocks, outer, inner, key_major), passes, minor)
+
+
+def _prepend(table, call):
+    """The pallas_call with its schedule's table as the first scalar-prefetch argument, taking the GPU calls' arguments."""
+    return lambda *args: call(jnp.asarray(table), *args)
 
 
 def forward_kernel(
     cfg: Static,
     sweeps: int,
-    blocks: int,
+    table_ref,
     first_ref,
     end_ref,
     full_ref,
@@ -113,13 +130,15 @@ def forward_kernel(
     n_ref,
     *refs,
 ):
-    """One grid step (b, h, i, t): key block t % J of pass t // J (J = blocks). Each pass's `finish` runs once, at
-    its last step, under its own `pl.when` (Mosaic does not move a computation into the branch that uses it:
-    LSSAR's first finish cost ~1,200 bundles on every step): an earlier pass's row statistics wait in scratch for
-    the next pass's steps, and the last pass's output and statistics are written at the last step."""
-    b, i, t = pl.program_id(0), pl.program_id(2), pl.program_id(3)
-    j, now = jax.lax.rem(t, blocks), jax.lax.div(t, blocks)  # C division (no sign op, which Mosaic lowers per chip)
-    interior, masked = _spans(full_ref, first_ref, end_ref, b, i, j)
+    """One grid step (b, h, r, t): a key block of one pass for one query block (tpu_schedule.locate). Each pass's
+    `finish` runs once, at its last step, under its own `pl.when` (Mosaic does not move a computation into the
+    branch that uses it: LSSAR's first finish cost ~1,200 bundles on every step): an earlier pass's row
+    statistics wait in scratch for the next pass's steps, and the last pass's output and statistics are written
+    at the last step."""
+    b = pl.program_id(0)
+    step = locate(table_ref, pl.program_id(2), pl.program_id(3), sweeps)
+    now = step.sweep
+    interior, masked = _spans(full_ref, first_ref, end_ref, b, step)
     family = FAMILIES[cfg.family]
     outputs = 1 + len(family.stats) + len(family.extras) + low_half(cfg)
     out_refs, slots = refs[:outputs], iter(refs[outputs:])
@@ -130,7 +149,7 @@ def forward_kernel(
         leaves, tree = jax.tree.flatten(one.init(jnp.zeros((cfg.block_q, 1), jnp.float32), jnp.zeros(q_ref.shape, jnp.float32)))
         carry_refs = [next(slots) for _ in leaves]
         load = functools.partial(lambda refs, tree: jax.tree.unflatten(tree, [ref[...] for ref in refs]), carry_refs, tree)
-        pl.when((now == which) & (j == 0))(functools.partial(_store, carry_refs, leaves))
+        pl.when((now == which) & step.first)(functools.partial(_store, carry_refs, leaves))
 
         def visit(one, carry_refs, load, is_masked):
             _store(carry_refs, one.step(load(), *held_block(is_masked, one.with_values), ctx, load_rows()))
@@ -144,7 +163,7 @@ def forward_kernel(
             def finish(one, load, new_refs):
                 _store(new_refs, [x for _, x in sorted(one.finish(load(), ctx)[1].items())])
 
-            pl.when((now == which) & (j == blocks - 1))(functools.partial(finish, one, load, new_refs))
+            pl.when((now == which) & step.last)(functools.partial(finish, one, load, new_refs))
             row_refs |= dict(zip(names, new_refs))
         else:
 
@@ -152,7 +171,7 @@ def forward_kernel(
                 out, new = one.finish(load(), ctx)
                 write_forward(cfg, family, out_refs, out, {**load_rows(), **new})
 
-            pl.when(t == sweeps * blocks - 1)(functools.partial(write, one, load))
+            pl.when((now == which) & step.last)(functools.partial(write, one, load))
 
 
 def finished_rows(cfg: Static, which: int, d: int) -> dict:
@@ -168,6 +187,7 @@ def pass_kernel(
     cfg: Static,
     which: int,
     row_names,
+    table_ref,
     first_ref,
     end_ref,
     full_ref,
@@ -182,18 +202,19 @@ def pass_kernel(
     n_ref,
     *refs,
 ):
-    """One grid step (b, h, i, j): pass `which` of the family continued from a carry over key block j of a ring
-    step's chunk (ring_kernels.py); the carry out stays in VMEM across j (its block does not move) and is the
-    accumulator."""
-    b, i, j = pl.program_id(0), pl.program_id(2), pl.program_id(3)
+    """One grid step (b, h, r, t): pass `which` of the family continued from a carry over a key block of a ring
+    step's chunk (ring_kernels.py); the carry out stays in VMEM across the key blocks (its block does not move)
+    and is the accumulator."""
+    b = pl.program_id(0)
+    step = locate(table_ref, pl.program_id(2), pl.program_id(3))
     one = FAMILIES[cfg.family].passes[which]
     row_refs, in_refs, out_refs = split_pass_refs(row_names, refs)
-    interior, masked = _spans(full_ref, first_ref, end_ref, b, i, j)
+    interior, masked = _spans(full_ref, first_ref, end_ref, b, step)
     held_block = functools.partial(_held_block, cfg, q_ref, k_ref, v_ref, qs_ref, ks_ref, qcol_ref, kvrow_ref)
     tree = jax.tree.structure(one.init(jnp.zeros((1, 1)), jnp.zeros((1, 1))))
     load = lambda: jax.tree.unflatten(tree, [ref[...] for ref in out_refs])  # noqa: E731
 
-    @pl.when(j == 0)
+    @pl.when(step.first)
     def _():
         for out, carry in zip(out_refs, in_refs):
             out[...] = carry[...]
@@ -208,6 +229,7 @@ def pass_kernel(
 
 def dq_kernel(
     cfg: Static,
+    table_ref,
     first_ref,
     end_ref,
     full_ref,
@@ -223,15 +245,16 @@ def dq_kernel(
     dout_ref,
     *refs,
 ):
-    """One grid step (b, h, i, j): adds key block j's share of Σ_j ds_ij b_j k_j (and of the rows' dL/dp if
-    cfg.p_grad, written as a [1, Q] row); written at the last step. The rows come lane-dense, as [1, Q]."""
-    b, i, j = pl.program_id(0), pl.program_id(2), pl.program_id(3)
+    """One grid step (b, h, r, t): adds a key block j's share of Σ_j ds_ij b_j k_j (and of the rows' dL/dp if
+    cfg.p_grad, written as a [1, Q] row); written at the query block's last step. The rows come lane-dense, as [1, Q]."""
+    b = pl.program_id(0)
+    step = locate(table_ref, pl.program_id(2), pl.program_id(3))
     family = FAMILIES[cfg.family]
     rows_in, column_refs = refs[: len(family.rows)], refs[len(refs) - len(family.rows) :]
     rest = refs[len(family.rows) : len(refs) - len(family.rows)]
     out_refs, acc_refs = rest[: len(rest) // 2], rest[len(rest) // 2 :]
 
-    @pl.when(j == 0)
+    @pl.when(step.first)
     def _():
         for ref in acc_refs:
             ref[...] = jnp.zeros(ref.shape, jnp.float32)
@@ -252,11 +275,11 @@ def dq_kernel(
         if cfg.p_grad and family.power_grad is not None:
             acc_refs[1][...] += jnp.sum(family.power_grad(*args), axis=1, keepdims=True)
 
-    interior = (full_ref[0, b, i] <= j) & (j < full_ref[1, b, i])
-    pl.when((first_ref[b, i] <= j) & (j < end_ref[b, i]) & ~interior)(functools.partial(add, True))
+    interior, masked = _spans(full_ref, first_ref, end_ref, b, step)
+    pl.when(masked)(functools.partial(add, True))
     pl.when(interior)(functools.partial(add, False))
 
-    @pl.when(j == pl.num_programs(3) - 1)
+    @pl.when(step.last)
     def _():
         out_refs[0][...] = acc_refs[0][...]
         if cfg.p_grad:
@@ -265,7 +288,7 @@ def dq_kernel(
 
 def dkv_kernel(
     cfg: Static,
-    q_blocks: int,
+    table_ref,
     first_ref,
     end_ref,
     full_ref,
@@ -281,14 +304,14 @@ def dkv_kernel(
     dout_ref,
     *refs,
 ):
-    """One grid step (b, kv head, j, t): adds query block t % I of head group t // I to Σ_i ds_ij a_i q_i and
-    dv (key-major [C, Q] blocks, as pallas_kernels.dkv_kernel); written at the last step."""
-    b, j, t = pl.program_id(0), pl.program_id(2), pl.program_id(3)
-    i = jax.lax.rem(t, q_blocks)
+    """One grid step (b, kv head, r, t): adds a query block i of one head of the group to Σ_i ds_ij a_i q_i and
+    dv (key-major [C, Q] blocks, as pallas_kernels.dkv_kernel); written at the key block's last step."""
+    b = pl.program_id(0)
+    step = locate(table_ref, pl.program_id(2), pl.program_id(3), minor=cfg.kv_groups)
     family = FAMILIES[cfg.family]
     *row_refs, dk_ref, dv_ref, dk_acc, dv_acc = refs
 
-    @pl.when(t == 0)
+    @pl.when(step.first)
     def _():
         dk_acc[...] = jnp.zeros(dk_acc.shape, jnp.float32)
         dv_acc[...] = jnp.zeros(dv_acc.shape, jnp.float32)
@@ -303,11 +326,11 @@ def dkv_kernel(
         dk_acc[...] = weighted_dot(cfg.split, ds_t * qs, q, dk_acc[...])
         dv_acc[...] = weighted_dot(cfg.split, w_t, dout, dv_acc[...])
 
-    interior = (full_ref[0, b, j] <= i) & (i < full_ref[1, b, j])
-    pl.when((first_ref[b, j] <= i) & (i < end_ref[b, j]) & ~interior)(functools.partial(add, True))
+    interior, masked = _spans(full_ref, first_ref, end_ref, b, step)
+    pl.when(masked)(functools.partial(add, True))
     pl.when(interior)(functools.partial(add, False))
 
-    @pl.when(t == pl.num_programs(3) - 1)
+    @pl.when(step.last)
     def _():
         dk_ref[...], dv_ref[...] = dk_acc[...], dv_acc[...]
 
@@ -320,101 +343,117 @@ def _common(cfg: Static, interpret: bool):
     return dict(interpret=interpret, compiler_params=params)
 
 
-def _query_major_specs(cfg: Static, shapes, values_from: int = 0):
-    """The forward and dq kernels' input specs on the grid (b, h, i, t), key block j = t % J clamped into the
-    visiting span, and the specs of a [Q, D] block and a [Q, 1] row. V is read from step `values_from` on: before
-    it (LSSAR's first pass) its index stays on the block the first step that reads it takes, so it is fetched once."""
+def _query_major_specs(cfg: Static, shapes, passes: int = 1, values_from: int = 0):
+    """The forward and dq kernels' input specs on the grid (b, h, r, t) of a schedule with `passes` passes (the
+    key block clamped into the visiting span), and the specs of a [Q, D] block and a [Q, 1] row. V is read from
+    pass `values_from` on: before it (LSSAR's first pass) its index stays on the first block of the query
+    block's span, the one the first pass that reads it starts with, so it is fetched once."""
     (b, h, tp, d), (kv_heads, sp) = shapes
-    k_blocks, g = sp // cfg.block_k, cfg.kv_groups
+    g = cfg.kv_groups
 
-    def key_index(b, i, t, first, end, full):
-        return _clamp(jax.lax.rem(t, k_blocks), first[b, i], end[b, i])
+    def query_index(r, t, table):
+        return locate(table, r, t, passes).outer
 
-    q_spec = pl.BlockSpec((None, None, cfg.block_q, d), lambda b, h, i, t, *_: (b, h, i, 0))
-    row_spec = pl.BlockSpec((None, None, cfg.block_q, 1), lambda b, h, i, t, *_: (b, h, i, 0))
-    kv_spec = pl.BlockSpec((None, None, cfg.block_k, d), lambda b, h, i, t, *s: (b, jax.lax.div(h, g), key_index(b, i, t, *s), 0))
+    def key_index(b, r, t, table, first, end, full, values=False):
+        step = locate(table, r, t, passes)
+        j = _clamp(step.inner, first[b, step.outer], end[b, step.outer])
+        return jnp.where(step.sweep < values_from, first[b, step.outer], j) if values else j
+
+    q_spec = pl.BlockSpec((None, None, cfg.block_q, d), lambda b, h, r, t, table, *_: (b, h, query_index(r, t, table), 0))
+    row_spec = pl.BlockSpec((None, None, cfg.block_q, 1), lambda b, h, r, t, table, *_: (b, h, query_index(r, t, table), 0))
+    kv_spec = pl.BlockSpec((None, None, cfg.block_k, d), lambda b, h, r, t, *s: (b, jax.lax.div(h, g), key_index(b, r, t, *s), 0))
     v_spec = pl.BlockSpec(
-        (None, None, cfg.block_k, d),
-        lambda b, h, i, t, *s: (b, jax.lax.div(h, g), key_index(b, i, jnp.maximum(t, values_from), *s), 0),
+        (None, None, cfg.block_k, d), lambda b, h, r, t, *s: (b, jax.lax.div(h, g), key_index(b, r, t, *s, values=True), 0)
     )
     key_factors = pl.BlockSpec(
-        (None, None, None, 1, cfg.block_k), lambda b, h, i, t, *s: (b, jax.lax.div(h, g), key_index(b, i, t, *s), 0, 0)
+        (None, None, None, 1, cfg.block_k), lambda b, h, r, t, *s: (b, jax.lax.div(h, g), key_index(b, r, t, *s), 0, 0)
     )
     mask_specs = [
-        pl.BlockSpec((2, None, cfg.block_q, 1), lambda b, h, i, t, *_: (0, b, i, 0)),
-        pl.BlockSpec((3, None, None, 1, cfg.block_k), lambda b, h, i, t, *s: (0, b, key_index(b, i, t, *s), 0, 0)),
-        pl.BlockSpec((None, cfg.block_q, 1), lambda b, h, i, t, *_: (b, i, 0)),
+        pl.BlockSpec((2, None, cfg.block_q, 1), lambda b, h, r, t, table, *_: (0, b, query_index(r, t, table), 0)),
+        pl.BlockSpec((3, None, None, 1, cfg.block_k), lambda b, h, r, t, *s: (0, b, key_index(b, r, t, *s), 0, 0)),
+        pl.BlockSpec((None, cfg.block_q, 1), lambda b, h, r, t, table, *_: (b, query_index(r, t, table), 0)),
     ]
-    q_factors = pl.BlockSpec((None, None, None, 1, cfg.block_q), lambda b, h, i, t, *_: (b, h, i, 0, 0))
+    q_factors = pl.BlockSpec(
+        (None, None, None, 1, cfg.block_q), lambda b, h, r, t, table, *_: (b, h, query_index(r, t, table), 0, 0)
+    )
+    lane_dense_rows = pl.BlockSpec(
+        (None, None, None, 1, cfg.block_q), lambda b, h, r, t, table, *_: (b, h, query_index(r, t, table), 0, 0)
+    )
     smem = pl.BlockSpec(memory_space=pltpu.SMEM)
-    return [smem, q_spec, kv_spec, v_spec, q_factors, key_factors, *mask_specs], q_spec, row_spec
+    return [smem, q_spec, kv_spec, v_spec, q_factors, key_factors, *mask_specs], q_spec, row_spec, lane_dense_rows
+
+
+def _grid_spec(shapes_bh, plan: Schedule, **specs):
+    """The grid spec of a kernel on grid (b, heads, R, L) with its schedule's table and the three span arrays as
+    scalar prefetch."""
+    return pltpu.PrefetchScalarGridSpec(num_scalar_prefetch=4, grid=(*shapes_bh, plan.rows, plan.steps), **specs)
 
 
 def pass_call(cfg: Static, shapes, which: int, row_names, interpret: bool):
-    """The TPU pass kernel's pallas_call (grid (b, h, i, j)): the forward's inputs, the earlier passes' rows and
-    the carry in; the carry out (aliasing the carry in)."""
+    """The TPU pass kernel's pallas_call (every key block of the ring step's chunk, for each query block): the
+    forward's inputs, the earlier passes' rows and the carry in; the carry out (aliasing the carry in)."""
     cfg = cfg._replace(eup_log=True)
     (b, h, tp, d), (_, sp) = shapes
-    in_specs, _, row_spec = _query_major_specs(
-        cfg, shapes, 0 if FAMILIES[cfg.family].passes[which].with_values else sp // cfg.block_k
-    )
+    in_specs, _, row_spec, _ = _query_major_specs(cfg, shapes, 1, 0 if FAMILIES[cfg.family].passes[which].with_values else 1)
+    plan = full(tp // cfg.block_q, sp // cfg.block_k)
     widths = carry_widths(cfg, which, d)
-    carry_specs = [pl.BlockSpec((None, None, cfg.block_q, w), lambda b, h, i, t, *_: (b, h, i, 0)) for w in widths]
-    first_carry = 3 + len(in_specs) + len(row_names)
-    return pl.pallas_call(
+    carry_specs = [
+        pl.BlockSpec((None, None, cfg.block_q, w), lambda b, h, r, t, table, *_: (b, h, locate(table, r, t).outer, 0))
+        for w in widths
+    ]
+    first_carry = 4 + len(in_specs) + len(row_names)
+    call = pl.pallas_call(
         functools.partial(pass_kernel, cfg, which, tuple(row_names)),
-        grid_spec=pltpu.PrefetchScalarGridSpec(
-            num_scalar_prefetch=3,
-            grid=(b, h, tp // cfg.block_q, sp // cfg.block_k),
-            in_specs=in_specs + [row_spec] * len(row_names) + carry_specs,
-            out_specs=carry_specs,
-        ),
+        grid_spec=_grid_spec((b, h), plan, in_specs=in_specs + [row_spec] * len(row_names) + carry_specs, out_specs=carry_specs),
         out_shape=[jax.ShapeDtypeStruct((b, h, tp, w), jnp.float32) for w in widths],
         input_output_aliases={first_carry + x: x for x in range(len(widths))},
         name=f"freeatten_{cfg.family}_pass{which}",
         **_common(cfg, interpret),
     )
+    return _prepend(plan.table, call)
 
 
 def calls(cfg: Static, shapes, interpret: bool):
     """The three pallas_calls (forward, dq, dkv) for arrays of the given padded shapes, with the same
-    arguments as pallas.py's GPU calls (the three span arrays first, as scalar prefetch)."""
+    arguments as pallas.py's GPU calls (the three span arrays first, as scalar prefetch, after the schedule's table)."""
     cfg = cfg._replace(eup_log=True)
     (b, h, tp, d), (kv_heads, sp) = shapes
     q_blocks, k_blocks, g = tp // cfg.block_q, sp // cfg.block_k, cfg.kv_groups
     family, f32 = FAMILIES[cfg.family], jnp.float32
     common = _common(cfg, interpret)
     smem = pl.BlockSpec(memory_space=pltpu.SMEM)
-    in_specs, q_spec, _ = _query_major_specs(cfg, shapes)
-    row_spec = pl.BlockSpec((None, None, None, 1, cfg.block_q), lambda b, h, i, t, *_: (b, h, i, 0, 0))  # lane-dense
+    in_specs, q_spec, _, row_spec = _query_major_specs(cfg, shapes)
+    passes = len(family.passes)
     first_valued = [one.with_values for one in family.passes].index(True)  # LSSAR's first pass reads no V
-    forward_specs = _query_major_specs(cfg, shapes, first_valued * k_blocks)[0]
-    carries = [[(cfg.block_q, w) for w in carry_widths(cfg, which, d)] for which in range(len(family.passes))]
+    forward_specs, forward_q, _, forward_rows = _query_major_specs(cfg, shapes, passes, first_valued)
+    carries = [[(cfg.block_q, w) for w in carry_widths(cfg, which, d)] for which in range(passes)]
     stat_shapes = [jax.ShapeDtypeStruct((b, h, q_blocks, 1, cfg.block_q), f32)] * len(family.stats)
     out_shape = jax.ShapeDtypeStruct((b, h, tp, d), cfg.dtype)
     extra_shapes = [jax.ShapeDtypeStruct((b, h, tp, d), f32)] * len(family.extras)
+    forward_plan = sweep(cfg, q_blocks, k_blocks, passes)
     forward = pl.pallas_call(
-        functools.partial(forward_kernel, cfg, len(carries), k_blocks),
-        grid_spec=pltpu.PrefetchScalarGridSpec(
-            num_scalar_prefetch=3,
-            grid=(b, h, q_blocks, len(carries) * k_blocks),
+        functools.partial(forward_kernel, cfg, passes),
+        grid_spec=_grid_spec(
+            (b, h),
+            forward_plan,
             in_specs=forward_specs,
-            out_specs=[q_spec] + [row_spec] * len(stat_shapes) + [q_spec] * (len(extra_shapes) + low_half(cfg)),
+            out_specs=[forward_q] + [forward_rows] * len(stat_shapes) + [forward_q] * (len(extra_shapes) + low_half(cfg)),
             scratch_shapes=[
                 pltpu.VMEM(shape, f32)
-                for which, sweep in enumerate(carries)
-                for shape in sweep + (list(finished_rows(cfg, which, d).values()) if which < len(carries) - 1 else [])
+                for which, one in enumerate(carries)
+                for shape in one + (list(finished_rows(cfg, which, d).values()) if which < passes - 1 else [])
             ],
         ),
         out_shape=[out_shape] + stat_shapes + extra_shapes + [out_shape] * low_half(cfg),
         name=f"freeatten_{cfg.family}_fwd",
         **common,
     )
+    dq_plan = sweep(cfg, q_blocks, k_blocks)
     dq = pl.pallas_call(
         functools.partial(dq_kernel, cfg),
-        grid_spec=pltpu.PrefetchScalarGridSpec(
-            num_scalar_prefetch=3,
-            grid=(b, h, q_blocks, k_blocks),
+        grid_spec=_grid_spec(
+            (b, h),
+            dq_plan,
             in_specs=in_specs + [q_spec] + [row_spec] * len(family.rows),
             out_specs=[q_spec, row_spec][: 1 + cfg.p_grad],
             scratch_shapes=[pltpu.VMEM((cfg.block_q, d), f32), pltpu.VMEM((cfg.block_q, 1), f32)][: 1 + cfg.p_grad]
@@ -427,29 +466,38 @@ def calls(cfg: Static, shapes, interpret: bool):
         **common,
     )
 
-    # dkv: grid (b, kv head, j, t), head g = t // I of the group and query block i = t % I clamped into the span
-    def query_index(b, j, t, first, end, full):
-        return _clamp(jax.lax.rem(t, q_blocks), first[b, j], end[b, j])
+    # dkv: grid (b, kv head, r, t), key block `outer`, query block `inner` clamped into the span, head `minor` of the group
+    def at(r, t, table):
+        return locate(table, r, t, minor=g)
 
-    def head(k, t):
-        return k * g + jax.lax.div(t, q_blocks)
+    def query_index(b, r, t, table, first, end, full):
+        step = at(r, t, table)
+        return _clamp(step.inner, first[b, step.outer], end[b, step.outer])
 
-    group_spec = pl.BlockSpec((None, None, cfg.block_q, d), lambda b, k, j, t, *s: (b, head(k, t), query_index(b, j, t, *s), 0))
-    group_rows = pl.BlockSpec(
-        (None, None, None, 1, cfg.block_q), lambda b, k, j, t, *s: (b, head(k, t), query_index(b, j, t, *s), 0, 0)
+    def head(k, r, t, table):
+        return k * g + at(r, t, table).minor
+
+    group_spec = pl.BlockSpec(
+        (None, None, cfg.block_q, d), lambda b, k, r, t, *s: (b, head(k, r, t, s[0]), query_index(b, r, t, *s), 0)
     )
-    k_spec = pl.BlockSpec((None, None, cfg.block_k, d), lambda b, k, j, t, *_: (b, k, j, 0))
-    k_factors = pl.BlockSpec((None, None, None, 1, cfg.block_k), lambda b, k, j, t, *_: (b, k, j, 0, 0))
+    group_rows = pl.BlockSpec(
+        (None, None, None, 1, cfg.block_q), lambda b, k, r, t, *s: (b, head(k, r, t, s[0]), query_index(b, r, t, *s), 0, 0)
+    )
+    k_spec = pl.BlockSpec((None, None, cfg.block_k, d), lambda b, k, r, t, table, *_: (b, k, at(r, t, table).outer, 0))
+    k_factors = pl.BlockSpec(
+        (None, None, None, 1, cfg.block_k), lambda b, k, r, t, table, *_: (b, k, at(r, t, table).outer, 0, 0)
+    )
     dkv_mask_specs = [
-        pl.BlockSpec((2, None, None, 1, cfg.block_q), lambda b, k, j, t, *s: (0, b, query_index(b, j, t, *s), 0, 0)),
-        pl.BlockSpec((3, None, cfg.block_k, 1), lambda b, k, j, t, *_: (0, b, j, 0)),
-        pl.BlockSpec((None, None, 1, cfg.block_q), lambda b, k, j, t, *s: (b, query_index(b, j, t, *s), 0, 0)),
+        pl.BlockSpec((2, None, None, 1, cfg.block_q), lambda b, k, r, t, *s: (0, b, query_index(b, r, t, *s), 0, 0)),
+        pl.BlockSpec((3, None, cfg.block_k, 1), lambda b, k, r, t, table, *_: (0, b, at(r, t, table).outer, 0)),
+        pl.BlockSpec((None, None, 1, cfg.block_q), lambda b, k, r, t, *s: (b, query_index(b, r, t, *s), 0, 0)),
     ]
+    dkv_plan = sweep(cfg, k_blocks, q_blocks, minor=g, key_major=True)
     dkv = pl.pallas_call(
-        functools.partial(dkv_kernel, cfg, q_blocks),
-        grid_spec=pltpu.PrefetchScalarGridSpec(
-            num_scalar_prefetch=3,
-            grid=(b, kv_heads, k_blocks, g * q_blocks),
+        functools.partial(dkv_kernel, cfg),
+        grid_spec=_grid_spec(
+            (b, kv_heads),
+            dkv_plan,
             in_specs=[smem, group_spec, k_spec, k_spec, group_rows, k_factors, *dkv_mask_specs, group_spec]
             + [group_rows] * len(family.rows),
             out_specs=[k_spec, k_spec],
@@ -459,4 +507,4 @@ def calls(cfg: Static, shapes, interpret: bool):
         name=f"freeatten_{cfg.family}_dkv",
         **common,
     )
-    return forward, dq, dkv
+    return _prepend(forward_plan.table, forward), _prepend(dq_plan.table, dq), _prepend(dkv_plan.table, dkv)

@@ -1,0 +1,81 @@
+"""The TPU kernels' schedules (attention/tpu_schedule.py): every grid row visits its outer blocks' spans in order,
+once per pass and minor step, its idle tail fetches nothing new, a plain causal mask's spans are the ones the
+run-time plan computes, and its folded schedule has no empty grid step.
+
+Glossary: O / N outer / inner blocks, R grid rows, L steps a row, Q / C query / key block length.
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from freeatten_jax.attention import pallas_plan, tpu_schedule
+from freeatten_jax.attention.arguments import make_mask
+
+GEOMETRIES = [(37, 16, 8), (40, 8, 16), (8192, 512, 512), (1000, 256, 128)]  # (T, Q, C)
+
+
+def _walk(plan: tpu_schedule.Schedule, passes: int, minor: int):
+    """Every grid step's Step fields as numpy [R, L] arrays (locate, vectorised over the grid)."""
+    r_RL, t_RL = np.meshgrid(np.arange(plan.rows), np.arange(plan.steps), indexing="ij")
+    step = tpu_schedule.locate(plan.table, r_RL, t_RL, passes, minor)
+    return {name: np.broadcast_to(np.asarray(x), r_RL.shape) for name, x in step._asdict().items()}
+
+
+def _spans(t, q, c, key_major):
+    outer, inner = (-(-t // c), -(-t // q)) if key_major else (-(-t // q), -(-t // c))
+    return tpu_schedule.causal_spans(t, c if key_major else q, q if key_major else c, outer, inner, key_major)
+
+
+@pytest.mark.parametrize("passes, minor", [(2, 1), (1, 3)])
+@pytest.mark.parametrize("t, q, c", GEOMETRIES)
+@pytest.mark.parametrize("key_major", [False, True])
+def test_each_outer_block_sweeps_its_span_in_order_once_and_idle_steps_hold_the_last(t, q, c, key_major, passes, minor):
+    lo, n = _spans(t, q, c, key_major)
+    plan = tpu_schedule.schedule(lo, n, passes, minor)
+    steps = _walk(plan, passes, minor)
+    for row in range(plan.rows):
+        fields = {name: x[row] for name, x in steps.items()}
+        valid = fields["valid"]
+        count = int(valid.sum())
+        assert valid[:count].all() and not valid[count:].any(), "the idle steps are a row's tail"
+        visits = list(zip(*(fields[name][:count].tolist() for name in ("outer", "sweep", "inner", "minor"))))
+        outers = dict.fromkeys(fields["outer"][:count].tolist())  # in order of first visit
+        expected = [(o, p, lo[o] + j, m) for o in outers for p in range(passes) for j in range(n[o]) for m in range(minor)]
+        assert visits == expected
+        starts = [x[2] == lo[x[0]] and x[3] == 0 for x in visits]
+        ends = [x[2] == lo[x[0]] + n[x[0]] - 1 and x[3] == minor - 1 for x in visits]
+        assert fields["first"][:count].tolist() == starts and fields["last"][:count].tolist() == ends
+        assert not fields["first"][count:].any() and not fields["last"][count:].any()
+        for name in ("outer", "sweep", "inner", "minor"):  # an idle step repeats the last block indices: no fetch
+            assert (fields[name][count:] == fields[name][count - 1]).all()
+    outers = steps["outer"][steps["valid"]]
+    assert sorted(set(outers.tolist())) == list(range(len(n))), "every outer block in some row"
+    assert np.sum(steps["valid"]) == passes * minor * int(n.sum())
+
+
+def test_causal_spans_are_the_plans_for_a_plain_mask():
+    plan = jax.jit(pallas_plan.plan, static_argnums=(2, 3))
+    for t, q, c in GEOMETRIES:
+        mask = make_mask(1, t, t, causal=True)
+        assert mask.plain
+        where = plan(mask, jnp.ones((1, t)), q, c)
+        for key_major, (first, end) in ((False, (where.k_first, where.k_end)), (True, (where.q_first, where.q_end))):
+            lo, n = _spans(t, q, c, key_major)
+            np.testing.assert_array_equal(lo, first[0], err_msg=f"T={t}, Q={q}, C={c}, key-major {key_major}")
+            np.testing.assert_array_equal(lo + n, end[0])
+
+
+@pytest.mark.parametrize("t, block", [(8192, 512), (256, 64), (128, 32)])
+def test_a_plain_causal_mask_has_no_empty_grid_step(t, block):
+    """An even number of equal blocks: the folded rows hold exactly the causal pairs (8K in 512s: 136 steps a head, not
+    256; an odd number leaves the middle block alone in its row)."""
+    for key_major in (False, True):
+        lo, n = _spans(t, block, block, key_major)
+        blocks = t // block
+        for passes, minor in ((1, 1), (2, 1), (1, 4)):
+            plan = tpu_schedule.schedule(lo, n, passes, minor)
+            assert plan.rows * plan.steps == passes * minor * blocks * (blocks + 1) // 2
+    full = tpu_schedule.full(t // block, t // block)
+    assert full.rows * full.steps == (t // block) ** 2
