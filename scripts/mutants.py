@@ -258,8 +258,8 @@ MUTANTS = [
     Mutant(
         "pallas TPU kernels: dK/dV swept over the query-major causal spans",
         "freeatten_jax/attention/pallas_tpu.py",
-        "causal_spans(cfg.plain_length, *blocks, outer, inner, key_major)",
-        "causal_spans(cfg.plain_length, *blocks, outer, inner, False)",
+        "lo, n = causal_spans(cfg.plain_length, *blocks, outer, inner, key_major)",
+        "lo, n = causal_spans(cfg.plain_length, *blocks, outer, inner, False)",
         ("tests/test_pallas.py", "-k", "plain and tpu"),
     ),
     Mutant(

@@ -104,7 +104,8 @@ def sweep(cfg: Static, outer: int, inner: int, passes: int = 1, minor: int = 1, 
     if not (cfg.causal and cfg.plain_length):
         return full(outer, inner, passes, minor)
     blocks = (cfg.block_k, cfg.block_q) if key_major else (cfg.block_q, cfg.block_k)
-    return schedule(*causal_spans(cfg.plain_length, *blocks, outer, inner, key_major), passes, minor)
+    lo, n = causal_spans(cfg.plain_length, *blocks, outer, inner, key_major)
+    return schedule(lo, n, passes, minor)
 
 
 def _prepend(table, call):
@@ -354,16 +355,19 @@ def _query_major_specs(cfg: Static, shapes, passes: int = 1, values_from: int = 
     def query_index(r, t, table):
         return locate(table, r, t, passes).outer
 
-    def key_index(b, r, t, table, first, end, full, values=False):
+    def key_index(b, r, t, table, first, end, full):
         step = locate(table, r, t, passes)
-        j = _clamp(step.inner, first[b, step.outer], end[b, step.outer])
-        return jnp.where(step.sweep < values_from, first[b, step.outer], j) if values else j
+        return _clamp(step.inner, first[b, step.outer], end[b, step.outer])
+
+    def value_index(b, r, t, table, first, end, full):
+        step = locate(table, r, t, passes)
+        return jnp.where(step.sweep < values_from, first[b, step.outer], key_index(b, r, t, table, first, end, full))
 
     q_spec = pl.BlockSpec((None, None, cfg.block_q, d), lambda b, h, r, t, table, *_: (b, h, query_index(r, t, table), 0))
     row_spec = pl.BlockSpec((None, None, cfg.block_q, 1), lambda b, h, r, t, table, *_: (b, h, query_index(r, t, table), 0))
     kv_spec = pl.BlockSpec((None, None, cfg.block_k, d), lambda b, h, r, t, *s: (b, jax.lax.div(h, g), key_index(b, r, t, *s), 0))
     v_spec = pl.BlockSpec(
-        (None, None, cfg.block_k, d), lambda b, h, r, t, *s: (b, jax.lax.div(h, g), key_index(b, r, t, *s, values=True), 0)
+        (None, None, cfg.block_k, d), lambda b, h, r, t, *s: (b, jax.lax.div(h, g), value_index(b, r, t, *s), 0)
     )
     key_factors = pl.BlockSpec(
         (None, None, None, 1, cfg.block_k), lambda b, h, r, t, *s: (b, jax.lax.div(h, g), key_index(b, r, t, *s), 0, 0)
