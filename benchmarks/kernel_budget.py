@@ -283,6 +283,7 @@ def tpu_table(args, dump: str) -> None:
             print(row, flush=True)
         for path in glob.glob(os.path.join(dump, "*")):  # ~500 MB a compile
             os.remove(path)
+    print(tpu_bundles.grid_steps_table(args.variants.split(","), block_q, block_k))
 
 
 def main(argv=None) -> None:

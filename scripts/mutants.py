@@ -251,8 +251,8 @@ MUTANTS = [
     Mutant(
         "tpu schedule: a folded row's second block starts a step late",
         "freeatten_jax/attention/tpu_schedule.py",
-        "second = t >= first_steps",
-        "second = t > first_steps",
+        "second = t >= split",
+        "second = t > split",
         ("tests/test_tpu_schedule.py",),
     ),
     Mutant(

@@ -16,10 +16,10 @@ from freeatten_jax.attention.arguments import make_mask
 GEOMETRIES = [(37, 16, 8), (40, 8, 16), (8192, 512, 512), (1000, 256, 128)]  # (T, Q, C)
 
 
-def _walk(plan: tpu_schedule.Schedule, passes: int, minor: int):
+def _walk(plan: tpu_schedule.Schedule):
     """Every grid step's Step fields as numpy [R, L] arrays (locate, vectorised over the grid)."""
     r_RL, t_RL = np.meshgrid(np.arange(plan.rows), np.arange(plan.steps), indexing="ij")
-    step = tpu_schedule.locate(plan.table, r_RL, t_RL, passes, minor)
+    step = tpu_schedule.locate(plan, plan.table, r_RL, t_RL)
     return {name: np.broadcast_to(np.asarray(x), r_RL.shape) for name, x in step._asdict().items()}
 
 
@@ -31,10 +31,15 @@ def _spans(t, q, c, key_major):
 @pytest.mark.parametrize("passes, minor", [(2, 1), (1, 3)])
 @pytest.mark.parametrize("t, q, c", GEOMETRIES)
 @pytest.mark.parametrize("key_major", [False, True])
-def test_each_outer_block_sweeps_its_span_in_order_once_and_idle_steps_hold_the_last(t, q, c, key_major, passes, minor):
+@pytest.mark.parametrize("spans", ["causal", "every"])
+def test_each_outer_block_sweeps_its_span_in_order_once_and_idle_steps_hold_the_last(spans, t, q, c, key_major, passes, minor):
     lo, n = _spans(t, q, c, key_major)
-    plan = tpu_schedule.schedule(lo, n, passes, minor)
-    steps = _walk(plan, passes, minor)
+    if spans == "causal":
+        plan = tpu_schedule.schedule(lo, n, passes, minor)
+    else:  # a full schedule: by arithmetic, no table
+        lo, n = np.zeros_like(lo), np.full_like(n, len(_spans(t, q, c, not key_major)[0]))
+        plan = tpu_schedule.full(len(n), int(n[0]), passes, minor)
+    steps = _walk(plan)
     for row in range(plan.rows):
         fields = {name: x[row] for name, x in steps.items()}
         valid = fields["valid"]

@@ -115,7 +115,7 @@ def _prepend(table, call):
 
 def forward_kernel(
     cfg: Static,
-    sweeps: int,
+    plan: Schedule,
     table_ref,
     first_ref,
     end_ref,
@@ -137,7 +137,7 @@ def forward_kernel(
     statistics wait in scratch for the next pass's steps, and the last pass's output and statistics are written
     at the last step."""
     b = pl.program_id(0)
-    step = locate(table_ref, pl.program_id(2), pl.program_id(3), sweeps)
+    step, sweeps = locate(plan, table_ref, pl.program_id(2), pl.program_id(3)), plan.passes
     now = step.sweep
     interior, masked = _spans(full_ref, first_ref, end_ref, b, step)
     family = FAMILIES[cfg.family]
@@ -188,6 +188,7 @@ def pass_kernel(
     cfg: Static,
     which: int,
     row_names,
+    plan: Schedule,
     table_ref,
     first_ref,
     end_ref,
@@ -207,7 +208,7 @@ def pass_kernel(
     step's chunk (ring_kernels.py); the carry out stays in VMEM across the key blocks (its block does not move)
     and is the accumulator."""
     b = pl.program_id(0)
-    step = locate(table_ref, pl.program_id(2), pl.program_id(3))
+    step = locate(plan, table_ref, pl.program_id(2), pl.program_id(3))
     one = FAMILIES[cfg.family].passes[which]
     row_refs, in_refs, out_refs = split_pass_refs(row_names, refs)
     interior, masked = _spans(full_ref, first_ref, end_ref, b, step)
@@ -230,6 +231,7 @@ def pass_kernel(
 
 def dq_kernel(
     cfg: Static,
+    plan: Schedule,
     table_ref,
     first_ref,
     end_ref,
@@ -249,7 +251,7 @@ def dq_kernel(
     """One grid step (b, h, r, t): adds a key block j's share of Σ_j ds_ij b_j k_j (and of the rows' dL/dp if
     cfg.p_grad, written as a [1, Q] row); written at the query block's last step. The rows come lane-dense, as [1, Q]."""
     b = pl.program_id(0)
-    step = locate(table_ref, pl.program_id(2), pl.program_id(3))
+    step = locate(plan, table_ref, pl.program_id(2), pl.program_id(3))
     family = FAMILIES[cfg.family]
     rows_in, column_refs = refs[: len(family.rows)], refs[len(refs) - len(family.rows) :]
     rest = refs[len(family.rows) : len(refs) - len(family.rows)]
@@ -289,6 +291,7 @@ def dq_kernel(
 
 def dkv_kernel(
     cfg: Static,
+    plan: Schedule,
     table_ref,
     first_ref,
     end_ref,
@@ -308,7 +311,7 @@ def dkv_kernel(
     """One grid step (b, kv head, r, t): adds a query block i of one head of the group to Σ_i ds_ij a_i q_i and
     dv (key-major [C, Q] blocks, as pallas_kernels.dkv_kernel); written at the key block's last step."""
     b = pl.program_id(0)
-    step = locate(table_ref, pl.program_id(2), pl.program_id(3), minor=cfg.kv_groups)
+    step = locate(plan, table_ref, pl.program_id(2), pl.program_id(3))
     family = FAMILIES[cfg.family]
     *row_refs, dk_ref, dv_ref, dk_acc, dv_acc = refs
 
@@ -344,23 +347,23 @@ def _common(cfg: Static, interpret: bool):
     return dict(interpret=interpret, compiler_params=params)
 
 
-def _query_major_specs(cfg: Static, shapes, passes: int = 1, values_from: int = 0):
-    """The forward and dq kernels' input specs on the grid (b, h, r, t) of a schedule with `passes` passes (the
-    key block clamped into the visiting span), and the specs of a [Q, D] block and a [Q, 1] row. V is read from
-    pass `values_from` on: before it (LSSAR's first pass) its index stays on the first block of the query
-    block's span, the one the first pass that reads it starts with, so it is fetched once."""
+def _query_major_specs(cfg: Static, shapes, plan: Schedule, values_from: int = 0):
+    """The forward and dq kernels' input specs on the grid (b, h, r, t) of a schedule (the key block clamped into
+    the visiting span, which a static span is already), and the specs of a [Q, D] block and a [Q, 1] row. V is
+    read from pass `values_from` on: before it (LSSAR's first pass) its index stays on the first block of the
+    query block's span, the one the first pass that reads it starts with, so it is fetched once."""
     (b, h, tp, d), (kv_heads, sp) = shapes
     g = cfg.kv_groups
 
     def query_index(r, t, table):
-        return locate(table, r, t, passes).outer
+        return locate(plan, table, r, t).outer
 
     def key_index(b, r, t, table, first, end, full):
-        step = locate(table, r, t, passes)
-        return _clamp(step.inner, first[b, step.outer], end[b, step.outer])
+        step = locate(plan, table, r, t)
+        return _clamp(step.inner, first[b, step.outer], end[b, step.outer]) if plan.every else step.inner
 
     def value_index(b, r, t, table, first, end, full):
-        step = locate(table, r, t, passes)
+        step = locate(plan, table, r, t)
         return jnp.where(step.sweep < values_from, first[b, step.outer], key_index(b, r, t, table, first, end, full))
 
     q_spec = pl.BlockSpec((None, None, cfg.block_q, d), lambda b, h, r, t, table, *_: (b, h, query_index(r, t, table), 0))
@@ -398,16 +401,13 @@ def pass_call(cfg: Static, shapes, which: int, row_names, interpret: bool):
     forward's inputs, the earlier passes' rows and the carry in; the carry out (aliasing the carry in)."""
     cfg = cfg._replace(eup_log=True)
     (b, h, tp, d), (_, sp) = shapes
-    in_specs, _, row_spec, _ = _query_major_specs(cfg, shapes, 1, 0 if FAMILIES[cfg.family].passes[which].with_values else 1)
     plan = full(tp // cfg.block_q, sp // cfg.block_k)
+    in_specs, _, row_spec, _ = _query_major_specs(cfg, shapes, plan, 0 if FAMILIES[cfg.family].passes[which].with_values else 1)
     widths = carry_widths(cfg, which, d)
-    carry_specs = [
-        pl.BlockSpec((None, None, cfg.block_q, w), lambda b, h, r, t, table, *_: (b, h, locate(table, r, t).outer, 0))
-        for w in widths
-    ]
+    carry_specs = [pl.BlockSpec((None, None, cfg.block_q, w), lambda b, h, r, t, *_: (b, h, r, 0)) for w in widths]
     first_carry = 4 + len(in_specs) + len(row_names)
     call = pl.pallas_call(
-        functools.partial(pass_kernel, cfg, which, tuple(row_names)),
+        functools.partial(pass_kernel, cfg, which, tuple(row_names), plan),
         grid_spec=_grid_spec((b, h), plan, in_specs=in_specs + [row_spec] * len(row_names) + carry_specs, out_specs=carry_specs),
         out_shape=[jax.ShapeDtypeStruct((b, h, tp, w), jnp.float32) for w in widths],
         input_output_aliases={first_carry + x: x for x in range(len(widths))},
@@ -426,17 +426,17 @@ def calls(cfg: Static, shapes, interpret: bool):
     family, f32 = FAMILIES[cfg.family], jnp.float32
     common = _common(cfg, interpret)
     smem = pl.BlockSpec(memory_space=pltpu.SMEM)
-    in_specs, q_spec, _, row_spec = _query_major_specs(cfg, shapes)
     passes = len(family.passes)
+    forward_plan, dq_plan = sweep(cfg, q_blocks, k_blocks, passes), sweep(cfg, q_blocks, k_blocks)
+    in_specs, q_spec, _, row_spec = _query_major_specs(cfg, shapes, dq_plan)
     first_valued = [one.with_values for one in family.passes].index(True)  # LSSAR's first pass reads no V
-    forward_specs, forward_q, _, forward_rows = _query_major_specs(cfg, shapes, passes, first_valued)
+    forward_specs, forward_q, _, forward_rows = _query_major_specs(cfg, shapes, forward_plan, first_valued)
     carries = [[(cfg.block_q, w) for w in carry_widths(cfg, which, d)] for which in range(passes)]
     stat_shapes = [jax.ShapeDtypeStruct((b, h, q_blocks, 1, cfg.block_q), f32)] * len(family.stats)
     out_shape = jax.ShapeDtypeStruct((b, h, tp, d), cfg.dtype)
     extra_shapes = [jax.ShapeDtypeStruct((b, h, tp, d), f32)] * len(family.extras)
-    forward_plan = sweep(cfg, q_blocks, k_blocks, passes)
     forward = pl.pallas_call(
-        functools.partial(forward_kernel, cfg, passes),
+        functools.partial(forward_kernel, cfg, forward_plan),
         grid_spec=_grid_spec(
             (b, h),
             forward_plan,
@@ -452,9 +452,8 @@ def calls(cfg: Static, shapes, interpret: bool):
         name=f"freeatten_{cfg.family}_fwd",
         **common,
     )
-    dq_plan = sweep(cfg, q_blocks, k_blocks)
     dq = pl.pallas_call(
-        functools.partial(dq_kernel, cfg),
+        functools.partial(dq_kernel, cfg, dq_plan),
         grid_spec=_grid_spec(
             (b, h),
             dq_plan,
@@ -471,12 +470,14 @@ def calls(cfg: Static, shapes, interpret: bool):
     )
 
     # dkv: grid (b, kv head, r, t), key block `outer`, query block `inner` clamped into the span, head `minor` of the group
+    dkv_plan = sweep(cfg, k_blocks, q_blocks, minor=g, key_major=True)
+
     def at(r, t, table):
-        return locate(table, r, t, minor=g)
+        return locate(dkv_plan, table, r, t)
 
     def query_index(b, r, t, table, first, end, full):
         step = at(r, t, table)
-        return _clamp(step.inner, first[b, step.outer], end[b, step.outer])
+        return _clamp(step.inner, first[b, step.outer], end[b, step.outer]) if dkv_plan.every else step.inner
 
     def head(k, r, t, table):
         return k * g + at(r, t, table).minor
@@ -496,9 +497,8 @@ def calls(cfg: Static, shapes, interpret: bool):
         pl.BlockSpec((3, None, cfg.block_k, 1), lambda b, k, r, t, table, *_: (0, b, at(r, t, table).outer, 0)),
         pl.BlockSpec((None, None, 1, cfg.block_q), lambda b, k, r, t, *s: (b, query_index(b, r, t, *s), 0, 0)),
     ]
-    dkv_plan = sweep(cfg, k_blocks, q_blocks, minor=g, key_major=True)
     dkv = pl.pallas_call(
-        functools.partial(dkv_kernel, cfg),
+        functools.partial(dkv_kernel, cfg, dkv_plan),
         grid_spec=_grid_spec(
             (b, kv_heads),
             dkv_plan,

@@ -17,20 +17,26 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+FIELDS = 8  # a grid row's table entries: its steps before the second block and in all (both static), then
+# (outer block, span start, span length) of its first and of its second block
+
 
 class Schedule(NamedTuple):
-    table: np.ndarray  # [R · 6] int32: per grid row, (outer block, span start, span length) of its first and second block
+    rows: int  # R
     steps: int  # L
+    table: np.ndarray  # [R · FIELDS] int32, flat: a scalar-prefetch operand with no second axis to shard
+    passes: int
+    minor: int
+    every: int | None = None  # N when every outer block sweeps every inner block (row r is outer block r; no table read)
 
-    @property
-    def rows(self) -> int:
-        return len(self.table) // 6
 
-
-def _rows(pairs, lo, n) -> np.ndarray:
-    """The table for grid rows visiting outer blocks (a, b) (b None: a alone)."""
-    cols = [(a, lo[a], n[a]) + ((a, lo[a], 0) if b is None else (b, lo[b], n[b])) for a, b in pairs]
-    return np.asarray(cols, np.int32).reshape(-1)  # flat: a scalar-prefetch operand with no second axis to shard
+def _rows(pairs, lo, n, each: int) -> np.ndarray:
+    """The table for grid rows visiting outer blocks (a, b) (b None: a alone), `each` steps an inner block."""
+    cols = []
+    for a, b in pairs:
+        second = (a, lo[a], 0) if b is None else (b, lo[b], n[b])
+        cols.append((each * n[a], each * (n[a] + second[2]), a, lo[a], n[a], *second))
+    return np.asarray(cols, np.int32).reshape(-1)
 
 
 def schedule(lo, n, passes: int = 1, minor: int = 1) -> Schedule:
@@ -39,15 +45,16 @@ def schedule(lo, n, passes: int = 1, minor: int = 1) -> Schedule:
     lo, n = np.asarray(lo), np.asarray(n)
     assert n.min() >= 1, "every outer block visits an inner block"
     o, each = len(n), passes * minor
-    single = _rows([(a, None) for a in range(o)], lo, n), each * int(n.max())
+    single = _rows([(a, None) for a in range(o)], lo, n, each), each * int(n.max())
     pairs = [(a, o - 1 - a) for a in range(o // 2)] + ([(o // 2, None)] if o % 2 else [])
-    folded = _rows(pairs, lo, n), each * max(int(n[a]) + (0 if b is None else int(n[b])) for a, b in pairs)
-    return Schedule(*min(single, folded, key=lambda s: len(s[0]) * s[1]))
+    folded = _rows(pairs, lo, n, each), each * max(int(n[a]) + (0 if b is None else int(n[b])) for a, b in pairs)
+    table, steps = min(single, folded, key=lambda s: len(s[0]) * s[1])
+    return Schedule(len(table) // FIELDS, steps, table, passes, minor)
 
 
 def full(outer: int, inner: int, passes: int = 1, minor: int = 1) -> Schedule:
-    """Every inner block for every outer block (the spans decided at run time)."""
-    return schedule(np.zeros(outer, np.int32), np.full(outer, inner, np.int32), passes, minor)
+    """Every inner block for every outer block (the visiting spans decided at run time), by arithmetic alone."""
+    return Schedule(outer, passes * minor * inner, np.zeros(FIELDS, np.int32), passes, minor, inner)
 
 
 def causal_spans(length: int, outer_block: int, inner_block: int, outer: int, inner: int, key_major: bool):
@@ -74,18 +81,30 @@ class Step(NamedTuple):
     valid: jax.Array
 
 
-def locate(table_ref, r, t, passes: int = 1, minor: int = 1) -> Step:
-    """Where step t of grid row r goes (scalar arithmetic: kernels and index maps alike)."""
-    each = passes * minor
-    first_steps = each * table_ref[6 * r + 2]
-    total = first_steps + each * table_ref[6 * r + 5]
-    valid = t < total
-    t = jnp.minimum(t, total - 1)
-    second = t >= first_steps
-    outer, lo, n = (jnp.where(second, table_ref[6 * r + x + 3], table_ref[6 * r + x]) for x in range(3))
-    u = t - jnp.where(second, first_steps, 0)
+def locate(plan: Schedule, table_ref, r, t) -> Step:
+    """Where step t of grid row r goes: scalar arithmetic that every index map repeats on every grid step (Mosaic
+    does not share it between them), so the static parts come from the table, the table's fields load
+    independently (no chain of load latencies), and `full` schedules read none."""
+    minor = plan.minor
+    if plan.every is not None:
+        outer, lo, n, rest, valid = r, 0, plan.every, t, jnp.bool_(True)
+    else:
+        split, total, *blocks = (table_ref[FIELDS * r + x] for x in range(FIELDS))
+        valid = t < total
+        t = jnp.minimum(t, total - 1)
+        second = t >= split
+        outer, lo, n = (jnp.where(second, b, a) for a, b in zip(blocks[:3], blocks[3:]))
+        rest = t - jnp.where(second, split, 0)
     per_pass = n * minor
-    sweep = sum(((u >= k * per_pass).astype(jnp.int32) for k in range(1, passes)), jnp.zeros((), jnp.int32))
-    rest = u - sweep * per_pass
+    sweep = jnp.zeros((), jnp.int32)
+    if plan.passes > 1 and plan.every is not None:
+        sweep, rest = jax.lax.div(rest, per_pass), jax.lax.rem(rest, per_pass)  # a constant divisor
+    elif plan.passes > 1:
+        for k in range(1, plan.passes):
+            sweep += (rest >= k * per_pass).astype(jnp.int32)
+        rest = rest - sweep * per_pass
+    inner, within = lo + rest, jnp.zeros((), jnp.int32)
+    if minor > 1:
+        inner, within = lo + jax.lax.div(rest, minor), jax.lax.rem(rest, minor)
     first, last = (rest == 0) & valid, (rest == per_pass - 1) & valid
-    return Step(outer, sweep, lo + jax.lax.div(rest, minor), jax.lax.rem(rest, minor), first, last, valid)
+    return Step(outer, sweep, inner, within, first, last, valid)
