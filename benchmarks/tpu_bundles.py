@@ -149,7 +149,7 @@ def table_rows(variant: str, generation: str, folder: str, block_q: int, block_k
     return rows
 
 
-def grid_steps_table(variants, block_q: int, block_k: int, lengths=(8192, 32768, 131072), groups: int = 1) -> str:
+def grid_steps_table(variants, block_q: int, block_k: int, lengths=(8192, 32768, 131072)) -> str:
     """Grid steps a (batch row, head) under a plain causal mask: every block pair (the full grid, which skips the
     invisible ones' work but not their steps) against the folded schedule (freeatten_jax.attention.tpu_schedule)."""
     from freeatten_jax.attention import tpu_schedule
@@ -157,7 +157,8 @@ def grid_steps_table(variants, block_q: int, block_k: int, lengths=(8192, 32768,
     from freeatten_jax.attention.variants import VARIANTS
 
     lines = [
-        f"\nGrid steps a (batch row, head), plain causal mask, blocks {block_q} x {block_k}: full grid -> folded schedule",
+        f"\nGrid steps a (batch row, head; dK/dV: a kv head, times G), plain causal mask, blocks {block_q} x {block_k}: "
+        "full grid -> folded schedule",
         "| variant | T | fwd | dq | dkv |",
         "|---|---|---|---|---|",
     ]
@@ -165,11 +166,11 @@ def grid_steps_table(variants, block_q: int, block_k: int, lengths=(8192, 32768,
         passes = len(FAMILIES[VARIANTS[variant].normalise].passes)
         for t in lengths:
             q_blocks, k_blocks = t // block_q, t // block_k
-            cells = []
             kernels = ((q_blocks, k_blocks, passes, False), (q_blocks, k_blocks, 1, False), (k_blocks, q_blocks, 1, True))
+            cells = []
             for outer, inner, sweeps, key_major in kernels:
                 blocks = (block_k, block_q) if key_major else (block_q, block_k)
-                plan = tpu_schedule.schedule(*tpu_schedule.causal_spans(t, *blocks, outer, inner, key_major), sweeps, groups)
-                cells.append(f"{sweeps * groups * outer * inner:,} -> {plan.rows * plan.steps:,}")
+                plan = tpu_schedule.Schedule(outer, inner, sweeps, 1, tpu_schedule.Causal(t, *blocks, key_major))
+                cells.append(f"{sweeps * outer * inner:,} -> {plan.rows * plan.steps:,}")
             lines.append(f"| {variant} | {t // 1024}K | " + " | ".join(cells) + " |")
     return "\n".join(lines)

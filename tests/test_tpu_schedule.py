@@ -2,7 +2,7 @@
 once per pass and minor step, its idle tail fetches nothing new, a plain causal mask's spans are the ones the
 run-time plan computes, and its folded schedule has no empty grid step.
 
-Glossary: O / N outer / inner blocks, R grid rows, L steps a row, Q / C query / key block length.
+Glossary: O / N outer / inner blocks, R grid rows, L steps a row, T tokens, Q / C query / key block length.
 """
 
 import jax
@@ -16,16 +16,18 @@ from freeatten_jax.attention.arguments import make_mask
 GEOMETRIES = [(37, 16, 8), (40, 8, 16), (8192, 512, 512), (1000, 256, 128)]  # (T, Q, C)
 
 
+def _causal(t, q, c, key_major, passes=1, minor=1):
+    """The schedule of a plain causal mask's query-major (or key-major) kernel."""
+    blocks = (c, q) if key_major else (q, c)
+    outer, inner = (-(-t // blocks[0]), -(-t // blocks[1]))
+    return tpu_schedule.Schedule(outer, inner, passes, minor, tpu_schedule.Causal(t, *blocks, key_major))
+
+
 def _walk(plan: tpu_schedule.Schedule):
     """Every grid step's Step fields as numpy [R, L] arrays (locate, vectorised over the grid)."""
     r_RL, t_RL = np.meshgrid(np.arange(plan.rows), np.arange(plan.steps), indexing="ij")
-    step = tpu_schedule.locate(plan, plan.table, r_RL, t_RL)
+    step = tpu_schedule.locate(plan, jnp.asarray(r_RL), jnp.asarray(t_RL))
     return {name: np.broadcast_to(np.asarray(x), r_RL.shape) for name, x in step._asdict().items()}
-
-
-def _spans(t, q, c, key_major):
-    outer, inner = (-(-t // c), -(-t // q)) if key_major else (-(-t // q), -(-t // c))
-    return tpu_schedule.causal_spans(t, c if key_major else q, q if key_major else c, outer, inner, key_major)
 
 
 @pytest.mark.parametrize("passes, minor", [(2, 1), (1, 3)])
@@ -33,12 +35,11 @@ def _spans(t, q, c, key_major):
 @pytest.mark.parametrize("key_major", [False, True])
 @pytest.mark.parametrize("spans", ["causal", "every"])
 def test_each_outer_block_sweeps_its_span_in_order_once_and_idle_steps_hold_the_last(spans, t, q, c, key_major, passes, minor):
-    lo, n = _spans(t, q, c, key_major)
-    if spans == "causal":
-        plan = tpu_schedule.schedule(lo, n, passes, minor)
-    else:  # a full schedule: by arithmetic, no table
-        lo, n = np.zeros_like(lo), np.full_like(n, len(_spans(t, q, c, not key_major)[0]))
-        plan = tpu_schedule.full(len(n), int(n[0]), passes, minor)
+    plan = _causal(t, q, c, key_major, passes, minor)
+    if spans == "every":
+        plan = tpu_schedule.full(plan.outer, plan.inner, passes, minor)
+    lo, n = plan.span(np.arange(plan.outer), np)
+    lo, n = np.broadcast_to(lo, (plan.outer,)), np.broadcast_to(n, (plan.outer,))
     steps = _walk(plan)
     for row in range(plan.rows):
         fields = {name: x[row] for name, x in steps.items()}
@@ -56,7 +57,7 @@ def test_each_outer_block_sweeps_its_span_in_order_once_and_idle_steps_hold_the_
         for name in ("outer", "sweep", "inner", "minor"):  # an idle step repeats the last block indices: no fetch
             assert (fields[name][count:] == fields[name][count - 1]).all()
     outers = steps["outer"][steps["valid"]]
-    assert sorted(set(outers.tolist())) == list(range(len(n))), "every outer block in some row"
+    assert sorted(set(outers.tolist())) == list(range(plan.outer)), "every outer block in some row"
     assert np.sum(steps["valid"]) == passes * minor * int(n.sum())
 
 
@@ -67,20 +68,21 @@ def test_causal_spans_are_the_plans_for_a_plain_mask():
         assert mask.plain
         where = plan(mask, jnp.ones((1, t)), q, c)
         for key_major, (first, end) in ((False, (where.k_first, where.k_end)), (True, (where.q_first, where.q_end))):
-            lo, n = _spans(t, q, c, key_major)
-            np.testing.assert_array_equal(lo, first[0], err_msg=f"T={t}, Q={q}, C={c}, key-major {key_major}")
-            np.testing.assert_array_equal(lo + n, end[0])
+            schedule = _causal(t, q, c, key_major)
+            for xp in (np, jnp):  # the static spans and the traced ones
+                lo, n = schedule.span(xp.arange(schedule.outer), xp)
+                np.testing.assert_array_equal(lo + 0 * n, first[0], err_msg=f"T={t}, Q={q}, C={c}, key-major {key_major}")
+                np.testing.assert_array_equal(lo + n, end[0])
 
 
 @pytest.mark.parametrize("t, block", [(8192, 512), (256, 64), (128, 32)])
 def test_a_plain_causal_mask_has_no_empty_grid_step(t, block):
     """An even number of equal blocks: the folded rows hold exactly the causal pairs (8K in 512s: 136 steps a head, not
     256; an odd number leaves the middle block alone in its row)."""
+    blocks = t // block
     for key_major in (False, True):
-        lo, n = _spans(t, block, block, key_major)
-        blocks = t // block
         for passes, minor in ((1, 1), (2, 1), (1, 4)):
-            plan = tpu_schedule.schedule(lo, n, passes, minor)
+            plan = _causal(t, block, block, key_major, passes, minor)
             assert plan.rows * plan.steps == passes * minor * blocks * (blocks + 1) // 2
-    full = tpu_schedule.full(t // block, t // block)
-    assert full.rows * full.steps == (t // block) ** 2
+    full = tpu_schedule.full(blocks, blocks)
+    assert full.rows * full.steps == blocks**2

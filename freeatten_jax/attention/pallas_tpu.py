@@ -39,7 +39,7 @@ from freeatten_jax.attention.pallas_kernels import (
     write_forward,
 )
 from freeatten_jax.attention.rules import FAMILIES
-from freeatten_jax.attention.tpu_schedule import Schedule, causal_spans, full, locate, schedule
+from freeatten_jax.attention.tpu_schedule import Causal, Schedule, full, locate
 
 
 class Tuning(NamedTuple):
@@ -104,19 +104,12 @@ def sweep(cfg: Static, outer: int, inner: int, passes: int = 1, minor: int = 1, 
     if not (cfg.causal and cfg.plain_length):
         return full(outer, inner, passes, minor)
     blocks = (cfg.block_k, cfg.block_q) if key_major else (cfg.block_q, cfg.block_k)
-    lo, n = causal_spans(cfg.plain_length, *blocks, outer, inner, key_major)
-    return schedule(lo, n, passes, minor)
-
-
-def _prepend(table, call):
-    """The pallas_call with its schedule's table as the first scalar-prefetch argument, taking the GPU calls' arguments."""
-    return lambda *args: call(jnp.asarray(table), *args)
+    return Schedule(outer, inner, passes, minor, Causal(cfg.plain_length, *blocks, key_major))
 
 
 def forward_kernel(
     cfg: Static,
     plan: Schedule,
-    table_ref,
     first_ref,
     end_ref,
     full_ref,
@@ -137,7 +130,7 @@ def forward_kernel(
     statistics wait in scratch for the next pass's steps, and the last pass's output and statistics are written
     at the last step."""
     b = pl.program_id(0)
-    step, sweeps = locate(plan, table_ref, pl.program_id(2), pl.program_id(3)), plan.passes
+    step, sweeps = locate(plan, pl.program_id(2), pl.program_id(3)), plan.passes
     now = step.sweep
     interior, masked = _spans(full_ref, first_ref, end_ref, b, step)
     family = FAMILIES[cfg.family]
@@ -189,7 +182,6 @@ def pass_kernel(
     which: int,
     row_names,
     plan: Schedule,
-    table_ref,
     first_ref,
     end_ref,
     full_ref,
@@ -208,7 +200,7 @@ def pass_kernel(
     step's chunk (ring_kernels.py); the carry out stays in VMEM across the key blocks (its block does not move)
     and is the accumulator."""
     b = pl.program_id(0)
-    step = locate(plan, table_ref, pl.program_id(2), pl.program_id(3))
+    step = locate(plan, pl.program_id(2), pl.program_id(3))
     one = FAMILIES[cfg.family].passes[which]
     row_refs, in_refs, out_refs = split_pass_refs(row_names, refs)
     interior, masked = _spans(full_ref, first_ref, end_ref, b, step)
@@ -232,7 +224,6 @@ def pass_kernel(
 def dq_kernel(
     cfg: Static,
     plan: Schedule,
-    table_ref,
     first_ref,
     end_ref,
     full_ref,
@@ -251,7 +242,7 @@ def dq_kernel(
     """One grid step (b, h, r, t): adds a key block j's share of Σ_j ds_ij b_j k_j (and of the rows' dL/dp if
     cfg.p_grad, written as a [1, Q] row); written at the query block's last step. The rows come lane-dense, as [1, Q]."""
     b = pl.program_id(0)
-    step = locate(plan, table_ref, pl.program_id(2), pl.program_id(3))
+    step = locate(plan, pl.program_id(2), pl.program_id(3))
     family = FAMILIES[cfg.family]
     rows_in, column_refs = refs[: len(family.rows)], refs[len(refs) - len(family.rows) :]
     rest = refs[len(family.rows) : len(refs) - len(family.rows)]
@@ -292,7 +283,6 @@ def dq_kernel(
 def dkv_kernel(
     cfg: Static,
     plan: Schedule,
-    table_ref,
     first_ref,
     end_ref,
     full_ref,
@@ -311,7 +301,7 @@ def dkv_kernel(
     """One grid step (b, kv head, r, t): adds a query block i of one head of the group to Σ_i ds_ij a_i q_i and
     dv (key-major [C, Q] blocks, as pallas_kernels.dkv_kernel); written at the key block's last step."""
     b = pl.program_id(0)
-    step = locate(plan, table_ref, pl.program_id(2), pl.program_id(3))
+    step = locate(plan, pl.program_id(2), pl.program_id(3))
     family = FAMILIES[cfg.family]
     *row_refs, dk_ref, dv_ref, dk_acc, dv_acc = refs
 
@@ -355,19 +345,19 @@ def _query_major_specs(cfg: Static, shapes, plan: Schedule, values_from: int = 0
     (b, h, tp, d), (kv_heads, sp) = shapes
     g = cfg.kv_groups
 
-    def query_index(r, t, table):
-        return locate(plan, table, r, t).outer
+    def query_index(r, t):
+        return locate(plan, r, t).outer
 
-    def key_index(b, r, t, table, first, end, full):
-        step = locate(plan, table, r, t)
-        return _clamp(step.inner, first[b, step.outer], end[b, step.outer]) if plan.every else step.inner
+    def key_index(b, r, t, first, end, full):
+        step = locate(plan, r, t)
+        return _clamp(step.inner, first[b, step.outer], end[b, step.outer]) if plan.causal is None else step.inner
 
-    def value_index(b, r, t, table, first, end, full):
-        step = locate(plan, table, r, t)
-        return jnp.where(step.sweep < values_from, first[b, step.outer], key_index(b, r, t, table, first, end, full))
+    def value_index(b, r, t, first, end, full):
+        step = locate(plan, r, t)
+        return jnp.where(step.sweep < values_from, first[b, step.outer], key_index(b, r, t, first, end, full))
 
-    q_spec = pl.BlockSpec((None, None, cfg.block_q, d), lambda b, h, r, t, table, *_: (b, h, query_index(r, t, table), 0))
-    row_spec = pl.BlockSpec((None, None, cfg.block_q, 1), lambda b, h, r, t, table, *_: (b, h, query_index(r, t, table), 0))
+    q_spec = pl.BlockSpec((None, None, cfg.block_q, d), lambda b, h, r, t, *_: (b, h, query_index(r, t), 0))
+    row_spec = pl.BlockSpec((None, None, cfg.block_q, 1), lambda b, h, r, t, *_: (b, h, query_index(r, t), 0))
     kv_spec = pl.BlockSpec((None, None, cfg.block_k, d), lambda b, h, r, t, *s: (b, jax.lax.div(h, g), key_index(b, r, t, *s), 0))
     v_spec = pl.BlockSpec(
         (None, None, cfg.block_k, d), lambda b, h, r, t, *s: (b, jax.lax.div(h, g), value_index(b, r, t, *s), 0)
@@ -376,24 +366,19 @@ def _query_major_specs(cfg: Static, shapes, plan: Schedule, values_from: int = 0
         (None, None, None, 1, cfg.block_k), lambda b, h, r, t, *s: (b, jax.lax.div(h, g), key_index(b, r, t, *s), 0, 0)
     )
     mask_specs = [
-        pl.BlockSpec((2, None, cfg.block_q, 1), lambda b, h, r, t, table, *_: (0, b, query_index(r, t, table), 0)),
+        pl.BlockSpec((2, None, cfg.block_q, 1), lambda b, h, r, t, *_: (0, b, query_index(r, t), 0)),
         pl.BlockSpec((3, None, None, 1, cfg.block_k), lambda b, h, r, t, *s: (0, b, key_index(b, r, t, *s), 0, 0)),
-        pl.BlockSpec((None, cfg.block_q, 1), lambda b, h, r, t, table, *_: (b, query_index(r, t, table), 0)),
+        pl.BlockSpec((None, cfg.block_q, 1), lambda b, h, r, t, *_: (b, query_index(r, t), 0)),
     ]
-    q_factors = pl.BlockSpec(
-        (None, None, None, 1, cfg.block_q), lambda b, h, r, t, table, *_: (b, h, query_index(r, t, table), 0, 0)
-    )
-    lane_dense_rows = pl.BlockSpec(
-        (None, None, None, 1, cfg.block_q), lambda b, h, r, t, table, *_: (b, h, query_index(r, t, table), 0, 0)
-    )
+    q_factors = pl.BlockSpec((None, None, None, 1, cfg.block_q), lambda b, h, r, t, *_: (b, h, query_index(r, t), 0, 0))
+    lane_dense_rows = pl.BlockSpec((None, None, None, 1, cfg.block_q), lambda b, h, r, t, *_: (b, h, query_index(r, t), 0, 0))
     smem = pl.BlockSpec(memory_space=pltpu.SMEM)
     return [smem, q_spec, kv_spec, v_spec, q_factors, key_factors, *mask_specs], q_spec, row_spec, lane_dense_rows
 
 
 def _grid_spec(shapes_bh, plan: Schedule, **specs):
-    """The grid spec of a kernel on grid (b, heads, R, L) with its schedule's table and the three span arrays as
-    scalar prefetch."""
-    return pltpu.PrefetchScalarGridSpec(num_scalar_prefetch=4, grid=(*shapes_bh, plan.rows, plan.steps), **specs)
+    """The grid spec of a kernel on grid (b, heads, R, L), the three span arrays as scalar prefetch."""
+    return pltpu.PrefetchScalarGridSpec(num_scalar_prefetch=3, grid=(*shapes_bh, plan.rows, plan.steps), **specs)
 
 
 def pass_call(cfg: Static, shapes, which: int, row_names, interpret: bool):
@@ -405,8 +390,8 @@ def pass_call(cfg: Static, shapes, which: int, row_names, interpret: bool):
     in_specs, _, row_spec, _ = _query_major_specs(cfg, shapes, plan, 0 if FAMILIES[cfg.family].passes[which].with_values else 1)
     widths = carry_widths(cfg, which, d)
     carry_specs = [pl.BlockSpec((None, None, cfg.block_q, w), lambda b, h, r, t, *_: (b, h, r, 0)) for w in widths]
-    first_carry = 4 + len(in_specs) + len(row_names)
-    call = pl.pallas_call(
+    first_carry = 3 + len(in_specs) + len(row_names)
+    return pl.pallas_call(
         functools.partial(pass_kernel, cfg, which, tuple(row_names), plan),
         grid_spec=_grid_spec((b, h), plan, in_specs=in_specs + [row_spec] * len(row_names) + carry_specs, out_specs=carry_specs),
         out_shape=[jax.ShapeDtypeStruct((b, h, tp, w), jnp.float32) for w in widths],
@@ -414,12 +399,11 @@ def pass_call(cfg: Static, shapes, which: int, row_names, interpret: bool):
         name=f"freeatten_{cfg.family}_pass{which}",
         **_common(cfg, interpret),
     )
-    return _prepend(plan.table, call)
 
 
 def calls(cfg: Static, shapes, interpret: bool):
     """The three pallas_calls (forward, dq, dkv) for arrays of the given padded shapes, with the same
-    arguments as pallas.py's GPU calls (the three span arrays first, as scalar prefetch, after the schedule's table)."""
+    arguments as pallas.py's GPU calls (the three span arrays first, as scalar prefetch)."""
     cfg = cfg._replace(eup_log=True)
     (b, h, tp, d), (kv_heads, sp) = shapes
     q_blocks, k_blocks, g = tp // cfg.block_q, sp // cfg.block_k, cfg.kv_groups
@@ -472,29 +456,27 @@ def calls(cfg: Static, shapes, interpret: bool):
     # dkv: grid (b, kv head, r, t), key block `outer`, query block `inner` clamped into the span, head `minor` of the group
     dkv_plan = sweep(cfg, k_blocks, q_blocks, minor=g, key_major=True)
 
-    def at(r, t, table):
-        return locate(dkv_plan, table, r, t)
+    def at(r, t):
+        return locate(dkv_plan, r, t)
 
-    def query_index(b, r, t, table, first, end, full):
-        step = at(r, t, table)
-        return _clamp(step.inner, first[b, step.outer], end[b, step.outer]) if dkv_plan.every else step.inner
+    def query_index(b, r, t, first, end, full):
+        step = at(r, t)
+        return _clamp(step.inner, first[b, step.outer], end[b, step.outer]) if dkv_plan.causal is None else step.inner
 
-    def head(k, r, t, table):
-        return k * g + at(r, t, table).minor
+    def head(k, r, t):
+        return k * g + at(r, t).minor
 
     group_spec = pl.BlockSpec(
-        (None, None, cfg.block_q, d), lambda b, k, r, t, *s: (b, head(k, r, t, s[0]), query_index(b, r, t, *s), 0)
+        (None, None, cfg.block_q, d), lambda b, k, r, t, *s: (b, head(k, r, t), query_index(b, r, t, *s), 0)
     )
     group_rows = pl.BlockSpec(
-        (None, None, None, 1, cfg.block_q), lambda b, k, r, t, *s: (b, head(k, r, t, s[0]), query_index(b, r, t, *s), 0, 0)
+        (None, None, None, 1, cfg.block_q), lambda b, k, r, t, *s: (b, head(k, r, t), query_index(b, r, t, *s), 0, 0)
     )
-    k_spec = pl.BlockSpec((None, None, cfg.block_k, d), lambda b, k, r, t, table, *_: (b, k, at(r, t, table).outer, 0))
-    k_factors = pl.BlockSpec(
-        (None, None, None, 1, cfg.block_k), lambda b, k, r, t, table, *_: (b, k, at(r, t, table).outer, 0, 0)
-    )
+    k_spec = pl.BlockSpec((None, None, cfg.block_k, d), lambda b, k, r, t, *_: (b, k, at(r, t).outer, 0))
+    k_factors = pl.BlockSpec((None, None, None, 1, cfg.block_k), lambda b, k, r, t, *_: (b, k, at(r, t).outer, 0, 0))
     dkv_mask_specs = [
         pl.BlockSpec((2, None, None, 1, cfg.block_q), lambda b, k, r, t, *s: (0, b, query_index(b, r, t, *s), 0, 0)),
-        pl.BlockSpec((3, None, cfg.block_k, 1), lambda b, k, r, t, table, *_: (0, b, at(r, t, table).outer, 0)),
+        pl.BlockSpec((3, None, cfg.block_k, 1), lambda b, k, r, t, *_: (0, b, at(r, t).outer, 0)),
         pl.BlockSpec((None, None, 1, cfg.block_q), lambda b, k, r, t, *s: (b, query_index(b, r, t, *s), 0, 0)),
     ]
     dkv = pl.pallas_call(
@@ -511,4 +493,4 @@ def calls(cfg: Static, shapes, interpret: bool):
         name=f"freeatten_{cfg.family}_dkv",
         **common,
     )
-    return _prepend(forward_plan.table, forward), _prepend(dq_plan.table, dq), _prepend(dkv_plan.table, dkv)
+    return forward, dq, dkv
