@@ -256,6 +256,20 @@ MUTANTS = [
         ("tests/test_tpu_schedule.py",),
     ),
     Mutant(
+        "pallas TPU kernels: a plain causal mask swept over the full grid",
+        "freeatten_jax/attention/pallas_tpu.py",
+        "if not (cfg.causal and cfg.plain_length):",
+        "if True:",
+        ("tests/test_tpu_schedule.py", "-k", "fold_a_plain"),
+    ),
+    Mutant(
+        "pallas: a plain mask not passed on to the kernels",
+        "freeatten_jax/attention/pallas.py",
+        "plain_length=t if mask.plain else None",
+        "plain_length=None",
+        ("tests/test_tpu_schedule.py", "-k", "fold_a_plain"),
+    ),
+    Mutant(
         "pallas TPU kernels: dK/dV swept over the query-major causal spans",
         "freeatten_jax/attention/pallas_tpu.py",
         "Causal(cfg.plain_length, *blocks, key_major)",

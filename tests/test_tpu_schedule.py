@@ -10,6 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from freeatten_jax import attention
 from freeatten_jax.attention import pallas_plan, tpu_schedule
 from freeatten_jax.attention.arguments import make_mask
 
@@ -86,3 +87,31 @@ def test_a_plain_causal_mask_has_no_empty_grid_step(t, block):
             assert plan.rows * plan.steps == passes * minor * blocks * (blocks + 1) // 2
     full = tpu_schedule.full(blocks, blocks)
     assert full.rows * full.steps == blocks**2
+
+
+def _kernel_grids(**mask_options):
+    """The grids of the TPU kernels' pallas_calls (forward, dq, dkv) in LSSAR's forward and backward, T = 64 in blocks
+    of 8, 2 heads."""
+    q = jnp.zeros((1, 64, 2, 16))
+    options = dict(variant="lssar", implementation="pallas", interpret="tpu", block_q=8, block_k=8, **mask_options)
+    jaxpr = jax.make_jaxpr(jax.grad(lambda q: attention.attend(q, q, q, **options).sum()))(q).jaxpr
+    grids = []
+
+    def walk(jaxpr):
+        for eqn in jaxpr.eqns:
+            if eqn.primitive.name == "pallas_call":
+                grids.append(tuple(eqn.params["grid_mapping"].grid))
+            for value in eqn.params.values():
+                inner = getattr(value, "jaxpr", value)
+                if hasattr(inner, "eqns"):
+                    walk(inner)
+
+    walk(jaxpr)
+    return grids
+
+
+def test_the_tpu_kernels_fold_a_plain_causal_mask_and_keep_the_full_grid_otherwise():
+    """8 query blocks: 4 folded rows of 9 key blocks (LSSAR's forward twice), against 8 rows of 8 (16) when the
+    mask is not plain (segments given, though all one)."""
+    assert _kernel_grids() == [(1, 2, 4, 18), (1, 2, 4, 9), (1, 2, 4, 9)]
+    assert _kernel_grids(q_segment_ids=jnp.zeros((1, 64), jnp.int32)) == [(1, 2, 8, 16), (1, 2, 8, 8), (1, 2, 8, 8)]
