@@ -263,6 +263,13 @@ MUTANTS = [
         ("tests/test_tpu_schedule.py", "-k", "fold_a_plain"),
     ),
     Mutant(
+        "pallas TPU kernels: a plain bidirectional mask swept over causal spans",
+        "freeatten_jax/attention/pallas_tpu.py",
+        "if not (cfg.causal and cfg.plain_length):",
+        "if not cfg.plain_length:",
+        ("tests/test_tpu_schedule.py", "-k", "fold_a_plain"),
+    ),
+    Mutant(
         "pallas: a plain mask not passed on to the kernels",
         "freeatten_jax/attention/pallas.py",
         "plain_length=t if mask.plain else None",

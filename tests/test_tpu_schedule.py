@@ -112,6 +112,8 @@ def _kernel_grids(**mask_options):
 
 def test_the_tpu_kernels_fold_a_plain_causal_mask_and_keep_the_full_grid_otherwise():
     """8 query blocks: 4 folded rows of 9 key blocks (LSSAR's forward twice), against 8 rows of 8 (16) when the
-    mask is not plain (segments given, though all one)."""
+    mask is not plain (segments given, though all one) or not causal."""
     assert _kernel_grids() == [(1, 2, 4, 18), (1, 2, 4, 9), (1, 2, 4, 9)]
-    assert _kernel_grids(q_segment_ids=jnp.zeros((1, 64), jnp.int32)) == [(1, 2, 8, 16), (1, 2, 8, 8), (1, 2, 8, 8)]
+    full = [(1, 2, 8, 16), (1, 2, 8, 8), (1, 2, 8, 8)]
+    assert _kernel_grids(q_segment_ids=jnp.zeros((1, 64), jnp.int32)) == full
+    assert _kernel_grids(causal=False) == full  # plain, but every pair is visible
