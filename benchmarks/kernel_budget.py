@@ -277,13 +277,34 @@ def tpu_table(args, dump: str) -> None:
         "| EUP ops (pow2 / log2 / rcp; one a vreg) | bound |"
     )
     print("|---|---|---|---|---|---|---|")
+
+    def compiled(variant, **options):
+        """Compile one variant and read its kernels' budgets from the dump, then empty it (~500 MB a compile)."""
+        compile_attention(topology, variant=variant, seq_len=args.seq_len, heads=1, **options)
+        try:
+            return tpu_bundles.kernel_budgets(dump)
+        finally:
+            for path in glob.glob(os.path.join(dump, "*")):
+                os.remove(path)
+
+    whole = []
     for variant in args.variants.split(","):
-        compile_attention(topology, variant=variant, seq_len=args.seq_len, heads=1)
-        for row in tpu_bundles.table_rows(variant, args.target, dump, block_q, block_k, d):
+        budgets = compiled(variant)
+        for row in tpu_bundles.table_rows(variant, args.target, budgets, block_q, block_k, d):
             print(row, flush=True)
-        for path in glob.glob(os.path.join(dump, "*")):  # ~500 MB a compile
-            os.remove(path)
+        if args.full_grid:  # the same kernels on the full grid: segment ids given (all one) make the mask not plain
+            full = compiled(variant, q_segment_ids=jax.numpy.zeros((1, args.seq_len), jax.numpy.int32))
+            whole += tpu_bundles.whole_kernel_rows(variant, {"folded": budgets, "full grid": full}, args.seq_len, block_q)
     print(tpu_bundles.grid_steps_table(args.variants.split(","), block_q, block_k))
+    if whole:
+        print(
+            f"\nStatic bundles a (batch row, head), T={args.seq_len}, causal, equal blocks: interior pairs x interior "
+            "bundles + diagonal pairs x masked bundles + grid steps x every-step bundles (what a grid step costs "
+            "beyond its bundles is not in it)"
+        )
+        print("| kernel | full grid: steps | bundles | folded: steps | bundles | folded / full |")
+        print("|---|---|---|---|---|---|")
+        print("\n".join(whole))
 
 
 def main(argv=None) -> None:
@@ -291,6 +312,9 @@ def main(argv=None) -> None:
     parser.add_argument("--target", default="h100", choices=["h100", *tpu_bundles.TOPOLOGY])
     parser.add_argument("--variants", default="softmax,lssa,lssar,sigmoid")
     parser.add_argument("--seq_len", type=int, default=8192)
+    parser.add_argument(
+        "--full_grid", action="store_true", help="TPU: also compile on the full grid and compare whole-kernel bundles"
+    )
     args = parser.parse_args(argv)
     dump = tempfile.mkdtemp(prefix="kernel_budget_")
     if args.target == "h100":

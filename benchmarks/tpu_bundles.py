@@ -128,15 +128,19 @@ def mxu_pushes(counter) -> int:
     return max(per_mxu.values(), default=0)
 
 
-def table_rows(variant: str, generation: str, folder: str, block_q: int, block_k: int, d: int):
-    """Markdown rows for one variant's three kernels and its backward: a key block's interior path is its
-    interior regions plus, per grid step (one a pass), the bundles every step runs."""
+def kernel_budgets(folder: str) -> dict:
+    """{kind: (interior, masked)} (kernel_budget) of the fwd, dq and dkv kernels in a dump folder."""
+    return {kind: kernel_budget(path) for kind, path in bundle_files(folder).items()}
+
+
+def table_rows(variant: str, generation: str, budgets: dict, block_q: int, block_k: int, d: int):
+    """Markdown rows for one variant's three kernels (kernel_budgets) and its backward: a key block's interior
+    path is its interior regions plus, per grid step (one a pass), the bundles every step runs."""
     rows, path = [], {}
     scores = block_q * block_k
     minimum = {kind: MODEL_MACS[kind] * d * scores / MACS_PER_CYCLE[generation] for kind in MODEL_MACS}
-    files = bundle_files(folder)
     for kind in ("fwd", "dq", "dkv"):
-        interior, masked = kernel_budget(files[kind])
+        interior, masked = budgets[kind]
         path[kind] = interior["bundles"] + interior["steps"] * interior["every step"]
         eup = " / ".join(f"{interior[op]:,}" for op in EUP)
         bound = f"{minimum['fwd'] / path[kind]:.2f}" if kind == "fwd" else ""
@@ -174,3 +178,34 @@ def grid_steps_table(variants, block_q: int, block_k: int, lengths=(8192, 32768,
                 cells.append(f"{sweeps * outer * inner:,} -> {plan.rows * plan.steps:,}")
             lines.append(f"| {variant} | {t // 1024}K | " + " | ".join(cells) + " |")
     return "\n".join(lines)
+
+
+def _causal_steps(variant: str, t: int, block: int) -> dict:
+    """{kind: (full grid steps, folded steps)} a (batch row, head) for T = t in equal blocks."""
+    from freeatten_jax.attention import tpu_schedule
+    from freeatten_jax.attention.rules import FAMILIES
+    from freeatten_jax.attention.variants import VARIANTS
+
+    passes, blocks = len(FAMILIES[VARIANTS[variant].normalise].passes), t // block
+    steps = {}
+    for kind, sweeps, key_major in (("fwd", passes, False), ("dq", 1, False), ("dkv", 1, True)):
+        plan = tpu_schedule.Schedule(blocks, blocks, sweeps, 1, tpu_schedule.Causal(t, block, block, key_major))
+        steps[kind] = (sweeps * blocks * blocks, plan.rows * plan.steps)
+    return steps
+
+
+def whole_kernel_rows(variant: str, budgets: dict, t: int, block: int):
+    """Markdown rows of each kernel's static bundles a (batch row, head) under a causal mask of equal blocks, on the
+    full grid and folded (budgets: {"folded": kernel_budgets, "full grid": kernel_budgets})."""
+    blocks, rows = t // block, []
+    for kind, (full_steps, folded_steps) in _causal_steps(variant, t, block).items():
+        total = {}
+        for grid, steps in (("full grid", full_steps), ("folded", folded_steps)):
+            interior, masked = budgets[grid][kind]
+            pairs = blocks * (blocks - 1) // 2
+            total[grid] = pairs * interior["bundles"] + blocks * masked["bundles"] + steps * interior["every step"]
+        rows.append(
+            f"| {variant} {kind} | {full_steps:,} | {total['full grid']:,} | {folded_steps:,} | {total['folded']:,} | "
+            f"{total['folded'] / total['full grid']:.3f} |"
+        )
+    return rows
