@@ -205,7 +205,7 @@ def whole_kernel_rows(variant: str, budgets: dict, t: int, block: int):
             pairs = blocks * (blocks - 1) // 2
             total[grid] = pairs * interior["bundles"] + blocks * masked["bundles"] + steps * interior["every step"]
         rows.append(
-            f"| {variant} {kind} | {full_steps:,} | {total['full grid']:,} | {folded_steps:,} | {total['folded']:,} | "
-            f"{total['folded'] / total['full grid']:.3f} |"
+            f"| {variant} {kind}, whole kernel | {full_steps:,} | {total['full grid']:,} | {folded_steps:,} | "
+            f"{total['folded']:,} | {total['folded'] / total['full grid']:.3f} |"
         )
     return rows

@@ -993,6 +993,13 @@ MUTANTS = [
         ("tests/test_kernel_budget.py::test_tpu_bundle_table_counts_the_interior_step_of_each_kernel",),
     ),
     Mutant(
+        "tpu_bundles: whole-kernel bundles count each diagonal pair as interior",
+        "benchmarks/tpu_bundles.py",
+        'pairs * interior["bundles"] + blocks * masked["bundles"]',
+        'pairs * interior["bundles"] + blocks * interior["bundles"]',
+        ("tests/test_kernel_budget.py::test_tpu_whole_kernel_bundles_count_the_folded_grids_steps",),
+    ),
+    Mutant(
         "tpu kernels: an earlier pass finished on every grid step",
         "freeatten_jax/attention/pallas_tpu.py",
         "pl.when((now == which) & step.last)(functools.partial(finish, one, load, new_refs))",

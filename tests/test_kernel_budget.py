@@ -32,7 +32,7 @@ def budget_table(*args) -> dict[str, list[str]]:
 
 @pytest.fixture(scope="module")
 def v5e_table():
-    return budget_table("--target", "v5e", "--variants", "lssa,lssar", "--seq_len", "1024")
+    return budget_table("--target", "v5e", "--variants", "lssa,lssar", "--seq_len", "1024", "--full_grid")
 
 
 @pytest.mark.slow
@@ -77,3 +77,20 @@ def test_gpu_budget_keeps_the_lssa_kernels_fused():
     assert (fwd[8], backward[-2], backward[-1]) == ("0.67", "0.50", "0.50")  # the ceilings: 4·D of 6·D, 10·D of 20·D
     lssar = table["lssar fwd interior"]  # QKᵀ twice (two passes), r split, ρ^(p-1) rounded once: 10·D
     assert (int(lssar[0]), lssar[8]) == (10 * 128, "0.40")
+
+
+@pytest.mark.slow
+def test_tpu_whole_kernel_bundles_count_the_folded_grids_steps(v5e_table):
+    """--full_grid: at T = 1024 in 512 blocks (one interior pair, two diagonal ones) the folded grid takes 3 steps a
+    head (LSSAR's forward 6) against the full grid's 4 (8), and its whole-kernel bundles are the table's own
+    interior, masked and every-step bundles put together."""
+    number = lambda cell: int(cell.replace(",", ""))  # noqa: E731
+    for variant, passes in (("lssa", 1), ("lssar", 2)):
+        for kind in ("fwd", "dq", "dkv"):
+            sweeps = passes if kind == "fwd" else 1
+            full_steps, _, folded_steps, folded, ratio = v5e_table[f"{variant} {kind}, whole kernel"]
+            assert (number(full_steps), number(folded_steps)) == (4 * sweeps, 3 * sweeps)
+            interior, steps_every, masked = v5e_table[f"{variant} {kind}"][:3]
+            every = number(steps_every.split(" x ")[1])
+            assert number(folded) == number(interior) + 2 * number(masked) + 3 * sweeps * every
+            assert 0.8 < float(ratio) < 1.2
