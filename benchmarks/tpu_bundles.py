@@ -153,13 +153,26 @@ def table_rows(variant: str, generation: str, budgets: dict, block_q: int, block
     return rows
 
 
-def grid_steps_table(variants, block_q: int, block_k: int, lengths=(8192, 32768, 131072)) -> str:
-    """Grid steps a (batch row, head) under a plain causal mask: every block pair (the full grid, which skips the
-    invisible ones' work but not their steps) against the folded schedule (freeatten_jax.attention.tpu_schedule)."""
+def _causal_steps(variant: str, t: int, block_q: int, block_k: int) -> dict:
+    """{kind: (full grid steps, folded steps)} a (batch row, head) under a plain causal mask of T = t."""
     from freeatten_jax.attention import tpu_schedule
     from freeatten_jax.attention.rules import FAMILIES
     from freeatten_jax.attention.variants import VARIANTS
 
+    passes, q_blocks, k_blocks = len(FAMILIES[VARIANTS[variant].normalise].passes), t // block_q, t // block_k
+    steps = {}
+    for kind, sweeps, key_major in (("fwd", passes, False), ("dq", 1, False), ("dkv", 1, True)):
+        (outer, inner), blocks = (
+            ((k_blocks, q_blocks), (block_k, block_q)) if key_major else ((q_blocks, k_blocks), (block_q, block_k))
+        )
+        plan = tpu_schedule.Schedule(outer, inner, sweeps, 1, tpu_schedule.Causal(t, *blocks, key_major))
+        steps[kind] = (sweeps * outer * inner, plan.rows * plan.steps)
+    return steps
+
+
+def grid_steps_table(variants, block_q: int, block_k: int, lengths=(8192, 32768, 131072)) -> str:
+    """Grid steps a (batch row, head) under a plain causal mask: every block pair (the full grid, which skips the
+    invisible ones' work but not their steps) against the folded schedule (freeatten_jax.attention.tpu_schedule)."""
     lines = [
         f"\nGrid steps a (batch row, head; dK/dV: a kv head, times G), plain causal mask, blocks {block_q} x {block_k}: "
         "full grid -> folded schedule",
@@ -167,42 +180,21 @@ def grid_steps_table(variants, block_q: int, block_k: int, lengths=(8192, 32768,
         "|---|---|---|---|---|",
     ]
     for variant in variants:
-        passes = len(FAMILIES[VARIANTS[variant].normalise].passes)
         for t in lengths:
-            q_blocks, k_blocks = t // block_q, t // block_k
-            kernels = ((q_blocks, k_blocks, passes, False), (q_blocks, k_blocks, 1, False), (k_blocks, q_blocks, 1, True))
-            cells = []
-            for outer, inner, sweeps, key_major in kernels:
-                blocks = (block_k, block_q) if key_major else (block_q, block_k)
-                plan = tpu_schedule.Schedule(outer, inner, sweeps, 1, tpu_schedule.Causal(t, *blocks, key_major))
-                cells.append(f"{sweeps * outer * inner:,} -> {plan.rows * plan.steps:,}")
+            cells = [f"{full:,} -> {folded:,}" for full, folded in _causal_steps(variant, t, block_q, block_k).values()]
             lines.append(f"| {variant} | {t // 1024}K | " + " | ".join(cells) + " |")
     return "\n".join(lines)
-
-
-def _causal_steps(variant: str, t: int, block: int) -> dict:
-    """{kind: (full grid steps, folded steps)} a (batch row, head) for T = t in equal blocks."""
-    from freeatten_jax.attention import tpu_schedule
-    from freeatten_jax.attention.rules import FAMILIES
-    from freeatten_jax.attention.variants import VARIANTS
-
-    passes, blocks = len(FAMILIES[VARIANTS[variant].normalise].passes), t // block
-    steps = {}
-    for kind, sweeps, key_major in (("fwd", passes, False), ("dq", 1, False), ("dkv", 1, True)):
-        plan = tpu_schedule.Schedule(blocks, blocks, sweeps, 1, tpu_schedule.Causal(t, block, block, key_major))
-        steps[kind] = (sweeps * blocks * blocks, plan.rows * plan.steps)
-    return steps
 
 
 def whole_kernel_rows(variant: str, budgets: dict, t: int, block: int):
     """Markdown rows of each kernel's static bundles a (batch row, head) under a causal mask of equal blocks, on the
     full grid and folded (budgets: {"folded": kernel_budgets, "full grid": kernel_budgets})."""
     blocks, rows = t // block, []
-    for kind, (full_steps, folded_steps) in _causal_steps(variant, t, block).items():
+    pairs = blocks * (blocks - 1) // 2  # interior: wholly below the diagonal
+    for kind, (full_steps, folded_steps) in _causal_steps(variant, t, block, block).items():
         total = {}
         for grid, steps in (("full grid", full_steps), ("folded", folded_steps)):
             interior, masked = budgets[grid][kind]
-            pairs = blocks * (blocks - 1) // 2
             total[grid] = pairs * interior["bundles"] + blocks * masked["bundles"] + steps * interior["every step"]
         rows.append(
             f"| {variant} {kind}, whole kernel | {full_steps:,} | {total['full grid']:,} | {folded_steps:,} | "

@@ -339,7 +339,8 @@ def _common(cfg: Static, interpret: bool):
 
 def _query_major_specs(cfg: Static, shapes, plan: Schedule, values_from: int = 0):
     """The forward and dq kernels' input specs on the grid (b, h, r, t) of a schedule (the key block clamped into
-    the visiting span, which a static span is already), and the specs of a [Q, D] block and a [Q, 1] row. V is
+    the visiting span, which a static span is already), and the specs of a [Q, D] block, a [Q, 1] row and a
+    lane-dense [1, Q] row (the query factors' spec). V is
     read from pass `values_from` on: before it (LSSAR's first pass) its index stays on the first block of the
     query block's span, the one the first pass that reads it starts with, so it is fetched once."""
     (b, h, tp, d), (kv_heads, sp) = shapes
@@ -370,10 +371,9 @@ def _query_major_specs(cfg: Static, shapes, plan: Schedule, values_from: int = 0
         pl.BlockSpec((3, None, None, 1, cfg.block_k), lambda b, h, r, t, *s: (0, b, key_index(b, r, t, *s), 0, 0)),
         pl.BlockSpec((None, cfg.block_q, 1), lambda b, h, r, t, *_: (b, query_index(r, t), 0)),
     ]
-    q_factors = pl.BlockSpec((None, None, None, 1, cfg.block_q), lambda b, h, r, t, *_: (b, h, query_index(r, t), 0, 0))
-    lane_dense_rows = pl.BlockSpec((None, None, None, 1, cfg.block_q), lambda b, h, r, t, *_: (b, h, query_index(r, t), 0, 0))
+    lane_dense = pl.BlockSpec((None, None, None, 1, cfg.block_q), lambda b, h, r, t, *_: (b, h, query_index(r, t), 0, 0))
     smem = pl.BlockSpec(memory_space=pltpu.SMEM)
-    return [smem, q_spec, kv_spec, v_spec, q_factors, key_factors, *mask_specs], q_spec, row_spec, lane_dense_rows
+    return [smem, q_spec, kv_spec, v_spec, lane_dense, key_factors, *mask_specs], q_spec, row_spec, lane_dense
 
 
 def _grid_spec(shapes_bh, plan: Schedule, **specs):
