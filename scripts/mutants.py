@@ -1013,4 +1013,32 @@ MUTANTS = [
         "pv_once = pv",
         ("tests/test_kernel_budget.py::test_gpu_budget_keeps_the_lssa_kernels_fused",),
     ),
+    Mutant(
+        "output-only forward: inference runs the training forward",
+        "freeatten_jax/attention/pallas.py",
+        "return run_output(q, k, v, qs, ks, p_1, where)[0]",
+        "return run_forward(q, k, v, qs, ks, p_1, where)[0]",
+        ("tests/test_pallas.py", "-k", "without_a_gradient"),
+    ),
+    Mutant(
+        "output-only forward: LSSAR's second pass still forms y",
+        "freeatten_jax/attention/rules.py",
+        "(_REWEIGHT_PASS1, Pass(_zeros_and_accumulator, _reweight_output_step, _reweight_output_finish)),",
+        "None,",
+        ("tests/test_pallas.py", "-k", "without_a_gradient"),
+    ),
+    Mutant(
+        "output-only forward: the bfloat16 output's low half written without a gradient",
+        "freeatten_jax/attention/pallas_kernels.py",
+        "return cfg.split and cfg.residuals and jnp.dtype(cfg.dtype) != jnp.float32",
+        "return cfg.split and jnp.dtype(cfg.dtype) != jnp.float32",
+        ("tests/test_pallas.py", "-k", "without_a_gradient"),
+    ),
+    Mutant(
+        "output-only forward: blockwise inference runs the training rule",
+        "freeatten_jax/attention/blockwise.py",
+        "return forward(output_rule, cfg_static._replace(p=p), q, kt, v, where)[0]",
+        "return forward(rule, cfg_static._replace(p=p), q, kt, v, where)[0]",
+        ("tests/test_pallas.py", "-k", "without_a_gradient"),
+    ),
 ]

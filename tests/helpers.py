@@ -61,6 +61,17 @@ def variant_params(variant: str, h: int):
     return {"s": jnp.linspace(0.6, 1.4, h), "b": jnp.float32(0.1)} if variant == "ssmax" else {}
 
 
+def walk_eqns(jaxpr):
+    """Every equation of a jaxpr and of the jaxprs inside it (loops, branches, shard_map, Pallas kernels), depth first."""
+    for eqn in jaxpr.eqns:
+        yield eqn
+        for value in eqn.params.values():
+            for inner in value if isinstance(value, (tuple, list)) else (value,):
+                inner = getattr(inner, "jaxpr", inner)
+                if hasattr(inner, "eqns"):
+                    yield from walk_eqns(inner)
+
+
 def jit_call(f, *args):
     """f(*args) under jax.jit (conftest makes the session's compiles cheap)."""
     return jax.jit(f)(*args)

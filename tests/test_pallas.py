@@ -27,10 +27,11 @@ from helpers import (
     one_per_family,
     value_and_grads,
     variant_params,
+    walk_eqns,
 )
 
 from freeatten_jax import attention
-from freeatten_jax.attention import pallas_plan
+from freeatten_jax.attention import pallas_plan, rules
 
 TOLERANCE = {jnp.float32: 1e-4, jnp.bfloat16: 5e-2}
 PALLAS = dict(implementation="pallas", interpret=INTERPRET, block_q=16, block_k=8)  # several blocks, ragged tails
@@ -104,6 +105,38 @@ def test_bfloat16_as_exact_as_the_reference(variant):
     for name, options in runs.items():
         errors = _relative_errors(value_and_grads(q, k, v, g, params, options, variant=variant), truth)
         assert np.all(errors <= limit), f"{name}: output, dq, dk, dv errors {errors} against 1.5x the reference's {limit}"
+
+
+OUTPUT_ONLY_PATHS = {
+    "blockwise": dict(implementation="blockwise", block_q=16, block_k=8),
+    "gpu_kernels": PALLAS,
+    "tpu_kernels": {**PALLAS, "interpret": "tpu"},
+}
+
+
+@pytest.mark.parametrize("path", OUTPUT_ONLY_PATHS)
+@pytest.mark.parametrize("variant", ["lssa", "lssar"])
+def test_without_a_gradient_the_forward_computes_only_the_output(variant, path):
+    """Inference (no gradient) runs the forward's output passes alone: the kernels write the output and not the row
+    statistics, LSSAR's float32 y or the bfloat16 output's low half that only the backward reads, LSSAR's second
+    pass forms no y (fewer matmuls, every path), and the output is the training forward's, bit for bit."""
+    q, k, v, _ = inputs(key("output_only", variant, path), 2, 37, 37, 4, 2, 16, jnp.bfloat16)
+    infer = lambda q, k, v: attention.attend(q, k, v, variant=variant, **OUTPUT_ONLY_PATHS[path])  # noqa: E731
+    train = lambda q, k, v: jax.vjp(infer, q, k, v)[0]  # noqa: E731
+
+    def forward(fn):
+        """(outputs of the forward kernel or None, matmuls in the forward) of fn's jaxpr."""
+        eqns = list(walk_eqns(jax.make_jaxpr(fn)(q, k, v).jaxpr))
+        calls = [eqn for eqn in eqns if eqn.primitive.name == "pallas_call"]
+        assert [str(eqn.params["name"]) for eqn in calls] == ([] if path == "blockwise" else [f"freeatten_{family}_fwd"])
+        return (len(calls[0].outvars) if calls else None), sum(eqn.primitive.name == "dot_general" for eqn in eqns)
+
+    family = attention.get_variant(variant).normalise
+    (outputs, matmuls), (train_outputs, train_matmuls) = forward(infer), forward(train)
+    if path != "blockwise":
+        assert (outputs, train_outputs) == (1, 2 + len(rules.FAMILIES[family].stats) + len(rules.FAMILIES[family].extras))
+    assert matmuls < train_matmuls if variant == "lssar" else matmuls == train_matmuls
+    np.testing.assert_array_equal(jit_call(infer, q, k, v), jit_call(train, q, k, v))
 
 
 @pytest.mark.parametrize("kernels", ["tpu"] if INTERPRET else KERNELS)

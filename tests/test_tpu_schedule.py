@@ -9,6 +9,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from helpers import walk_eqns
 
 from freeatten_jax import attention
 from freeatten_jax.attention import pallas_plan, tpu_schedule
@@ -95,19 +96,7 @@ def _kernel_grids(**mask_options):
     q = jnp.zeros((1, 64, 2, 16))
     options = dict(variant="lssar", implementation="pallas", interpret="tpu", block_q=8, block_k=8, **mask_options)
     jaxpr = jax.make_jaxpr(jax.grad(lambda q: attention.attend(q, q, q, **options).sum()))(q).jaxpr
-    grids = []
-
-    def walk(jaxpr):
-        for eqn in jaxpr.eqns:
-            if eqn.primitive.name == "pallas_call":
-                grids.append(tuple(eqn.params["grid_mapping"].grid))
-            for value in eqn.params.values():
-                inner = getattr(value, "jaxpr", value)
-                if hasattr(inner, "eqns"):
-                    walk(inner)
-
-    walk(jaxpr)
-    return grids
+    return [tuple(eqn.params["grid_mapping"].grid) for eqn in walk_eqns(jaxpr) if eqn.primitive.name == "pallas_call"]
 
 
 def test_the_tpu_kernels_fold_a_plain_causal_mask_and_keep_the_full_grid_otherwise():

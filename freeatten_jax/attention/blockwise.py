@@ -17,8 +17,8 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
-from freeatten_jax.attention import block_plan
-from freeatten_jax.attention.blockwise_rules import RULES, Config
+from freeatten_jax.attention import block_plan, rules
+from freeatten_jax.attention.blockwise_rules import RULES, Config, Rule
 from freeatten_jax.attention.variants import Mask, Variant, check_positive_int, hide_unseen
 
 _HIGHEST = jax.lax.Precision.HIGHEST
@@ -238,9 +238,11 @@ def make_core(variant: Variant, opts, forward=forward, backward=backward):
     rule, cfg_static = RULES[kind], Config(weight=variant.weight, p=None, static_power=static_power(p), p_grad=p_grad)
     p_arg = jnp.asarray(0.0 if p is None else p, jnp.float32)
 
+    output_rule = Rule(rules.output_only(rule.family))  # without a gradient: the output's passes alone
+
     @jax.custom_vjp
     def core(q, kt, v, p, where):
-        return forward(rule, cfg_static._replace(p=p), q, kt, v, where)[0]
+        return forward(output_rule, cfg_static._replace(p=p), q, kt, v, where)[0]
 
     def core_fwd(q, kt, v, p, where):
         out, rows = forward(rule, cfg_static._replace(p=p), q, kt, v, where)

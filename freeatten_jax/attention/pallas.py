@@ -33,6 +33,7 @@ from freeatten_jax.attention.pallas_kernels import (
     dkv_kernel,
     dq_kernel,
     forward_kernel,
+    kernel_family,
     low_half,
     pass_kernel,
 )
@@ -142,16 +143,16 @@ def _calls(cfg: Static, shapes, compiler_params, interpret: bool):
     """The GPU kernels' three pallas_calls (forward, dq, dkv) for arrays of the given padded shapes."""
     (b, h, tp, d), (kv_heads, sp) = shapes
     q_blocks, k_blocks, g = tp // cfg.block_q, sp // cfg.block_k, cfg.kv_groups
-    family = FAMILIES[cfg.family]
+    family, forward_family = FAMILIES[cfg.family], kernel_family(cfg)
     common = dict(interpret=interpret, compiler_params=compiler_params)
     f32 = jnp.float32
 
     # forward and dq: grid (b, h, i); row statistics and rows lane-dense, one [1, Q] row per block
     in_specs, q_spec, _ = _query_major_specs(cfg, shapes)
     row_spec = pl.BlockSpec((None, None, None, 1, cfg.block_q), lambda b, h, i: (b, h, i, 0, 0))
-    stat_shapes = [jax.ShapeDtypeStruct((b, h, q_blocks, 1, cfg.block_q), f32)] * len(family.stats)
+    stat_shapes = [jax.ShapeDtypeStruct((b, h, q_blocks, 1, cfg.block_q), f32)] * len(forward_family.stats)
     out_shape = jax.ShapeDtypeStruct((b, h, tp, d), cfg.dtype)
-    extra_shapes = [jax.ShapeDtypeStruct((b, h, tp, d), f32)] * len(family.extras)
+    extra_shapes = [jax.ShapeDtypeStruct((b, h, tp, d), f32)] * len(forward_family.extras)
     forward = pl.pallas_call(
         functools.partial(forward_kernel, cfg),
         grid=(b, h, q_blocks),
@@ -210,23 +211,26 @@ def by_blocks(x, size: int):
     return x.reshape(*x.shape[:2], -1, 1, size)
 
 
-def make_core(cfg: Static, run_forward, run_backward):
+def make_core(cfg: Static, forward_for, run_backward):
     """core(q, k, v, qs, ks, p_1, where) = the kernels' output, with a custom VJP whose residuals are the inputs,
     the output and row statistics. The scores are qs_i ks_j q_i·k_j (float32 factors, the family's score_scale
-    in qs, lane-dense as one row per block: qs [B, H, I, 1, Q], ks [B, K, J, 1, C]). run_forward(q, k, v, qs, ks,
-    p_1, where) gives (out, its low half or None, statistics); run_backward(q, k, v, qs, ks, p_1, where, rows (lane-dense),
-    dout) the kernels' (dq, dk sums, dv, dL/dp per row or None): sums without the factors of their own side,
-    which this applies, with the factors' own gradients. `where` is a pallas_plan.Plan here, a ring in
-    ring_kernels.py."""
+    in qs, lane-dense as one row per block: qs [B, H, I, 1, Q], ks [B, K, J, 1, C]). forward_for(cfg) gives
+    run_forward(q, k, v, qs, ks, p_1, where) -> (out, its low half or None, statistics); without a gradient
+    core runs it for cfg.residuals False (the output alone: no statistics, no extras, no low half).
+    run_backward(q, k, v, qs, ks, p_1, where, rows (lane-dense), dout) the kernels' (dq, dk sums, dv, dL/dp per
+    row or None): sums without the factors of their own side, which this applies, with the factors' own gradients.
+    `where` is a pallas_plan.Plan here, a ring in ring_kernels.py."""
     inv_scale = 1.0 / FAMILIES[cfg.family].score_scale  # the family's ds is dL/d(score / score_scale)
 
     def factor_sum(x, sums, shape):
         """Σ_d x_d sums_d as [B, heads, L] reshaped to the factors' block rows `shape` (lane-dense)."""
         return jnp.sum(x.astype(jnp.float32) * sums, axis=-1).reshape(shape)
 
+    run_output, run_forward = forward_for(cfg._replace(residuals=False)), forward_for(cfg)
+
     @jax.custom_vjp
     def core(q, k, v, qs, ks, p_1, where):
-        return run_forward(q, k, v, qs, ks, p_1, where)[0]
+        return run_output(q, k, v, qs, ks, p_1, where)[0]
 
     def core_fwd(q, k, v, qs, ks, p_1, where):
         out, low, stats = run_forward(q, k, v, qs, ks, p_1, where)
@@ -269,17 +273,21 @@ def kernel_backward(cfg: Static, dq_call, dkv_call, q, k, v, qs, ks, p_1, plan: 
 
 def _core(cfg: Static, lowering: Lowering, shapes):
     """The kernels with their custom VJP (make_core) on one device's whole sequence (`where` a Plan)."""
-    forward, dq_call, dkv_call = lowering.calls(cfg, shapes)
-    family = FAMILIES[cfg.family]
+    _, dq_call, dkv_call = lowering.calls(cfg, shapes)
 
-    def run_forward(q, k, v, qs, ks, p_1, plan):
-        """The output, the statistics and (below float32) the output's low half, pallas_kernels.write_forward."""
-        first, end, full, *masks = mask_args(plan)
-        out, *stats = forward(first, end, full, p_1, q, k, v, qs, ks, *masks)
-        low = stats.pop() if low_half(cfg) else None
-        return out, low, dict(zip(family.stats + family.extras, stats))
+    def forward_for(cfg: Static):
+        forward, family = lowering.calls(cfg, shapes)[0], kernel_family(cfg)
 
-    return make_core(cfg, run_forward, functools.partial(kernel_backward, cfg, dq_call, dkv_call))
+        def run_forward(q, k, v, qs, ks, p_1, plan):
+            """The output, the statistics and (below float32) the output's low half, pallas_kernels.write_forward."""
+            first, end, full, *masks = mask_args(plan)
+            out, *stats = forward(first, end, full, p_1, q, k, v, qs, ks, *masks)
+            low = stats.pop() if low_half(cfg) else None
+            return out, low, dict(zip(family.stats + family.extras, stats))
+
+        return run_forward
+
+    return make_core(cfg, forward_for, functools.partial(kernel_backward, cfg, dq_call, dkv_call))
 
 
 def factor_rows(x_BLH1, size: int):

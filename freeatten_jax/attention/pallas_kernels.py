@@ -20,7 +20,7 @@ import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
-from freeatten_jax.attention.rules import FAMILIES, Ctx, forward, log2_1p, log2_1p_eup
+from freeatten_jax.attention.rules import FAMILIES, Ctx, Family, forward, log2_1p, log2_1p_eup, output_only
 
 NT = (((1,), (1,)), ((), ()))  # a [M, D] x b [N, D] -> [M, N]
 NN = (((1,), (0,)), ((), ()))  # a [M, N] x b [N, D] -> [M, D]
@@ -72,6 +72,12 @@ class Static(NamedTuple):
     ptx: bool = False  # a CUDA compile: fused multiply-adds as inline PTX (fma_ptx)
     eup_log: bool = False  # the TPU kernels: log2(1 + t) by the transcendental unit (rules.log2_1p_eup)
     plain_length: int | None = None  # T (= S) of a plain mask (Mask.plain): its causal block spans known when tracing
+    residuals: bool = True  # the forward also writes what the backward reads (statistics, extras, the low half)
+
+
+def kernel_family(cfg: Static) -> Family:
+    """The family the forward kernels run: the whole one, or its output passes alone when no gradient follows."""
+    return FAMILIES[cfg.family] if cfg.residuals else output_only(FAMILIES[cfg.family])
 
 
 def visible(cfg: Static, q_pos, q_seg, k_pos, k_seg, k_valid):
@@ -113,7 +119,7 @@ def row(x_N1):
 def low_half(cfg: Static) -> bool:
     """Whether the forward also writes the output's low half, the residual that keeps D_i exact: below float32,
     with split matmuls (the other half of the kernels' exactness; softmax keeps FlashAttention's memory)."""
-    return cfg.split and jnp.dtype(cfg.dtype) != jnp.float32
+    return cfg.split and cfg.residuals and jnp.dtype(cfg.dtype) != jnp.float32
 
 
 def split_output(cfg: Static, out):
@@ -212,7 +218,7 @@ def _key_sweep(cfg: Static, first_ref, end_ref, full_ref, q_ref, k_ref, v_ref, q
 
 def forward_kernel(cfg: Static, first_ref, end_ref, full_ref, p_ref, *refs):
     """One (batch, head, query block): out and the family's statistics, streaming visible key blocks."""
-    family = FAMILIES[cfg.family]
+    family = kernel_family(cfg)
     (q_ref, k_ref, v_ref, qs_ref, ks_ref, qcol_ref, kvrow_ref, n_ref), out_refs = refs[:8], refs[8:]
     sweep = _key_sweep(cfg, first_ref, end_ref, full_ref, q_ref, k_ref, v_ref, qs_ref, ks_ref, qcol_ref, kvrow_ref)
     out, stats = forward(family, sweep, kernel_ctx(cfg, n_ref[...], p_ref[0]))
@@ -221,7 +227,7 @@ def forward_kernel(cfg: Static, first_ref, end_ref, full_ref, p_ref, *refs):
 
 def carry_widths(cfg: Static, which: int, d: int) -> list[int]:
     """The last-axis widths of pass `which`'s carry leaves: 1 for a [Q, 1] row statistic, D for an accumulator."""
-    one = FAMILIES[cfg.family].passes[which]
+    one = kernel_family(cfg).passes[which]
     return [x.shape[-1] for x in jax.tree.leaves(one.init(jnp.zeros((1, 1)), jnp.zeros((1, d))))]
 
 
@@ -236,7 +242,7 @@ def split_pass_refs(row_names, refs):
 def pass_kernel(cfg: Static, which: int, row_names, first_ref, end_ref, full_ref, p_ref, *refs):
     """One (batch, head, query block): pass `which` of the family continued from a carry over one more set of
     key blocks (a ring step's chunk, ring_kernels.py), the carry written out unfinished."""
-    one = FAMILIES[cfg.family].passes[which]
+    one = kernel_family(cfg).passes[which]
     (q_ref, k_ref, v_ref, qs_ref, ks_ref, qcol_ref, kvrow_ref, n_ref), rest = refs[:8], refs[8:]
     row_refs, in_refs, out_refs = split_pass_refs(row_names, rest)
     sweep = _key_sweep(cfg, first_ref, end_ref, full_ref, q_ref, k_ref, v_ref, qs_ref, ks_ref, qcol_ref, kvrow_ref)

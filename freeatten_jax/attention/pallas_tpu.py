@@ -28,6 +28,7 @@ from freeatten_jax.attention.pallas_kernels import (
     column,
     dot,
     kernel_ctx,
+    kernel_family,
     key_block,
     key_factor,
     low_half,
@@ -133,7 +134,7 @@ def forward_kernel(
     step, sweeps = locate(plan, pl.program_id(2), pl.program_id(3)), plan.passes
     now = step.sweep
     interior, masked = _spans(full_ref, first_ref, end_ref, b, step)
-    family = FAMILIES[cfg.family]
+    family = kernel_family(cfg)
     outputs = 1 + len(family.stats) + len(family.extras) + low_half(cfg)
     out_refs, slots = refs[:outputs], iter(refs[outputs:])
     held_block = functools.partial(_held_block, cfg, q_ref, k_ref, v_ref, qs_ref, ks_ref, qcol_ref, kvrow_ref)
@@ -170,7 +171,7 @@ def forward_kernel(
 
 def finished_rows(cfg: Static, which: int, d: int) -> dict:
     """{name: shape} of the row statistics pass `which` finishes with (sorted by name), for a [Q, D] block."""
-    one, q = FAMILIES[cfg.family].passes[which], cfg.block_q
+    one, q = kernel_family(cfg).passes[which], cfg.block_q
     ctx = kernel_ctx(cfg, jnp.zeros((q, 1), jnp.float32), jnp.zeros((), jnp.float32))
     carry = one.init(jnp.zeros((q, 1), jnp.float32), jnp.zeros((q, d), jnp.float32))
     rows = jax.eval_shape(lambda c: one.finish(c, ctx)[1], carry)
@@ -201,7 +202,7 @@ def pass_kernel(
     and is the accumulator."""
     b = pl.program_id(0)
     step = locate(plan, pl.program_id(2), pl.program_id(3))
-    one = FAMILIES[cfg.family].passes[which]
+    one = kernel_family(cfg).passes[which]
     row_refs, in_refs, out_refs = split_pass_refs(row_names, refs)
     interior, masked = _spans(full_ref, first_ref, end_ref, b, step)
     held_block = functools.partial(_held_block, cfg, q_ref, k_ref, v_ref, qs_ref, ks_ref, qcol_ref, kvrow_ref)
@@ -387,7 +388,7 @@ def pass_call(cfg: Static, shapes, which: int, row_names, interpret: bool):
     cfg = cfg._replace(eup_log=True)
     (b, h, tp, d), (_, sp) = shapes
     plan = full(tp // cfg.block_q, sp // cfg.block_k)
-    in_specs, _, row_spec, _ = _query_major_specs(cfg, shapes, plan, 0 if FAMILIES[cfg.family].passes[which].with_values else 1)
+    in_specs, _, row_spec, _ = _query_major_specs(cfg, shapes, plan, 0 if kernel_family(cfg).passes[which].with_values else 1)
     widths = carry_widths(cfg, which, d)
     carry_specs = [pl.BlockSpec((None, None, cfg.block_q, w), lambda b, h, r, t, *_: (b, h, r, 0)) for w in widths]
     first_carry = 3 + len(in_specs) + len(row_names)
@@ -407,18 +408,18 @@ def calls(cfg: Static, shapes, interpret: bool):
     cfg = cfg._replace(eup_log=True)
     (b, h, tp, d), (kv_heads, sp) = shapes
     q_blocks, k_blocks, g = tp // cfg.block_q, sp // cfg.block_k, cfg.kv_groups
-    family, f32 = FAMILIES[cfg.family], jnp.float32
+    family, forward_family, f32 = FAMILIES[cfg.family], kernel_family(cfg), jnp.float32
     common = _common(cfg, interpret)
     smem = pl.BlockSpec(memory_space=pltpu.SMEM)
-    passes = len(family.passes)
+    passes = len(forward_family.passes)
     forward_plan, dq_plan = sweep(cfg, q_blocks, k_blocks, passes), sweep(cfg, q_blocks, k_blocks)
     in_specs, q_spec, _, row_spec = _query_major_specs(cfg, shapes, dq_plan)
-    first_valued = [one.with_values for one in family.passes].index(True)  # LSSAR's first pass reads no V
+    first_valued = [one.with_values for one in forward_family.passes].index(True)  # LSSAR's first pass reads no V
     forward_specs, forward_q, _, forward_rows = _query_major_specs(cfg, shapes, forward_plan, first_valued)
     carries = [[(cfg.block_q, w) for w in carry_widths(cfg, which, d)] for which in range(passes)]
-    stat_shapes = [jax.ShapeDtypeStruct((b, h, q_blocks, 1, cfg.block_q), f32)] * len(family.stats)
+    stat_shapes = [jax.ShapeDtypeStruct((b, h, q_blocks, 1, cfg.block_q), f32)] * len(forward_family.stats)
     out_shape = jax.ShapeDtypeStruct((b, h, tp, d), cfg.dtype)
-    extra_shapes = [jax.ShapeDtypeStruct((b, h, tp, d), f32)] * len(family.extras)
+    extra_shapes = [jax.ShapeDtypeStruct((b, h, tp, d), f32)] * len(forward_family.extras)
     forward = pl.pallas_call(
         functools.partial(forward_kernel, cfg, forward_plan),
         grid_spec=_grid_spec(

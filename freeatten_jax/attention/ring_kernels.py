@@ -13,7 +13,7 @@ import jax
 import jax.numpy as jnp
 
 from freeatten_jax.attention import pallas, pallas_plan
-from freeatten_jax.attention.pallas_kernels import Static, kernel_ctx, split_output
+from freeatten_jax.attention.pallas_kernels import Static, kernel_ctx, kernel_family, split_output
 from freeatten_jax.attention.ring import Ring, rotate
 from freeatten_jax.attention.rules import FAMILIES
 
@@ -21,35 +21,37 @@ from freeatten_jax.attention.rules import FAMILIES
 def _core(cfg: Static, lowering: pallas.Lowering, shapes):
     """make_core's forward and backward streaming the chunks round the ring (`where` a Ring)."""
     _, dq_call, dkv_call = lowering.calls(cfg, shapes)
-    family = FAMILIES[cfg.family]
     (b, h, tp, d), _ = shapes
 
     def plan_at(ring: Ring, step):
         return pallas_plan.plan(ring.mask_at(step), ring.n_BHT[:, 0], cfg.block_q, cfg.block_k)
 
-    def run_forward(q, k, v, qs, ks, p_1, ring: Ring):
-        n = plan_at(ring, 0).n_col[:, None]  # [B, 1, Tp, 1]
-        ctx = kernel_ctx(cfg, n, p_1[0])  # its finishes read only n
-        out, rows = None, dict[str, jax.Array]()
-        for which, one in enumerate(family.passes):
-            call = lowering.pass_call(cfg, shapes, which, tuple(rows))
-            leaves, tree = jax.tree.flatten(one.init(jnp.zeros((b, h, tp, 1)), jnp.zeros((b, h, tp, d))))
-            travelling = (k, ks, v) if one.with_values else (k, ks)  # LSSAR's first pass reads no values
+    def forward_for(cfg: Static):
+        def run_forward(q, k, v, qs, ks, p_1, ring: Ring):
+            n = plan_at(ring, 0).n_col[:, None]  # [B, 1, Tp, 1]
+            ctx = kernel_ctx(cfg, n, p_1[0])  # its finishes read only n
+            out, rows = None, dict[str, jax.Array]()
+            for which, one in enumerate(kernel_family(cfg).passes):
+                call = lowering.pass_call(cfg, shapes, which, tuple(rows))
+                leaves, tree = jax.tree.flatten(one.init(jnp.zeros((b, h, tp, 1)), jnp.zeros((b, h, tp, d))))
+                travelling = (k, ks, v) if one.with_values else (k, ks)  # LSSAR's first pass reads no values
 
-            row_values = tuple(rows.values())
+                row_values = tuple(rows.values())
 
-            def ring_step(step, state, call=call, rows=row_values):
-                leaves, held = state
-                passed_on = rotate(held, ring.axis_name, ring.size)  # issued first: it can overlap the work
-                k_held, ks_held, v_held = (*held, v)[:3]  # a pass that reads no values gets the local ones
-                first, end, full, *masks = pallas.mask_args(plan_at(ring, step))
-                leaves = call(first, end, full, p_1, q, k_held, v_held, qs, ks_held, *masks, *rows, *leaves)
-                return list(leaves), passed_on
+                def ring_step(step, state, call=call, rows=row_values):
+                    leaves, held = state
+                    passed_on = rotate(held, ring.axis_name, ring.size)  # issued first: it can overlap the work
+                    k_held, ks_held, v_held = (*held, v)[:3]  # a pass that reads no values gets the local ones
+                    first, end, full, *masks = pallas.mask_args(plan_at(ring, step))
+                    leaves = call(first, end, full, p_1, q, k_held, v_held, qs, ks_held, *masks, *rows, *leaves)
+                    return list(leaves), passed_on
 
-            leaves, _ = jax.lax.fori_loop(0, ring.size, ring_step, (leaves, travelling))
-            out, new = one.finish(jax.tree.unflatten(tree, leaves), ctx)
-            rows = {**rows, **new}
-        return *split_output(cfg, out), rows
+                leaves, _ = jax.lax.fori_loop(0, ring.size, ring_step, (leaves, travelling))
+                out, new = one.finish(jax.tree.unflatten(tree, leaves), ctx)
+                rows = {**rows, **new}
+            return *split_output(cfg, out), rows
+
+        return run_forward
 
     def run_backward(q, k, v, qs, ks, p_1, ring: Ring, rows, dout):
         def ring_step(step, state):
@@ -66,7 +68,7 @@ def _core(cfg: Static, lowering: pallas.Lowering, shapes):
         state = jax.lax.fori_loop(0, ring.size, ring_step, (zeros[0], held, zeros[1], zeros[2], jnp.float32(0.0)))
         return state[0], state[2], state[3], state[4]
 
-    return pallas.make_core(cfg, run_forward, run_backward)
+    return pallas.make_core(cfg, forward_for, run_backward)
 
 
 def attend(lowering: pallas.Lowering, cfg: Static, block_q, block_k, q_BTHD, k_BSKD, v_BSKD, qs_BTH1, ks_BSK1, p_1, ring: Ring):

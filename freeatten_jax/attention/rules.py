@@ -98,6 +98,13 @@ class Family(NamedTuple):
     rows: tuple[str, ...]
     power_grad: Callable | None = None
     score_scale: float = 1.0
+    output_passes: tuple[Pass, ...] | None = None  # the passes when no gradient follows (None: `passes`)
+
+
+def output_only(family: Family) -> Family:
+    """The family's forward when no gradient follows: its output passes (LSSAR's second pass without the
+    backward's sums), no statistics saved."""
+    return family._replace(passes=family.output_passes or family.passes, stats=(), extras=())
 
 
 def forward(family: Family, sweep: Callable, ctx: Ctx):
@@ -226,7 +233,8 @@ def _none_grad(s, vis, ctx, rows, dp):
 # ρ_ij = (u_ij - θ_i) α_i with α_i = 1 / (u_max - θ_i): ρ = x / x_max in (0, 1], so r = ρ^p needs no running
 # max and no per-score division, and u - θ > 0 is exact wherever u > θ. A row with nothing above θ keeps its
 # LSSA weights: θ = 0, α = 1 / u_max and power 1 (r = u / u_max). Pass 2 also accumulates
-# Σ_j ρ^(p-1) v_j and Σ_j ρ^(p-1) (r / x = ρ^(p-1) α Z / N), which make the backward a single sweep.
+# Σ_j ρ^(p-1) v_j and Σ_j ρ^(p-1) (r / x = ρ^(p-1) α Z / N), which make the backward a single sweep; when no
+# gradient follows (Family.output_passes) it forms only r and its sums.
 
 
 def _reweight_terms(s, vis, ctx, rows):
@@ -263,9 +271,21 @@ def _reweight_step2(carry, s, vis, v, ctx, rows):
     return l + _row_sum(r), ctx.pv(r, v, acc), l_dx + _row_sum(rho_pm1), y
 
 
+def _reweight_output_step(carry, s, vis, v, ctx, rows):
+    """Pass 2 when no gradient follows: only Σ_j r_ij v_j and Σ_j r_ij."""
+    l, acc = carry
+    r = _reweight_terms(s, vis, ctx, rows)[-1]
+    return l + _row_sum(r), ctx.pv(r, v, acc)
+
+
+def _reweight_output_finish(carry, ctx):
+    l, acc = carry
+    return acc / jnp.maximum(l, TINY), {}
+
+
 def _reweight_finish2(carry, ctx):
     l, acc, l_dx, acc_dx = carry
-    return acc / jnp.maximum(l, TINY), {"l": jnp.maximum(l, TINY), "c": l_dx, "y": acc_dx}
+    return _reweight_output_finish((l, acc), ctx)[0], {"l": jnp.maximum(l, TINY), "c": l_dx, "y": acc_dx}
 
 
 def _reweight_backward_rows(stats, out, dout, p):
@@ -306,6 +326,8 @@ def _rows_with_d(*names):
     return lambda stats, out, dout, p: {**{name: stats[name] for name in names}, "d": dot_rows(dout, out)}
 
 
+_REWEIGHT_PASS1 = Pass(lambda row0, acc0: (row0, row0), _reweight_step1, _reweight_finish1, with_values=False)
+
 FAMILIES = {
     "softmax": Family(
         (Pass(lambda row0, acc0: (row0 + NEG_INF, row0, acc0), _softmax_step, _softmax_finish),),
@@ -330,7 +352,7 @@ FAMILIES = {
     ),
     "reweight": Family(
         (
-            Pass(lambda row0, acc0: (row0, row0), _reweight_step1, _reweight_finish1, with_values=False),
+            _REWEIGHT_PASS1,
             Pass(lambda row0, acc0: (row0, acc0, row0, acc0), _reweight_step2, _reweight_finish2),
         ),
         _reweight_backward_rows,
@@ -340,5 +362,6 @@ FAMILIES = {
         ("thr", "alpha", "sharp", "d", "e", "factor", "inv_z", "inv_l"),
         _reweight_power_grad,
         LOG2E,
+        (_REWEIGHT_PASS1, Pass(_zeros_and_accumulator, _reweight_output_step, _reweight_output_finish)),
     ),
 }
