@@ -1041,4 +1041,11 @@ MUTANTS = [
         "return forward(rule, cfg_static._replace(p=p), q, kt, v, where)[0]",
         ("tests/test_pallas.py", "-k", "without_a_gradient"),
     ),
+    Mutant(
+        "output-only forward: the kernel ring's pass kernels built for training without a gradient",
+        "freeatten_jax/attention/ring_kernels.py",
+        "call = lowering.pass_call(cfg, shapes, which, tuple(rows))",
+        "call = lowering.pass_call(cfg._replace(residuals=True), shapes, which, tuple(rows))",
+        ("tests/test_context_parallel.py", "-k", "without_a_gradient"),
+    ),
 ]

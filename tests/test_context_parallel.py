@@ -13,7 +13,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from helpers import TOLERANCE, assert_close, inputs, jit_call, key, variant_params
+from helpers import TOLERANCE, assert_close, inputs, jit_call, key, variant_params, walk_eqns
 from jax.sharding import PartitionSpec as P
 
 from freeatten_jax import attention
@@ -153,6 +153,25 @@ def test_kernel_ring_matches_reference(scenario, variant, interpret):
     for name, got, want in zip(["dq", "dk", "dv", "params"], grads, grads_ref):
         for (path, leaf), leaf_ref in zip(jax.tree_util.tree_leaves_with_path(got), jax.tree.leaves(want)):
             assert_close(leaf, leaf_ref, TOLERANCE[q.dtype.type], f"{name}{jax.tree_util.keystr(path)}")
+
+
+@pytest.mark.parametrize("interpret", [True, "tpu"])
+def test_without_a_gradient_the_kernel_ring_carries_only_the_output(interpret):
+    """LSSAR round the ring without a gradient: its second pass kernel carries Σ r v and Σ r alone (2 leaves, not
+    the training forward's 4 with y and its row sum), and the output is the training forward's, bit for bit."""
+    mesh, axes, q, k, v, _, causal, mask_options = _scenario("data2_context4_packed_padded_gqa")
+    split = functools.partial(
+        context_parallel.context_parallel_attend, mesh=mesh, axis_name="context", implementation="pallas", **axes
+    )
+    infer = functools.partial(split, variant="lssar", causal=causal, interpret=interpret, block_q=8, block_k=8, **mask_options)
+    train = lambda q, k, v: jax.vjp(infer, q, k, v)[0]  # noqa: E731
+
+    def second_pass_outputs(fn):
+        eqns = walk_eqns(jax.make_jaxpr(fn)(q, k, v).jaxpr)
+        return [len(eqn.outvars) for eqn in eqns if str(eqn.params.get("name")) == "freeatten_reweight_pass1"]
+
+    assert (second_pass_outputs(infer), second_pass_outputs(train)) == ([2], [4])
+    np.testing.assert_array_equal(jit_call(infer, q, k, v), jit_call(train, q, k, v))
 
 
 def test_auto_rings_the_kernels_on_accelerators_only():
