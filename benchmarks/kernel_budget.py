@@ -92,8 +92,9 @@ def cuda_tool(name: str) -> str:
     sys.exit(f"{name} not found: install '.[compile]' (the nvidia-cuda-* wheels) or a CUDA toolkit")
 
 
-def compile_kernels(variant: str, seq_len: int, dump: str) -> None:
-    """Compile attend's forward+backward for one H100 with XLA's dump (PTX) going to `dump`."""
+def compile_kernels(variant: str, seq_len: int, dump: str, gradients: bool = True) -> None:
+    """Compile attend's forward+backward (the forward alone without `gradients`) for one H100 with XLA's dump (PTX)
+    going to `dump`."""
     import jax
     import jax.numpy as jnp
     from jax.experimental import topologies
@@ -110,7 +111,7 @@ def compile_kernels(variant: str, seq_len: int, dump: str) -> None:
         return jnp.sum(attention.attend(q, k, v, variant=variant, implementation="pallas").astype(jnp.float32))
 
     with jax.set_mesh(mesh):
-        jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2))).lower(shape, shape, shape).compile()
+        jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2)) if gradients else loss).lower(shape, shape, shape).compile()
 
 
 def ptxas(ptx: str, cubin: str):
@@ -219,31 +220,36 @@ def gpu_table(args, dump: str) -> None:
     )
     print("|---|---|---|---|---|---|---|---|---|---|")
     for variant in args.variants.split(","):
-        before = set(glob.glob(os.path.join(dump, "*.ptx")))
-        compile_kernels(variant, args.seq_len, dump)
-        times, flops, seen = collections.defaultdict(dict), collections.defaultdict(dict), set()
-        for ptx in sorted(set(glob.glob(os.path.join(dump, "*.ptx"))) - before):
-            entry = re.search(r"\.entry\s+(freeatten_\w+)\(", open(ptx).read())
-            if not entry or entry.group(1) in seen:
-                continue
-            seen.add(entry.group(1))
-            kind = entry.group(1).rsplit("_", 1)[1]
-            registers, spills = ptxas(ptx, ptx + ".cubin")
-            warps = int(re.search(r"\.reqntid\s+(\d+)", open(ptx).read()).group(1)) // 32  # the kernel's own
-            for part, (per_score, flop) in budget(ptx + ".cubin", block_q, block_k, warps).items():
-                times[part][kind], flops[part][kind] = clocks(per_score, flop), flop
-                model = MODEL_FLOP["fwd"] * d if kind == "fwd" else flop
-                row = (
-                    [f"{flop:.0f}"]
-                    + [f"{per_score[c]:.1f}" for c in ("mufu", "fp32", "alu", "all")]
-                    + [f"{per_score['spill']:.0f}"]
-                )
-                bound = model / RATES["tensor"] / times[part][kind]
-                ceiling = f"{model / flop:.2f}" if kind == "fwd" else ""
-                print(
-                    f"| {variant} {kind} {part} | {' | '.join(row)} | {registers}, {spills} | {bound:.2f} | {ceiling} |",
-                    flush=True,
-                )
+        times, flops = collections.defaultdict(dict), collections.defaultdict(dict)
+        for gradients in (True, False):  # training's kernels, then inference's forward (rules.output_only)
+            before = set(glob.glob(os.path.join(dump, "*.ptx")))
+            compile_kernels(variant, args.seq_len, dump, gradients)
+            seen = set()
+            for ptx in sorted(set(glob.glob(os.path.join(dump, "*.ptx"))) - before):
+                entry = re.search(r"\.entry\s+(freeatten_\w+)\(", open(ptx).read())
+                if not entry or entry.group(1) in seen:
+                    continue
+                seen.add(entry.group(1))
+                kind = entry.group(1).rsplit("_", 1)[1]
+                name = f"{variant} {kind}" if gradients else f"{variant} {kind}, no gradient"
+                registers, spills = ptxas(ptx, ptx + ".cubin")
+                warps = int(re.search(r"\.reqntid\s+(\d+)", open(ptx).read()).group(1)) // 32  # the kernel's own
+                for part, (per_score, flop) in budget(ptx + ".cubin", block_q, block_k, warps).items():
+                    time = clocks(per_score, flop)
+                    if gradients:
+                        times[part][kind], flops[part][kind] = time, flop
+                    model = MODEL_FLOP["fwd"] * d if kind == "fwd" else flop
+                    row = (
+                        [f"{flop:.0f}"]
+                        + [f"{per_score[c]:.1f}" for c in ("mufu", "fp32", "alu", "all")]
+                        + [f"{per_score['spill']:.0f}"]
+                    )
+                    ceiling = f"{model / flop:.2f}" if kind == "fwd" else ""
+                    print(
+                        f"| {name} {part} | {' | '.join(row)} | {registers}, {spills} | {model / RATES['tensor'] / time:.2f} "
+                        f"| {ceiling} |",
+                        flush=True,
+                    )
         for part, kinds in times.items():
             model = MODEL_FLOP["bwd"] * d
             backward, ceiling = (
@@ -288,10 +294,13 @@ def tpu_table(args, dump: str) -> None:
                 os.remove(path)
 
     whole = []
+    minimum = tpu_bundles.model_minimum("fwd", args.target, block_q, block_k, d)
     for variant in args.variants.split(","):
         budgets = compiled(variant)
         for row in tpu_bundles.table_rows(variant, args.target, budgets, block_q, block_k, d):
             print(row, flush=True)
+        inference = compiled(variant, gradients=False)["fwd"]  # the output's passes alone (rules.output_only)
+        print(tpu_bundles.kernel_row(f"{variant} fwd, no gradient", inference, minimum)[1], flush=True)
         if args.full_grid:  # the same kernels on the full grid: segment ids given (all one) make the mask not plain
             full = compiled(variant, q_segment_ids=jax.numpy.zeros((1, args.seq_len), jax.numpy.int32))
             whole += tpu_bundles.whole_kernel_rows(variant, {"folded": budgets, "full grid": full}, args.seq_len, block_q)

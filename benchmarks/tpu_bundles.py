@@ -133,21 +133,32 @@ def kernel_budgets(folder: str) -> dict:
     return {kind: kernel_budget(path) for kind, path in bundle_files(folder).items()}
 
 
+def model_minimum(kind: str, generation: str, block_q: int, block_k: int, d: int) -> float:
+    """The MXU-bound bundles of a block pair's model MACs (kind "fwd" or "bwd") on one generation."""
+    return MODEL_MACS[kind] * d * block_q * block_k / MACS_PER_CYCLE[generation]
+
+
+def kernel_row(name: str, budget, minimum: float | None):
+    """(interior path bundles, markdown row) of one kernel (kernel_budget's pair), with its bound against `minimum`
+    (None: no bound column)."""
+    interior, masked = budget
+    path = interior["bundles"] + interior["steps"] * interior["every step"]
+    eup = " / ".join(f"{interior[op]:,}" for op in EUP)
+    bound = "" if minimum is None else f"{minimum / path:.2f}"
+    return path, (
+        f"| {name} | {interior['bundles']:,} | {interior['steps']} x {interior['every step']:,} | "
+        f"{masked['bundles']:,} | {mxu_pushes(interior)} | {eup} | {bound} |"
+    )
+
+
 def table_rows(variant: str, generation: str, budgets: dict, block_q: int, block_k: int, d: int):
     """Markdown rows for one variant's three kernels (kernel_budgets) and its backward: a key block's interior
     path is its interior regions plus, per grid step (one a pass), the bundles every step runs."""
     rows, path = [], {}
-    scores = block_q * block_k
-    minimum = {kind: MODEL_MACS[kind] * d * scores / MACS_PER_CYCLE[generation] for kind in MODEL_MACS}
+    minimum = {kind: model_minimum(kind, generation, block_q, block_k, d) for kind in MODEL_MACS}
     for kind in ("fwd", "dq", "dkv"):
-        interior, masked = budgets[kind]
-        path[kind] = interior["bundles"] + interior["steps"] * interior["every step"]
-        eup = " / ".join(f"{interior[op]:,}" for op in EUP)
-        bound = f"{minimum['fwd'] / path[kind]:.2f}" if kind == "fwd" else ""
-        rows.append(
-            f"| {variant} {kind} | {interior['bundles']:,} | {interior['steps']} x {interior['every step']:,} | "
-            f"{masked['bundles']:,} | {mxu_pushes(interior)} | {eup} | {bound} |"
-        )
+        path[kind], row = kernel_row(f"{variant} {kind}", budgets[kind], minimum["fwd"] if kind == "fwd" else None)
+        rows.append(row)
     backward = minimum["bwd"] / (path["dq"] + path["dkv"])
     rows.append(f"| {variant} backward (dq + dkv) | {path['dq'] + path['dkv']:,} | | | | | {backward:.2f} |")
     return rows

@@ -1048,4 +1048,11 @@ MUTANTS = [
         "call = lowering.pass_call(cfg._replace(residuals=True), shapes, which, tuple(rows))",
         ("tests/test_context_parallel.py", "-k", "without_a_gradient"),
     ),
+    Mutant(
+        "kernel_budget: the no-gradient row compiled with the gradient",
+        "benchmarks/kernel_budget.py",
+        'inference = compiled(variant, gradients=False)["fwd"]',
+        'inference = compiled(variant)["fwd"]',
+        ("tests/test_kernel_budget.py::test_tpu_inference_forward_pushes_only_the_outputs_matmuls",),
+    ),
 ]

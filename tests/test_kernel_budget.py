@@ -62,11 +62,21 @@ def test_tpu_lssar_forward_finishes_its_first_pass_once(v5e_table):
 
 
 @pytest.mark.slow
+def test_tpu_inference_forward_pushes_only_the_outputs_matmuls(v5e_table):
+    """Without a gradient LSSAR's forward kernel pushes four matmuls a key block (QKᵀ in each pass, r split in
+    two), not training's five (its y); LSSA's pushes three either way (QKᵀ, u split in two)."""
+    pushes = lambda variant, kind: int(v5e_table[f"{variant} {kind}"][3])  # noqa: E731
+    assert (pushes("lssar", "fwd"), pushes("lssar", "fwd, no gradient")) == (5 * 32, 4 * 32)
+    assert (pushes("lssa", "fwd"), pushes("lssa", "fwd, no gradient")) == (3 * 32, 3 * 32)
+
+
+@pytest.mark.slow
 def test_gpu_budget_keeps_the_lssa_kernels_fused():
     """H100, LSSA: tensor FLOP per score from the matmuls (6·D forward with the split weights, 8·D dq, 12·D dK/dV),
     one exp2 per score, the tensor-only ceilings they set, and limits that fail if the weighted sums stop
     accumulating in the matmul (+4 float32 adds a score) or exp2 takes Triton's subnormal-safe form again
-    (+3 instructions a score); LSSAR's forward at 10·D (its y's weights rounded once, not split)."""
+    (+3 instructions a score); LSSAR's forward at 10·D (its y's weights rounded once, not split), 8·D without a
+    gradient (no y)."""
     table = budget_table("--variants", "lssa,lssar", "--seq_len", "1024")
     fwd, dq, dkv = (table[f"lssa {kind} interior"] for kind in ("fwd", "dq", "dkv"))
     assert [int(x[0]) for x in (fwd, dq, dkv)] == [6 * 128, 8 * 128, 12 * 128]
@@ -77,6 +87,9 @@ def test_gpu_budget_keeps_the_lssa_kernels_fused():
     assert (fwd[8], backward[-2], backward[-1]) == ("0.67", "0.50", "0.50")  # the ceilings: 4·D of 6·D, 10·D of 20·D
     lssar = table["lssar fwd interior"]  # QKᵀ twice (two passes), r split, ρ^(p-1) rounded once: 10·D
     assert (int(lssar[0]), lssar[8]) == (10 * 128, "0.40")
+    inference = table["lssar fwd, no gradient interior"]  # no gradient: no y, 8·D
+    assert (int(inference[0]), inference[8]) == (8 * 128, "0.50")
+    assert int(table["lssa fwd, no gradient interior"][0]) == 6 * 128
 
 
 @pytest.mark.slow

@@ -114,9 +114,11 @@ def compile_attention(
     head_dim: int = 128,
     implementation: str = "pallas",
     dtype=jnp.bfloat16,
+    gradients: bool = True,
     **options,
 ) -> Report:
-    """attend's forward+backward (the vjp of q, k, v) on one device of the target."""
+    """attend's forward+backward (the vjp of q, k, v) on one device of the target; the forward alone (inference)
+    without `gradients`."""
     from freeatten_jax import attention
 
     mesh = jax.sharding.Mesh(targets.devices(target)[:1], ("device",))
@@ -128,7 +130,7 @@ def compile_attention(
 
     def lower():
         with jax.set_mesh(mesh):
-            return jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2))).lower(shape, shape, shape)
+            return jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2)) if gradients else loss).lower(shape, shape, shape)
 
     return _compile(lower, target, ATTENTION_HBM_KNOB)
 
