@@ -1021,6 +1021,13 @@ MUTANTS = [
         ("tests/test_pallas.py", "-k", "without_a_gradient"),
     ),
     Mutant(
+        "output-only forward: inference compiles the training forward (a second copy of the mutant above, for the compile test)",
+        "freeatten_jax/attention/pallas.py",
+        "run_output, run_forward = forward_for(cfg._replace(residuals=False)), forward_for(cfg)",
+        "run_output, run_forward = forward_for(cfg), forward_for(cfg)",
+        ("tests/test_compile.py", "-k", "inference_forward"),
+    ),
+    Mutant(
         "output-only forward: LSSAR's second pass still forms y",
         "freeatten_jax/attention/rules.py",
         "(_REWEIGHT_PASS1, Pass(_zeros_and_accumulator, _reweight_output_step, _reweight_output_finish)),",

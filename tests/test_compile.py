@@ -32,6 +32,16 @@ def test_lssar_forward_backward_compiles_at_32k(target):
         assert report.peak < 1.25 * compile_attention(target, variant="softmax", seq_len=32768).peak
 
 
+@pytest.mark.parametrize("target", ["v6e-8", "h200"])
+def test_lssar_inference_forward_compiles_as_one_kernel_at_softmaxs_memory(target):
+    """Without a gradient LSSAR's forward is one kernel, its output passes alone, and compiles at 32K; writing no
+    statistics, no y and no low half, it peaks within 1% of softmax's memory (its key factors: +1 MiB; 5.09 against
+    softmax's 3.64 GiB at 128K on a v5e when inference ran the training forward)."""
+    report = compile_attention(target, variant="lssar", seq_len=32768, gradients=False)
+    assert report.kernels == 1
+    assert report.peak < 1.01 * compile_attention(target, variant="softmax", seq_len=32768, gradients=False).peak
+
+
 def _step_config(implementation: str, batch: int):
     cfg = base.get_config("lssar", "tiny")
     cfg.model.implementation, cfg.model.num_layers, cfg.model.dtype = (
