@@ -1021,7 +1021,7 @@ MUTANTS = [
         ("tests/test_pallas.py", "-k", "without_a_gradient"),
     ),
     Mutant(
-        "output-only forward: inference compiles the training forward (a second copy of the mutant above, for the compile test)",
+        "output-only forward: inference compiled as the training forward (its peak memory)",
         "freeatten_jax/attention/pallas.py",
         "run_output, run_forward = forward_for(cfg._replace(residuals=False)), forward_for(cfg)",
         "run_output, run_forward = forward_for(cfg), forward_for(cfg)",
