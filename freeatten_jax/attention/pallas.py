@@ -4,8 +4,9 @@ Glossary: B batch, T queries, S keys, H heads, K kv heads, G = H // K, D head di
 padded to whole blocks. The kernels take q and k as given (in the input dtype: bfloat16 is rounded once, not
 again after normalising) and the variant's float32 factors of the scores apart (`scales`, outside the kernels,
 so autodiff carries their gradients, e.g. to SSMax's s and b); statistics are float32. A custom VJP
-saves only the output and per-row statistics; the backward recomputes scores in a dQ kernel (per
-query block) and a key-major dK/dV kernel (per key block, summing the G query heads: no repeated K/V).
+saves only the output and per-row statistics (without a gradient the forward kernel writes the output alone:
+rules.output_only); the backward recomputes scores in a dQ kernel (per query block) and a key-major dK/dV
+kernel (per key block, summing the G query heads: no repeated K/V).
 On GPU the forward and dQ kernels read a head's whole K and V and loop over its visible key blocks;
 on TPU (pallas_tpu.py) the grid streams them one block at a time through VMEM.
 Per platform (LOWERINGS): Triton on CUDA, Mosaic on TPU, Pallas interpret mode on CPU (or anywhere
