@@ -1062,4 +1062,25 @@ MUTANTS = [
         'inference = compiled(variant)["fwd"]',
         ("tests/test_kernel_budget.py::test_tpu_inference_forward_pushes_only_the_outputs_matmuls",),
     ),
+    Mutant(
+        "gpu dkv kernel: a key sub-block reads the span of the block of its own index",
+        "freeatten_jax/attention/pallas_kernels.py",
+        "b, j = pl.program_id(0), pl.program_id(2) // dkv_split(cfg)",
+        "b, j = pl.program_id(0), pl.program_id(2)",
+        ("tests/test_pallas.py", "-k", "smaller_dkv"),
+    ),
+    Mutant(
+        "gpu dkv kernel: every key sub-block takes the first sub-block's key factors",
+        "freeatten_jax/attention/pallas.py",
+        "lambda b, k, j: (b, k, j // split, 0, j % split)",
+        "lambda b, k, j: (b, k, j // split, 0, 0)",
+        ("tests/test_pallas.py", "-k", "smaller_dkv"),
+    ),
+    Mutant(
+        "pallas: block_k_dkv not passed to the kernels",
+        "freeatten_jax/attention/pallas.py",
+        "cfg = cfg._replace(block_k_dkv=block_k_dkv)",
+        "cfg = cfg._replace(block_k_dkv=None)",
+        ("tests/test_pallas.py", "-k", "smaller_dkv or dkv_key_block"),
+    ),
 ]

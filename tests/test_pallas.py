@@ -77,6 +77,28 @@ def test_pallas_matches_reference(name, variant, kernels):
     compare(q, k, v, g, params, KERNELS[kernels], TOLERANCE[q.dtype.type], variant=variant, causal=causal, **mask_options)
 
 
+DKV_CASES = [("causal_packed_padded_gqa", "lssar"), ("causal_packed_padded_gqa", "softmax")]
+DKV_CASES += [("bidirectional_window_positions_mqa", "lssa"), ("kv_cache_offset_bfloat16", "lssar")]
+
+
+@pytest.mark.parametrize("name, variant", DKV_CASES)
+def test_a_smaller_dkv_key_block_matches_reference(name, variant):
+    """block_k_dkv: the GPU dK/dV kernel runs each 16-key block as two 8-key sub-blocks (a grid twice as long),
+    each sweeping its block's query span (segments, padding, a fully masked row, windows, a KV-cache offset, GQA
+    and MQA), and the values and gradients still equal the reference's."""
+    q, k, v, g, causal, mask_options = scenario(name, key(name, variant, "dkv"))
+    params = variant_params(variant, q.shape[2])
+    options = dict(PALLAS, block_k=16, block_k_dkv=8)
+    grad = jax.grad(lambda q: attention.attend(q, k, v, variant=variant, causal=causal, **options, **mask_options).sum())
+    grids = [
+        eqn.params["grid_mapping"].grid
+        for eqn in walk_eqns(jax.make_jaxpr(grad)(q).jaxpr)
+        if "dkv" in str(eqn.params.get("name"))
+    ]
+    assert grids == [(q.shape[0], k.shape[2], 2 * -(-k.shape[1] // 16))]
+    compare(q, k, v, g, params, options, TOLERANCE[q.dtype.type], variant=variant, causal=causal, **mask_options)
+
+
 def _relative_errors(got, truth):
     """max |got - truth| / max |truth| of the output and of dq, dk, dv."""
     (out, grads), (out_truth, grads_truth) = got, truth
@@ -252,12 +274,19 @@ def test_scale_reaches_the_kernels():
         (dict(block=8), "implementation 'pallas' takes"),
         (dict(mask=jnp.ones((1, 1, 4, 4), bool)), "does not take a dense `mask`"),
         (dict(block_q=0), "block_q must be a positive int"),
+        (dict(block_k_dkv=0), "block_k_dkv must be a positive int"),
     ],
 )
 def test_bad_options_are_refused(options, words):
     q = jnp.zeros((1, 4, 1, 16))
     with pytest.raises(ValueError, match=words):
         attention.attend(q, q, q, variant="lssa", implementation="pallas", **options)
+
+
+def test_a_dkv_key_block_that_does_not_divide_the_key_block_is_refused():
+    q = jnp.zeros((1, 32, 1, 16))
+    with pytest.raises(ValueError, match="block_k_dkv=12 must divide the key block length 16"):
+        attention.attend(q, q, q, variant="lssa", implementation="pallas", block_k=16, block_k_dkv=12)
 
 
 KERNEL_CALLS = {"tpu": "tpu_custom_call", "cuda": "__gpu$xla.gpu.triton"}

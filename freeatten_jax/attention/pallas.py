@@ -32,6 +32,7 @@ from freeatten_jax.attention.pallas_kernels import (
     Static,
     carry_widths,
     dkv_kernel,
+    dkv_split,
     dq_kernel,
     forward_kernel,
     kernel_family,
@@ -175,19 +176,21 @@ def _calls(cfg: Static, shapes, compiler_params, interpret: bool):
         **common,
     )
 
-    # dkv: grid (b, kv head, j), key-major
+    # dkv: grid (b, kv head, j), key-major, j a key sub-block of `sub` keys (dkv_split of them a key block)
+    split = dkv_split(cfg)
+    sub = cfg.block_k // split
     group_spec = pl.BlockSpec((None, g, tp, d), lambda b, k, j: (b, k, 0, 0))
     group_rows = pl.BlockSpec((None, g, q_blocks, 1, cfg.block_q), lambda b, k, j: (b, k, 0, 0, 0))
-    k_spec = pl.BlockSpec((None, None, cfg.block_k, d), lambda b, k, j: (b, k, j, 0))
-    k_factors = pl.BlockSpec((None, None, None, 1, cfg.block_k), lambda b, k, j: (b, k, j, 0, 0))
+    k_spec = pl.BlockSpec((None, None, sub, d), lambda b, k, j: (b, k, j, 0))
+    k_factors = pl.BlockSpec((None, None, None, 1, sub), lambda b, k, j: (b, k, j // split, 0, j % split))
     dkv_mask_specs = [
         pl.BlockSpec((2, None, q_blocks, 1, cfg.block_q), lambda b, k, j: (0, b, 0, 0, 0)),
-        pl.BlockSpec((3, None, cfg.block_k, 1), lambda b, k, j: (0, b, j, 0)),
+        pl.BlockSpec((3, None, sub, 1), lambda b, k, j: (0, b, j, 0)),
         pl.BlockSpec((None, q_blocks, 1, cfg.block_q), lambda b, k, j: (b, 0, 0, 0)),
     ]
     dkv = pl.pallas_call(
         functools.partial(dkv_kernel, cfg),
-        grid=(b, kv_heads, k_blocks),
+        grid=(b, kv_heads, k_blocks * split),
         in_specs=[pl.BlockSpec()] * 4
         + [group_spec, k_spec, k_spec, group_rows, k_factors, *dkv_mask_specs, group_spec]
         + [group_rows] * len(family.rows),
@@ -377,6 +380,7 @@ def attend(
     opts,
     block_q=None,
     block_k=None,
+    block_k_dkv=None,
     interpret=False,
     split_matmuls=None,
     batch_axes=BATCH_AXES,
@@ -385,7 +389,9 @@ def attend(
 ):
     """o_i = Σ_j A_ij v_j in fused kernels; statistics in float32, matmuls in q's dtype, output in q's dtype.
 
-    block_q, block_k: block lengths (default: the platform's LOWERINGS entry). interpret=True: run
+    block_q, block_k: block lengths (default: the platform's LOWERINGS entry). block_k_dkv: the GPU dK/dV
+    kernel's key block, a divisor of the key block (default: the key block; the TPU kernels use theirs): fewer
+    registers for its accumulators, which spill at 64 keys and D = 128 (benchmarks/RESULTS.md). interpret=True: run
     the GPU kernels in Pallas interpret mode on any platform (CPU always uses it); "tpu": the TPU ones.
     split_matmuls: the float32 weights and score gradients enter their bfloat16 matmuls as two halves
     (pallas_kernels.weighted_dot), and the output's low half is kept for the backward: outputs and gradients
@@ -397,18 +403,20 @@ def attend(
     kernels read only the structured mask fields)."""
     if unknown:
         raise ValueError(
-            f"unknown option(s) {sorted(unknown)}; implementation 'pallas' takes block_q, block_k, interpret, "
-            "split_matmuls, batch_axes, head_axes"
+            f"unknown option(s) {sorted(unknown)}; implementation 'pallas' takes block_q, block_k, block_k_dkv, "
+            "interpret, split_matmuls, batch_axes, head_axes"
         )
     if mask.dense is not None:
         raise ValueError("implementation 'pallas' does not take a dense `mask`; use 'blockwise' or 'reference'")
     check_positive_int("block_q", block_q)
     check_positive_int("block_k", block_k)
+    check_positive_int("block_k_dkv", block_k_dkv)
     if interpret and interpret not in INTERPRETED:
         raise ValueError(f"interpret must be False, True (the GPU kernels) or 'tpu' (the TPU kernels), got {interpret!r}")
     n_B1T, seen_B1S = count_visible(mask, 512)
     k_BSKD, v_BSKD = hide_unseen(k_BSKD, v_BSKD, seen_B1S)
     cfg, args = kernel_arguments(variant, mask, opts, q_BTHD, k_BSKD, v_BSKD, n_B1T, split_matmuls)
+    cfg = cfg._replace(block_k_dkv=block_k_dkv)
     run = lambda name: functools.partial(_run, LOWERINGS[name], cfg, block_q, block_k)  # noqa: E731
     if interpret:
         per_platform = run(INTERPRETED[interpret])

@@ -73,6 +73,17 @@ class Static(NamedTuple):
     eup_log: bool = False  # the TPU kernels: log2(1 + t) by the transcendental unit (rules.log2_1p_eup)
     plain_length: int | None = None  # T (= S) of a plain mask (Mask.plain): its causal block spans known when tracing
     residuals: bool = True  # the forward also writes what the backward reads (statistics, extras, the low half)
+    block_k_dkv: int | None = None  # the GPU dK/dV kernel's key block, a divisor of block_k (None: block_k)
+
+
+def dkv_split(cfg: Static) -> int:
+    """How many key sub-blocks the GPU dK/dV kernel runs each key block as (its dK and dV accumulators are
+    [block_k / split, D] float32 each: 128 registers a thread for 64 keys at D = 128 on 4 warps, which spill)."""
+    if cfg.block_k_dkv is None or cfg.block_k_dkv >= cfg.block_k:
+        return 1
+    if cfg.block_k % cfg.block_k_dkv:
+        raise ValueError(f"block_k_dkv={cfg.block_k_dkv} must divide the key block length {cfg.block_k}")
+    return cfg.block_k // cfg.block_k_dkv
 
 
 def kernel_family(cfg: Static) -> Family:
@@ -322,10 +333,12 @@ def dkv_kernel(
     dout_ref,
     *refs,
 ):
-    """For one (batch, kv head, key block): Σ_i ds_ij a_i q_i (dL/dk_j is b_j times it) and dv, summed over
+    """For one (batch, kv head, key sub-block): Σ_i ds_ij a_i q_i (dL/dk_j is b_j times it) and dv, summed over
     the G query heads and visible query blocks. Key-major: blocks are [C, Q] (keys as rows), so row
-    statistics and the factors a_i come as [1, Q] rows and every matmul is a plain one."""
-    b, j = pl.program_id(0), pl.program_id(2)
+    statistics and the factors a_i come as [1, Q] rows and every matmul is a plain one. A sub-block (dkv_split)
+    sweeps its key block's span: a subset of a block's keys sees at most its query blocks, and all of those that
+    every key of the block sees."""
+    b, j = pl.program_id(0), pl.program_id(2) // dkv_split(cfg)
     family = FAMILIES[cfg.family]
     *row_refs, dk_ref, dv_ref = refs
     k, v, ks = k_ref[...], v_ref[...], column(ks_ref[...]) if cfg.key_scale else None
