@@ -92,9 +92,9 @@ def cuda_tool(name: str) -> str:
     sys.exit(f"{name} not found: install '.[compile]' (the nvidia-cuda-* wheels) or a CUDA toolkit")
 
 
-def compile_kernels(variant: str, seq_len: int, dump: str, gradients: bool = True) -> None:
+def compile_kernels(variant: str, seq_len: int, dump: str, gradients: bool = True, block_k_dkv=None) -> None:
     """Compile attend's forward+backward (the forward alone without `gradients`) for one H100 with XLA's dump (PTX)
-    going to `dump`."""
+    going to `dump`; block_k_dkv: the dK/dV kernel's key block (None: the key block)."""
     import jax
     import jax.numpy as jnp
     from jax.experimental import topologies
@@ -108,7 +108,8 @@ def compile_kernels(variant: str, seq_len: int, dump: str, gradients: bool = Tru
     )
 
     def loss(q, k, v):
-        return jnp.sum(attention.attend(q, k, v, variant=variant, implementation="pallas").astype(jnp.float32))
+        out = attention.attend(q, k, v, variant=variant, implementation="pallas", block_k_dkv=block_k_dkv)
+        return jnp.sum(out.astype(jnp.float32))
 
     with jax.set_mesh(mesh):
         jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2)) if gradients else loss).lower(shape, shape, shape).compile()
@@ -211,8 +212,9 @@ def gpu_table(args, dump: str) -> None:
     block_q, block_k = pallas.LOWERINGS["cuda"].blocks()
     d = 128
     print(
-        f"H100 sm_90a, T={args.seq_len}, D={d}, bf16, causal, blocks {block_q}x{block_k}, {pallas.TRITON_WARPS} warps; "
-        "per score, the kernel's sweeps summed; interior = mask-free blocks, edge = masked ones"
+        f"H100 sm_90a, T={args.seq_len}, D={d}, bf16, causal, blocks {block_q}x{block_k} "
+        f"(dK/dV: {block_q}x{args.block_k_dkv or block_k}), {pallas.TRITON_WARPS} warps; per score, the kernel's sweeps "
+        "summed; interior = mask-free blocks, edge = masked ones"
     )
     print(
         "| kernel | tensor FLOP | MUFU | FP32 | other ALU | all | spill ld/st per iteration | registers, spill bytes | bound "
@@ -223,7 +225,7 @@ def gpu_table(args, dump: str) -> None:
         times, flops = collections.defaultdict(dict), collections.defaultdict(dict)
         for gradients in (True, False):  # training's kernels, then inference's forward (rules.output_only)
             before = set(glob.glob(os.path.join(dump, "*.ptx")))
-            compile_kernels(variant, args.seq_len, dump, gradients)
+            compile_kernels(variant, args.seq_len, dump, gradients, args.block_k_dkv)
             seen = set()
             for ptx in sorted(set(glob.glob(os.path.join(dump, "*.ptx"))) - before):
                 entry = re.search(r"\.entry\s+(freeatten_\w+)\(", open(ptx).read())
@@ -234,7 +236,8 @@ def gpu_table(args, dump: str) -> None:
                 name = f"{variant} {kind}" if gradients else f"{variant} {kind}, no gradient"
                 registers, spills = ptxas(ptx, ptx + ".cubin")
                 warps = int(re.search(r"\.reqntid\s+(\d+)", open(ptx).read()).group(1)) // 32  # the kernel's own
-                for part, (per_score, flop) in budget(ptx + ".cubin", block_q, block_k, warps).items():
+                keys = args.block_k_dkv or block_k if kind == "dkv" else block_k  # a loop iteration's keys
+                for part, (per_score, flop) in budget(ptx + ".cubin", block_q, keys, warps).items():
                     time = clocks(per_score, flop)
                     if gradients:
                         times[part][kind], flops[part][kind] = time, flop
@@ -321,6 +324,7 @@ def main(argv=None) -> None:
     parser.add_argument("--target", default="h100", choices=["h100", *tpu_bundles.TOPOLOGY])
     parser.add_argument("--variants", default="softmax,lssa,lssar,sigmoid")
     parser.add_argument("--seq_len", type=int, default=8192)
+    parser.add_argument("--block_k_dkv", type=int, help="H100: the dK/dV kernel's key block (default: the key block)")
     parser.add_argument(
         "--full_grid", action="store_true", help="TPU: also compile on the full grid and compare whole-kernel bundles"
     )

@@ -1083,4 +1083,11 @@ MUTANTS = [
         "cfg = cfg._replace(block_k_dkv=None)",
         ("tests/test_pallas.py", "-k", "smaller_dkv or dkv_key_block"),
     ),
+    Mutant(
+        "kernel_budget: the dK/dV kernel's scores counted at the key block, not its sub-block",
+        "benchmarks/kernel_budget.py",
+        'keys = args.block_k_dkv or block_k if kind == "dkv" else block_k',
+        "keys = block_k",
+        ("tests/test_kernel_budget.py::test_gpu_budget_of_a_smaller_dkv_key_block",),
+    ),
 ]

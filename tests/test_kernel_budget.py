@@ -93,6 +93,15 @@ def test_gpu_budget_keeps_the_lssa_kernels_fused():
 
 
 @pytest.mark.slow
+def test_gpu_budget_of_a_smaller_dkv_key_block():
+    """--block_k_dkv 32: the dK/dV kernel's loop covers 64 queries x 32 keys (tensor FLOP a score still 12·D for LSSA)
+    and its accumulators fit in the registers: no spill (64 keys spill 1,120 bytes)."""
+    table = budget_table("--variants", "lssa", "--seq_len", "1024", "--block_k_dkv", "32")
+    dkv = table["lssa dkv interior"]
+    assert (int(dkv[0]), dkv[6].split(", ")[1], dkv[5]) == (12 * 128, "0", "0")
+
+
+@pytest.mark.slow
 def test_tpu_whole_kernel_bundles_count_the_folded_grids_steps(v5e_table):
     """--full_grid: at T = 1024 in 512 blocks (one interior pair, two diagonal ones) the folded grid takes 3 steps a
     head (LSSAR's forward 6) against the full grid's 4 (8), and its whole-kernel bundles are the table's own
