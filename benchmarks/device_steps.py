@@ -36,7 +36,7 @@ class Sizes(NamedTuple):
     bench_variants: tuple[str, ...]  # the timed rows' (packed: those of lssa and lssar among them)
     packed_implementations: tuple[str, ...]  # packed softmax rows beside the baseline
     sweep_variants: tuple[str, ...]
-    blocks: tuple[tuple[int, int], ...]  # (block_q, block_k) the sweep times
+    blocks: tuple[tuple[int, int, int], ...]  # (block_q, block_k, block_k_dkv) the sweep times
     baseline: str  # jax.nn.dot_product_attention's implementation
 
 
@@ -51,10 +51,12 @@ FULL = Sizes(
     tuple(attention.VARIANTS),
     ("pallas", "blockwise"),
     ("softmax", "lssa", "lssar"),
-    ((64, 64), (64, 128), (128, 64), (128, 128), (128, 32)),
+    ((64, 64, 64), (64, 64, 32), (64, 128, 128), (128, 64, 64), (128, 128, 128), (128, 32, 32)),
     "cudnn",
 )
-TINY = Sizes((64,), 64, 2, 16, 2, 1, ("softmax", "lssar"), ("softmax",), ("pallas",), ("softmax",), ((16, 16), (32, 32)), "xla")
+TINY = Sizes(
+    (64,), 64, 2, 16, 2, 1, ("softmax", "lssar"), ("softmax",), ("pallas",), ("softmax",), ((16, 16, 16), (32, 32, 16)), "xla"
+)
 BF16_ULP = 2.0**-8  # one bf16 rounding: the packed check's tolerance is twice it
 RATIO = 1.5  # the correctness check: the kernels' bf16 error at most this times the bf16 reference's
 
@@ -245,16 +247,16 @@ def packed(sizes: Sizes, clock: Clock) -> bool:
 
 
 def sweep(sizes: Sizes, clock: Clock) -> bool:
-    """Pallas fwd+bwd time per (block_q, block_k) (one pair serves the three kernels), and the fastest
-    per variant: the GPU block table."""
+    """Pallas fwd+bwd time per (block_q, block_k, block_k_dkv) (the first two serve the three kernels, the last is
+    the dK/dV kernel's key block), and the fastest per variant: the GPU block table."""
     args = _inputs(sizes.bench_t, sizes, seed=3)
     print(f"T={sizes.bench_t}, H={sizes.heads}, D={sizes.head_dim}, bf16, causal; median of {sizes.repeats}\n")
-    print("| variant | block_q | block_k | fwd+bwd ms |\n|---|---|---|---|")
+    print("| variant | block_q | block_k | block_k_dkv | fwd+bwd ms |\n|---|---|---|---|---|")
     fastest = {}  # variant -> (seconds, blocks)
     for variant in sizes.sweep_variants:
         for blocks in sizes.blocks:
             if not clock.left():
-                print(_not_reached(4))
+                print(_not_reached(5))
                 continue
             attend = lambda q, k, v, blocks=blocks, variant=variant: attention.attend(
                 q,
@@ -264,18 +266,19 @@ def sweep(sizes: Sizes, clock: Clock) -> bool:
                 implementation="pallas",  # noqa: E731
                 block_q=blocks[0],
                 block_k=blocks[1],
+                block_k_dkv=blocks[2],
             )
             try:
                 seconds = _seconds(_value_and_grads(attend), args, sizes.repeats)
             except Exception as error:  # e.g. shared memory exceeded: the row says so
-                print(f"| {variant} | {blocks[0]} | {blocks[1]} | error: {str(error).splitlines()[0][:150]} |", flush=True)
+                print(f"| {variant} | {' | '.join(map(str, blocks))} | error: {str(error).splitlines()[0][:150]} |", flush=True)
                 continue
-            print(f"| {variant} | {blocks[0]} | {blocks[1]} | {seconds * 1e3:.4g} |", flush=True)
+            print(f"| {variant} | {' | '.join(map(str, blocks))} | {seconds * 1e3:.4g} |", flush=True)
             fastest[variant] = min(fastest.get(variant, (seconds, blocks)), (seconds, blocks))
     print(
         "\nGPU_BLOCKS = "
         + repr({variant: blocks for variant, (_, blocks) in fastest.items()})
-        + "  # fastest fwd+bwd (block_q, block_k)"
+        + "  # fastest fwd+bwd (block_q, block_k, block_k_dkv)"
     )
     return True
 
