@@ -315,7 +315,8 @@ def _run(lowering: Lowering, cfg: Static, block_q, block_k, q_BTHD, k_BSKD, v_BS
     """Pad to whole blocks, lay out as [B, heads, length, D], run the kernels, undo the layout."""
     t, (s, kv_heads) = q_BTHD.shape[1], k_BSKD.shape[1:3]
     q_size, k_size = block_lengths(lowering, block_q, block_k, t, s)
-    cfg = cfg._replace(block_q=q_size, block_k=k_size, plain_length=t if mask.plain else None)
+    dkv = cfg.block_k_dkv and max(cfg.block_k_dkv, lowering.min_block)  # at least the platform's minimum, as _fit
+    cfg = cfg._replace(block_q=q_size, block_k=k_size, block_k_dkv=dkv, plain_length=t if mask.plain else None)
     plan = pallas_plan.plan(mask, n_BT, q_size, k_size)
     q_BHTD, k_BKSD, v_BKSD = heads_first(q_BTHD, q_size), heads_first(k_BSKD, k_size), heads_first(v_BSKD, k_size)
     qs_BHI1Q, ks_BKJ1C = factor_rows(qs_BTH1 * FAMILIES[cfg.family].score_scale, q_size), factor_rows(ks_BSK1, k_size)
