@@ -30,17 +30,10 @@ def budget_table(*args) -> dict[str, list[str]]:
     return {cells[0]: cells[1:] for cells in rows[1:]}
 
 
-@pytest.fixture(scope="module")
-def v5e_table():
-    return budget_table("--target", "v5e", "--variants", "lssa,lssar", "--seq_len", "1024", "--full_grid")
-
-
-@pytest.mark.slow
-def test_tpu_bundle_table_counts_the_interior_step_of_each_kernel(v5e_table):
+def interior_step_of_each_kernel(table):
     """v5e, LSSA, 512 x 512 blocks, D = 128: vmatmul issues per MXU follow from the matmuls (16 rows of bfloat16 a
     push against a 128 x 128 tile, 4 MXUs; split matmuls run the weights' matmuls twice), one exp2 and one log2
     per float32 vreg of the [512, 512] scores, and the interior step takes fewer bundles than the masked one."""
-    table = v5e_table
     pushes = lambda matmuls: matmuls * (512 // 16) * (512 // 128) // 4  # noqa: E731  [512, 128] x [128, 512] each
     number = lambda cell: int(cell.replace(",", ""))  # noqa: E731
     assert [number(table[f"lssa {k}"][3]) for k in ("fwd", "dq", "dkv")] == [pushes(3), pushes(4), pushes(6)]
@@ -53,21 +46,50 @@ def test_tpu_bundle_table_counts_the_interior_step_of_each_kernel(v5e_table):
     assert float(table["lssa fwd"][5]) == pytest.approx(2 * 128 * 512 * 512 / 65536 / path, abs=0.006)
 
 
-@pytest.mark.slow
-def test_tpu_lssar_forward_finishes_its_first_pass_once(v5e_table):
+def lssar_forward_finishes_its_first_pass_once(table):
     """LSSAR's forward: two grid steps per key block (its two passes), and its first pass's row statistics
     computed once per row, at the pass's last step, not on every step (they cost ~1,200 bundles a step)."""
-    steps, every = v5e_table["lssar fwd"][1].split(" x ")
+    steps, every = table["lssar fwd"][1].split(" x ")
     assert steps == "2" and int(every.replace(",", "")) < 400
 
 
-@pytest.mark.slow
-def test_tpu_inference_forward_pushes_only_the_outputs_matmuls(v5e_table):
+def inference_forward_pushes(table):
     """Without a gradient LSSAR's forward kernel pushes four matmuls a key block (QKᵀ in each pass, r split in
     two), not training's five (its y); LSSA's pushes three either way (QKᵀ, u split in two)."""
-    pushes = lambda variant, kind: int(v5e_table[f"{variant} {kind}"][3])  # noqa: E731
+    pushes = lambda variant, kind: int(table[f"{variant} {kind}"][3])  # noqa: E731
     assert (pushes("lssar", "fwd"), pushes("lssar", "fwd, no gradient")) == (5 * 32, 4 * 32)
     assert (pushes("lssa", "fwd"), pushes("lssa", "fwd, no gradient")) == (3 * 32, 3 * 32)
+
+
+def whole_kernel_bundles(table):
+    """--full_grid: at T = 1024 in 512 blocks (one interior pair, two diagonal ones) the folded grid takes 3 steps a
+    head (LSSAR's forward 6) against the full grid's 4 (8), and its whole-kernel bundles are the table's own
+    interior, masked and every-step bundles put together."""
+    number = lambda cell: int(cell.replace(",", ""))  # noqa: E731
+    for variant, passes in (("lssa", 1), ("lssar", 2)):
+        for kind in ("fwd", "dq", "dkv"):
+            sweeps = passes if kind == "fwd" else 1
+            full_steps, _, folded_steps, folded, ratio = table[f"{variant} {kind}, whole kernel"]
+            assert (number(full_steps), number(folded_steps)) == (4 * sweeps, 3 * sweeps)
+            interior, steps_every, masked = table[f"{variant} {kind}"][:3]
+            every = number(steps_every.split(" x ")[1])
+            assert number(folded) == number(interior) + 2 * number(masked) + 3 * sweeps * every
+            assert 0.8 < float(ratio) < 1.2
+
+
+@pytest.mark.slow
+def test_tpu_bundle_table():
+    """One v5e table (LSSA and LSSAR at T = 1024, with the full grid and the forward without a gradient) checked
+    for each property above: one test, because a module fixture is built again on every xdist worker that runs
+    one of its tests (CI built this one three times, ~300 s each)."""
+    table = budget_table("--target", "v5e", "--variants", "lssa,lssar", "--seq_len", "1024", "--full_grid")
+    for check in (
+        interior_step_of_each_kernel,
+        lssar_forward_finishes_its_first_pass_once,
+        inference_forward_pushes,
+        whole_kernel_bundles,
+    ):
+        check(table)
 
 
 @pytest.mark.slow
@@ -99,20 +121,3 @@ def test_gpu_budget_of_a_smaller_dkv_key_block():
     table = budget_table("--variants", "lssa", "--seq_len", "1024", "--block_k_dkv", "32")
     dkv = table["lssa dkv interior"]
     assert (int(dkv[0]), dkv[6].split(", ")[1], dkv[5]) == (12 * 128, "0", "0")
-
-
-@pytest.mark.slow
-def test_tpu_whole_kernel_bundles_count_the_folded_grids_steps(v5e_table):
-    """--full_grid: at T = 1024 in 512 blocks (one interior pair, two diagonal ones) the folded grid takes 3 steps a
-    head (LSSAR's forward 6) against the full grid's 4 (8), and its whole-kernel bundles are the table's own
-    interior, masked and every-step bundles put together."""
-    number = lambda cell: int(cell.replace(",", ""))  # noqa: E731
-    for variant, passes in (("lssa", 1), ("lssar", 2)):
-        for kind in ("fwd", "dq", "dkv"):
-            sweeps = passes if kind == "fwd" else 1
-            full_steps, _, folded_steps, folded, ratio = v5e_table[f"{variant} {kind}, whole kernel"]
-            assert (number(full_steps), number(folded_steps)) == (4 * sweeps, 3 * sweeps)
-            interior, steps_every, masked = v5e_table[f"{variant} {kind}"][:3]
-            every = number(steps_every.split(" x ")[1])
-            assert number(folded) == number(interior) + 2 * number(masked) + 3 * sweeps * every
-            assert 0.8 < float(ratio) < 1.2
