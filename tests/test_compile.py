@@ -32,7 +32,7 @@ def test_lssar_forward_backward_compiles_at_32k(target):
         assert report.peak < 1.25 * compile_attention(target, variant="softmax", seq_len=32768).peak
 
 
-@pytest.mark.parametrize("target", ["v6e-8", "h200"])
+@pytest.mark.parametrize("target", ["v6e-8"])  # H100's and v5e's compile in test_kernel_budget.py
 def test_lssar_inference_forward_compiles_as_one_kernel_at_softmaxs_memory(target):
     """Without a gradient LSSAR's forward is one kernel, its output passes alone, and compiles at 32K; writing no
     statistics, no y and no low half, it peaks within 1% of softmax's memory (its key factors: +1 MiB; 5.09 against

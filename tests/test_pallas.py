@@ -77,8 +77,8 @@ def test_pallas_matches_reference(name, variant, kernels):
     compare(q, k, v, g, params, KERNELS[kernels], TOLERANCE[q.dtype.type], variant=variant, causal=causal, **mask_options)
 
 
-DKV_CASES = [("causal_packed_padded_gqa", "lssar"), ("causal_packed_padded_gqa", "softmax")]
-DKV_CASES += [("bidirectional_window_positions_mqa", "lssa"), ("kv_cache_offset_bfloat16", "lssar")]
+DKV_CASES = [("causal_packed_padded_gqa", "lssar"), ("bidirectional_window_positions_mqa", "lssa")]
+DKV_CASES += [("kv_cache_offset_bfloat16", "lssar")]  # the dK/dV kernel is the same code for every family
 
 
 @pytest.mark.parametrize("name, variant", DKV_CASES)
