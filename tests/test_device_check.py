@@ -32,8 +32,8 @@ def _tables(text: str) -> dict[str, list[list[str]]]:
     }
 
 
-def test_the_steps_limits_add_up_to_at_most_420_seconds():
-    assert sum(_module("device_check").STEP_LIMITS.values()) <= 420
+def test_the_steps_limits_add_up_to_at_most_8_minutes():
+    assert sum(_module("device_check").STEP_LIMITS.values()) <= 480
 
 
 @pytest.mark.slow
@@ -56,19 +56,20 @@ def test_tiny_mode_runs_end_to_end_without_the_packages_the_device_lacks(tmp_pat
     failed = [row[0] for row in tables["correctness"] if row[-1] == "FAIL"]
     numbers = lambda cell: [float(x) for x in cell.split(",")]  # noqa: E731
     for variant, _, ratios, split_ratios, ref_errors, _, ok in tables["correctness"]:
-        rule = max(numbers(ratios if split_ratios == "(default)" else split_ratios)) <= 1.5
-        assert ok == ("ok" if rule else "FAIL"), variant
-        assert min(numbers(ratios)) > 0.5 and max(numbers(ref_errors)) < 1e-2, variant  # errors measured, none zero
+        assert ok == ("ok" if max(numbers(ratios)) <= 2.0 else "FAIL"), variant  # FlashAttention's contract
+        assert min(numbers(ratios) + numbers(split_ratios)) > 0.5 and max(numbers(ref_errors)) < 1e-2, variant
     assert [row[0] for row in tables["correctness"]] == ["softmax", "lssar"]
     assert "softmax" not in failed and tables["correctness"][0][5]  # cuDNN's (here XLA's) errors beside softmax
     assert summary == {**dict.fromkeys(summary, 0), "correctness": int(bool(failed))}, result.stdout[-3000:]
     assert result.returncode == max(summary.values())
 
-    for step in ("unpacked", "packed"):
+    for step in ("unpacked", "long", "packed"):
         base = float(tables[step][0][2])
         assert [row[3] for row in tables[step][:1]] == ["1"]
         for label, _fwd, both, ratio, _tflops in tables[step]:
             assert abs(float(ratio) - base / float(both)) <= 0.01 * float(ratio) + 1e-3, label
+    assert [row[0] for row in tables["unpacked"]] == ["softmax, xla", "softmax, pallas", "lssar, pallas, split_matmuls"]
+    assert [row[0] for row in tables["long"]] == ["softmax, xla", "softmax, pallas", "softmax, pallas, block_k_dkv=32"]
     assert [row[0] for row in tables["packed"]] == ["softmax, xla, documents as a batch", "softmax, pallas, packed"]
     error = float(re.search(r"pallas out err .*: (\S+)", report).group(1))
     assert error < 2 * 2**-8

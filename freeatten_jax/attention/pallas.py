@@ -91,7 +91,10 @@ LOWERINGS = {  # GPU blocks are not tuned (no device measurement yet); TPU ones:
     "interpret": Lowering(lambda: (64, 64), 8, False, **_gpu(ptx=False, interpret=True)),
     "interpret_tpu": Lowering(lambda: (64, 64), 8, False, **_tpu(interpret=True)),
 }
-INTERPRETED = {True: "interpret", "tpu": "interpret_tpu"}  # the `interpret` option: which kernels interpret mode runs
+INTERPRETED = {True: "interpret", "tpu": "interpret_tpu"}
+# Families whose kernels split their matmuls by default: the un-normalised rows (sigmoid) round a lone key's score
+# gradient once more than the reference, 2.9x its bfloat16 dq error at T = 128 without the split.
+SPLIT_BY_DEFAULT = frozenset({"none"})  # the `interpret` option: which kernels interpret mode runs
 
 
 def _fit(block: int, length: int, lowering: Lowering) -> int:
@@ -366,7 +369,7 @@ def kernel_arguments(variant: Variant, mask: Mask, opts, q_BTHD, k_BSKD, v_BSKD,
     p_1 = jnp.asarray(0.0 if p is None else p, jnp.float32).reshape(1)
     p_grad = kind == "reweight" and isinstance(p, jax.Array)  # a Python number is a constant
     groups = q_BTHD.shape[2] // k_BSKD.shape[2]
-    split = kind != "softmax" if split_matmuls is None else bool(split_matmuls)
+    split = kind in SPLIT_BY_DEFAULT if split_matmuls is None else bool(split_matmuls)
     cfg = Static(kind, mask.causal, mask.window, 0, 0, groups, static_power(p), variant.weight, dtype, p_grad, key_scale, split)
     return cfg, (q_BTHD, k_BSKD.astype(dtype), v_BSKD.astype(dtype), qs_BTH1, ks_BSK1, p_1)
 
@@ -394,11 +397,10 @@ def attend(
     kernel's key block, a divisor of the key block (default: the key block; the TPU kernels use theirs): fewer
     registers for its accumulators, which spill at 64 keys and D = 128 (benchmarks/RESULTS.md). interpret=True: run
     the GPU kernels in Pallas interpret mode on any platform (CPU always uses it); "tpu": the TPU ones.
-    split_matmuls: the float32 weights and score gradients enter their bfloat16 matmuls as two halves
-    (pallas_kernels.weighted_dot), and the output's low half is kept for the backward: outputs and gradients
-    as exact as the reference's, for 1.3-1.5x the matmuls and a second bfloat16 output; None: on for every
-    variant but softmax and ssmax, whose kernels are bound by the matmuls (for the others they hide behind the
-    per-score math). batch_axes, head_axes:
+    split_matmuls: True, the float32 weights and score gradients enter their bfloat16 matmuls as two halves
+    (pallas_kernels.weighted_dot), for 1.3-1.5x the matmuls; False, they are rounded once to bfloat16, as
+    FlashAttention does; None: False but for SPLIT_BY_DEFAULT, so that every variant keeps FlashAttention's
+    precision contract (docs/method.md: at most 2x the bfloat16 reference's error). batch_axes, head_axes:
     the ambient mesh's axes that shard the batch and the heads (the kernels run per shard). Keys no
     query sees are zeroed first (hide_unseen, as in blockwise); a dense `mask` is refused (the
     kernels read only the structured mask fields)."""
