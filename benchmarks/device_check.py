@@ -6,7 +6,8 @@
 Each step runs in its own process under its own limit (STEP_LIMITS, 470 s together, so the whole check
 ends within 8 minutes by construction): the environment; correctness at T=2048 and 8192, D=128, bf16,
 default blocks, each variant's error in values and gradients over the bf16 reference's own (cuDNN's
-beside softmax's); every variant's Pallas row beside cuDNN softmax at T=8192 and 32768 (both dK/dV key blocks); packed documents against cuDNN given
+beside softmax's); every variant's Pallas row beside cuDNN softmax at T=8192 and 32768 (both dK/dV key
+blocks); packed documents against cuDNN given
 the same documents as a batch; the block-size sweep whose fastest blocks fill the GPU block table; the
 kernel tests on the compiled kernels. Writes $OUT/device_check.md (the summary, then each step's table)
 when $OUT is set. Needs only the standard library here; the steps need jax, numpy and pytest (no grain,

@@ -59,7 +59,20 @@ FULL = Sizes(
     "cudnn",
 )
 TINY = Sizes(
-    (64,), 64, 128, 2, 16, 2, 1, ("softmax", "lssar"), ("softmax",), ("lssar",), ("pallas",), ("softmax",), ((16, 16, 16), (32, 32, 16)), "xla"
+    (64,),
+    64,
+    128,
+    2,
+    16,
+    2,
+    1,
+    ("softmax", "lssar"),
+    ("softmax",),
+    ("lssar",),
+    ("pallas",),
+    ("softmax",),
+    ((16, 16, 16), (32, 32, 16)),
+    "xla",
 )
 BF16_ULP = 2.0**-8  # one bf16 rounding: the packed check's tolerance is twice it
 RATIO = 2.0  # FlashAttention's precision contract: the kernels' bf16 error at most this times the bf16 reference's

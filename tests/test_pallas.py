@@ -122,7 +122,9 @@ def test_bfloat16_within_twice_the_reference_error(variant):
     )
     reference = _relative_errors(value_and_grads(q, k, v, g, params, dict(implementation="reference"), variant=variant), truth)
     for name, options in KERNELS.items():
-        errors = _relative_errors(value_and_grads(q, k, v, g, params, dict(options, block_q=64, block_k=64), variant=variant), truth)
+        errors = _relative_errors(
+            value_and_grads(q, k, v, g, params, dict(options, block_q=64, block_k=64), variant=variant), truth
+        )
         assert np.all(errors <= BF16_CONTRACT * reference), f"{name}: ratios {errors / reference} (out, dq, dk, dv)"
 
 
