@@ -39,6 +39,13 @@ def oracle(variant: str) -> tuple[str, ...]:
 BLOCK_EDGES = ("tests/test_block_edges.py",)
 EVAL = "tests/test_eval_metrics.py"
 FAULTS = "tests/test_faults.py"
+ROLLBACK_PY = "freeatten_jax/training/rollback.py"
+
+
+def rollback_test(name: str) -> tuple[str, ...]:
+    """One test of tests/training/test_rollback.py (rollback.py's rules, called directly)."""
+    return (f"tests/training/test_rollback.py::{name}",)
+
 
 RULES_PY = "freeatten_jax/attention/rules.py"
 BLOCK_PLAN_PY = "freeatten_jax/attention/block_plan.py"
@@ -564,6 +571,126 @@ MUTANTS = [
         "    watch.check(force=True)",
         "    pass",
         (FAULTS, "-k", "changes_while_training"),
+    ),
+    # --- rollback (issue 53): rollback.py's rules, each caught by tests/training/test_rollback.py
+    Mutant(
+        "rollback: a non-finite loss not stopped",
+        ROLLBACK_PY,
+        '        if not metrics["finite"]:',
+        "        if False:",
+        rollback_test("test_a_non_finite_loss_moves_aside_the_checkpoint_it_was_computed_from_and_keeps_the_one_before"),
+    ),
+    Mutant(
+        "rollback: a non-finite loss keeps the checkpoint it was computed from",
+        ROLLBACK_PY,
+        "raise rolled_back(NonFiniteLossError, self.ckpt, step - 1,",
+        "raise rolled_back(NonFiniteLossError, self.ckpt, step,",
+        rollback_test("test_a_non_finite_loss_moves_aside_the_checkpoint_it_was_computed_from_and_keeps_the_one_before"),
+    ),
+    Mutant(
+        "rollback: the first bad checkpoint kept",
+        ROLLBACK_PY,
+        "if s >= first_bad]",
+        "if s > first_bad]",
+        rollback_test("test_a_non_finite_loss_moves_aside_the_checkpoint_it_was_computed_from_and_keeps_the_one_before"),
+    ),
+    Mutant(
+        "rollback: non-finite parameters saved",
+        ROLLBACK_PY,
+        '    if not _all_finite(state["params"]):',
+        "    if False:",
+        rollback_test("test_parameters_that_are_not_finite_after_a_finite_step_are_not_saved"),
+    ),
+    Mutant(
+        "rollback: non-finite parameters move the checkpoint before them aside",
+        ROLLBACK_PY,
+        "raise rolled_back(NonFiniteLossError, ckpt, step, ",
+        "raise rolled_back(NonFiniteLossError, ckpt, step - 1, ",
+        rollback_test("test_parameters_that_are_not_finite_after_a_finite_step_are_not_saved"),
+    ),
+    Mutant(
+        "rollback: a diverging loss not stopped",
+        ROLLBACK_PY,
+        'if spikes.observe(step, float(metrics["loss"])) and spikes.diverged:',
+        'if spikes.observe(step, float(metrics["loss"])) and False:',
+        rollback_test("test_a_spike_for_spike_steps_steps_moves_aside_every_checkpoint_from_the_one_before_the_spike"),
+    ),
+    Mutant(
+        "rollback: any spike stops the run",
+        ROLLBACK_PY,
+        'if spikes.observe(step, float(metrics["loss"])) and spikes.diverged:',
+        'if spikes.observe(step, float(metrics["loss"])):',
+        rollback_test("test_a_spike_shorter_than_spike_steps_stops_nothing"),
+    ),
+    Mutant(
+        "rollback: divergence keeps the checkpoints saved during the spike",
+        ROLLBACK_PY,
+        "                spikes.first_spike - 1,",
+        "                step - 1,",
+        rollback_test("test_a_spike_for_spike_steps_steps_moves_aside_every_checkpoint_from_the_one_before_the_spike"),
+    ),
+    Mutant(
+        "rollback: a diverged checkpoint quarantined as non-finite",
+        ROLLBACK_PY,
+        'ckpt.quarantine(s, "non-finite" if error_class is NonFiniteLossError else "diverged")',
+        'ckpt.quarantine(s, "non-finite")',
+        rollback_test("test_a_spike_for_spike_steps_steps_moves_aside_every_checkpoint_from_the_one_before_the_spike"),
+    ),
+    Mutant(
+        "rollback: a checkpoint saved during a spike confirmed",
+        ROLLBACK_PY,
+        "self.unconfirmed < step and spikes.run == 0:",
+        "self.unconfirmed < step:",
+        rollback_test("test_a_checkpoint_saved_during_a_spike_is_not_confirmed_until_the_spike_ends"),
+    ),
+    Mutant(
+        "rollback: a saved checkpoint not tracked for confirmation",
+        ROLLBACK_PY,
+        "        self.unconfirmed = step\n",
+        "        pass\n",
+        rollback_test("test_a_checkpoint_saved_during_a_spike_is_not_confirmed_until_the_spike_ends"),
+    ),
+    Mutant(
+        "rollback: a fresh run confirms a checkpoint 0 it never saved",
+        ROLLBACK_PY,
+        "self.unconfirmed = start or None",
+        "self.unconfirmed = start",
+        rollback_test("test_a_fresh_run_confirms_nothing_before_its_first_checkpoint_and_a_resumed_one_its_start"),
+    ),
+    Mutant(
+        "rollback: a checkpoint confirmed while it is still being written",
+        ROLLBACK_PY,
+        "if self.sound is not None and not self.ckpt.saving():",
+        "if self.sound is not None:",
+        rollback_test("test_a_checkpoint_is_confirmed_only_once_it_is_wholly_written_or_the_run_ends"),
+    ),
+    Mutant(
+        "rollback: the last sound checkpoint not confirmed when the run ends",
+        ROLLBACK_PY,
+        "        if self.sound is not None:\n",
+        "        if False:\n",
+        rollback_test("test_a_checkpoint_is_confirmed_only_once_it_is_wholly_written_or_the_run_ends"),
+    ),
+    Mutant(
+        "rollback: a resumed guard reads rows without a loss",
+        ROLLBACK_PY,
+        'if "loss" in m][-divergence.WINDOW :]',
+        "][-divergence.WINDOW :]",
+        rollback_test("test_a_resumed_guard_starts_from_the_last_window_of_logged_losses"),
+    ),
+    Mutant(
+        "rollback: a resumed guard seeded with more than the window",
+        ROLLBACK_PY,
+        'if "loss" in m][-divergence.WINDOW :]',
+        'if "loss" in m]',
+        rollback_test("test_a_resumed_guard_starts_from_the_last_window_of_logged_losses"),
+    ),
+    Mutant(
+        "rollback: a resumed guard seeded with the window's empty places",
+        ROLLBACK_PY,
+        "for x in losses if np.isfinite(x)]",
+        "for x in losses]",
+        rollback_test("test_a_resumed_guard_starts_from_the_last_window_of_logged_losses"),
     ),
     Mutant(
         "data: a training file rewritten at the same size goes unnoticed",
