@@ -583,9 +583,16 @@ MUTANTS = [
     Mutant(
         "rollback: a non-finite loss keeps the checkpoint it was computed from",
         ROLLBACK_PY,
-        "raise rolled_back(NonFiniteLossError, self.ckpt, step - 1,",
-        "raise rolled_back(NonFiniteLossError, self.ckpt, step,",
+        "if spikes.run else step) - 1",
+        "if spikes.run else step + 1) - 1",
         rollback_test("test_a_non_finite_loss_moves_aside_the_checkpoint_it_was_computed_from_and_keeps_the_one_before"),
+    ),
+    Mutant(
+        "rollback: a non-finite loss during a spike keeps the checkpoints from before the spike",
+        ROLLBACK_PY,
+        "first_bad = (spikes.first_spike if spikes.run else step) - 1",
+        "first_bad = step - 1",
+        rollback_test("test_a_non_finite_loss_during_a_spike_moves_aside_every_checkpoint_from_the_one_before_the_spike"),
     ),
     Mutant(
         "rollback: the first bad checkpoint kept",
@@ -688,9 +695,23 @@ MUTANTS = [
     Mutant(
         "rollback: a resumed guard seeded with the window's empty places",
         ROLLBACK_PY,
-        "for x in losses if np.isfinite(x)]",
-        "for x in losses]",
+        "zip(steps, losses) if np.isfinite(x)]",
+        "zip(steps, losses)]",
         rollback_test("test_a_resumed_guard_starts_from_the_last_window_of_logged_losses"),
+    ),
+    Mutant(
+        "rollback: a resumed guard seeded with the logged losses, not replaying them (spikes in the median)",
+        ROLLBACK_PY,
+        "        for step, loss in logged:\n            self.spikes.observe(step, loss)\n",
+        "        self.spikes.history.extend(loss for _, loss in logged)\n",
+        rollback_test("test_a_resumed_guard_keeps_the_logged_spikes_out_of_the_median"),
+    ),
+    Mutant(
+        "rollback: a kill -9 during a spike restarts its count (a rerun stops later and rolls back less far)",
+        ROLLBACK_PY,
+        "        for step, loss in logged:\n            self.spikes.observe(step, loss)\n",
+        "        for step, loss in logged:\n            self.spikes.observe(step, loss)\n        self.spikes.run = 0\n",
+        rollback_test("test_a_rerun_after_a_kill_9_during_a_spike_stops_where_an_uninterrupted_run_does_and_rolls_back_as_far"),
     ),
     Mutant(
         "data: a training file rewritten at the same size goes unnoticed",

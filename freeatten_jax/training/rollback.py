@@ -19,31 +19,38 @@ class DivergenceError(UserError, FloatingPointError):
     """The loss stayed above the spike rule's threshold (training.divergence) for train.spike_steps steps."""
 
 
-def logged_losses(writer) -> list[float]:
-    """The losses metrics.jsonl holds up to the resumed step (process 0's, sent to all: the spike rule must agree)."""
-    losses = np.full(divergence.WINDOW, np.nan, np.float32)
-    logged = [m["loss"] for m in writer.rows if "loss" in m][-divergence.WINDOW :]
-    losses[: len(logged)] = logged
+def logged_losses(writer) -> list[tuple[int, float]]:
+    """(step, loss) of the last losses metrics.jsonl holds up to the resumed step (process 0's, sent to all: the spike
+    rule must agree)."""
+    steps, losses = np.zeros(divergence.WINDOW, np.int32), np.full(divergence.WINDOW, np.nan, np.float32)
+    logged = [(m["step"], m["loss"]) for m in writer.rows if "loss" in m][-divergence.WINDOW :]
+    for i, (step, loss) in enumerate(logged):
+        steps[i], losses[i] = step, loss
     if jax.process_count() > 1:
-        losses = multihost_utils.broadcast_one_to_all(losses)
-    return [float(x) for x in losses if np.isfinite(x)]
+        steps, losses = multihost_utils.broadcast_one_to_all((steps, losses))
+    return [(int(step), float(x)) for step, x in zip(steps, losses) if np.isfinite(x)]
 
 
 class Guard:
     """Checks each step's metrics; tracks which checkpoint the next sound step confirms."""
 
-    def __init__(self, t, ckpt, history: list[float], start: int):
+    def __init__(self, t, ckpt, logged: list[tuple[int, float]], start: int):
+        """`logged`: a resumed run's logged (step, loss), replayed through the spike rule: a spike still running when
+        the last run was stopped (kill -9, preemption) goes on counting from its first step, and stays out of the median."""
         self.t, self.ckpt = t, ckpt
-        self.spikes = divergence.SpikeRule(t.spike_factor, t.spike_steps, history)
+        self.spikes = divergence.SpikeRule(t.spike_factor, t.spike_steps)
+        for step, loss in logged:
+            self.spikes.observe(step, loss)
         self.unconfirmed = start or None  # the newest checkpoint whose next step has not yet been seen sound
         self.sound = None  # a checkpoint whose next step was sound: confirmed once it is wholly written
 
     def check(self, step: int, metrics: dict) -> None:
         """Raises (after rolling back) on a non-finite or diverging step; confirms what a sound step follows."""
+        threshold, spikes, factor = self.spikes.threshold(), self.spikes, self.t.spike_factor
         if not metrics["finite"]:
             loss, norm = float(metrics["loss"]), float(metrics["grad_norm"])
-            raise rolled_back(NonFiniteLossError, self.ckpt, step - 1, f"step {step}: loss {loss}, grad norm {norm}: not finite")
-        threshold, spikes, factor = self.spikes.threshold(), self.spikes, self.t.spike_factor
+            first_bad = (spikes.first_spike if spikes.run else step) - 1  # during a spike: the checkpoint before it
+            raise rolled_back(NonFiniteLossError, self.ckpt, first_bad, f"step {step}: loss {loss}, grad norm {norm}: not finite")
         if spikes.observe(step, float(metrics["loss"])) and spikes.diverged:
             raise rolled_back(
                 DivergenceError,

@@ -78,6 +78,16 @@ def test_a_non_finite_loss_moves_aside_the_checkpoint_it_was_computed_from_and_k
     assert ckpt.confirmed_step() == 3
 
 
+def test_a_non_finite_loss_during_a_spike_moves_aside_every_checkpoint_from_the_one_before_the_spike(tmp_path):
+    """Checkpoints 2, 4, 6, 8; steps 7 and 8 spike, 9 is NaN: 6 (its next step spiked) goes too, as for a divergence."""
+    ckpt = _checkpointer(tmp_path)
+    guard = rollback.Guard(T, ckpt, [], 0)
+    _train(guard, ckpt, [CALM] * 6 + [SPIKE] * 2, every=2)
+    with pytest.raises(rollback.NonFiniteLossError, match=r"checkpoint\(s\) 6, 8 to .*; a rerun starts from checkpoint step 4$"):
+        guard.check(9, _metrics(np.nan))
+    assert ckpt.all_steps() == [2, 4] and ckpt.confirmed_step() == 4
+
+
 def test_a_non_finite_loss_with_no_checkpoint_left_says_the_rerun_starts_from_scratch(tmp_path):
     ckpt = _checkpointer(tmp_path)
     guard = rollback.Guard(T, ckpt, [], 0)
@@ -149,7 +159,8 @@ def test_a_fresh_run_confirms_nothing_before_its_first_checkpoint_and_a_resumed_
     assert not (tmp_path / "fresh" / "confirmed.json").exists()
     resumed = _checkpointer(tmp_path / "resumed")
     rollback.save(resumed, _Watch(), 4, _state(), _iterator(), {})
-    assert _train(rollback.Guard(T, resumed, [CALM] * 4, 4), resumed, [CALM] * 2, first=5, every=8) == [4, 4]
+    logged = [(s, CALM) for s in range(1, 5)]
+    assert _train(rollback.Guard(T, resumed, logged, 4), resumed, [CALM] * 2, first=5, every=8) == [4, 4]
 
 
 def test_a_checkpoint_is_confirmed_only_once_it_is_wholly_written_or_the_run_ends(tmp_path, monkeypatch):
@@ -171,9 +182,19 @@ def test_a_checkpoint_is_confirmed_only_once_it_is_wholly_written_or_the_run_end
 
 def test_a_resumed_guard_starts_from_the_last_window_of_logged_losses(tmp_path):
     writer = types.SimpleNamespace(rows=[{"step": 1, "loss": 9.0}, {"step": 2, "val_loss": 2.5}, {"step": 3, "loss": 2.0}])
-    assert rollback.logged_losses(writer) == [9.0, 2.0]  # rows without a loss (a validation alone) are skipped
+    assert rollback.logged_losses(writer) == [(1, 9.0), (3, 2.0)]  # rows without a loss (a validation alone) are skipped
     writer.rows = [{"step": s, "loss": float(s)} for s in range(1, divergence.WINDOW + 51)]
-    assert rollback.logged_losses(writer) == [float(s) for s in range(51, divergence.WINDOW + 51)]
+    assert rollback.logged_losses(writer) == [(s, float(s)) for s in range(51, divergence.WINDOW + 51)]
+
+
+def test_a_resumed_guard_keeps_the_logged_spikes_out_of_the_median(tmp_path):
+    """Logged 1..5 (median 3, threshold 15), a spike, then 3: as in the run that logged them, 16 is a spike after the
+    resume (the spike in the median would make it 3.5, the threshold 17.5)."""
+    logged = [(1, 1.0), (2, 2.0), (3, 3.0), (4, 4.0), (5, 5.0), (6, SPIKE), (7, SPIKE), (8, 3.0)]
+    ckpt = _checkpointer(tmp_path)
+    guard = rollback.Guard(T, ckpt, logged, 8)
+    with pytest.raises(rollback.DivergenceError, match=r"^step 11: loss 16 has been above 5 x its running median \(3\) "):
+        _train(guard, ckpt, [16.0] * 3, first=9)
 
 
 # --- kill -9 during a spike ----------------------------------------------------------------------------------------
@@ -206,3 +227,19 @@ def test_a_kill_9_during_a_spike_leaves_the_checkpoint_before_it_confirmed_and_k
     confirmed = _train(guard, ckpt, [SPIKE, CALM, CALM], first=9, every=2, writer=writer)
     assert confirmed == [4, 8, 10]  # 8 (saved during the spike) only once the spike ended, at step 10
     writer.close()
+
+
+def test_a_rerun_after_a_kill_9_during_a_spike_stops_where_an_uninterrupted_run_does_and_rolls_back_as_far(tmp_path):
+    """The spike at 7 and 8 goes on at 9: the rerun's guard counts it from 7, as the killed run's would have, and moves
+    6 (its next step spiked) and 8 aside: the rerun starts from 4, the confirmed one."""
+    ckpt = _checkpointer(tmp_path / "straight", keep=2)
+    with pytest.raises(rollback.DivergenceError) as straight:
+        _train(rollback.Guard(T, ckpt, [], 0), ckpt, [CALM] * 6 + [SPIKE] * 3, every=2)
+    _killed_during_a_spike(tmp_path / "killed")
+    ckpt, start, writer, guard = _rerun(tmp_path / "killed")
+    with pytest.raises(rollback.DivergenceError) as resumed:
+        _train(guard, ckpt, [SPIKE], first=start + 1, every=2, writer=writer)
+    writer.close()
+    assert str(resumed.value) == str(straight.value).replace("straight", "killed")
+    assert "(since step 7): diverging; stopped without saving; moved unconfirmed checkpoint(s) 6, 8 to " in str(resumed.value)
+    assert ckpt.all_steps() == [4] and ckpt.confirmed_step() == 4
