@@ -207,13 +207,13 @@ def clocks(per_score, flop) -> float:
 
 def gpu_table(args, dump: str) -> None:
     """The H100 table: per kernel and sweep part, per-score counts by class and the bound."""
+    from freeatten_jax import attention
     from freeatten_jax.attention import pallas
 
-    block_q, block_k = pallas.LOWERINGS["cuda"].blocks()
     d = 128
     print(
-        f"H100 sm_90a, T={args.seq_len}, D={d}, bf16, causal, blocks {block_q}x{block_k} "
-        f"(dK/dV: {block_q}x{args.block_k_dkv or block_k}), {pallas.TRITON_WARPS} warps; per score, the kernel's sweeps "
+        f"H100 sm_90a, T={args.seq_len}, D={d}, bf16, causal, each family's default blocks (pallas.GPU_BLOCKS; dK/dV's "
+        f"key block {args.block_k_dkv or 'the key block'}), {pallas.TRITON_WARPS} warps; per score, the kernel's sweeps "
         "summed; interior = mask-free blocks, edge = masked ones"
     )
     print(
@@ -223,6 +223,7 @@ def gpu_table(args, dump: str) -> None:
     print("|---|---|---|---|---|---|---|---|---|---|")
     for variant in args.variants.split(","):
         times, flops = collections.defaultdict(dict), collections.defaultdict(dict)
+        block_q, block_k = pallas.LOWERINGS["cuda"].blocks(attention.get_variant(variant).normalise)
         for gradients in (True, False):  # training's kernels, then inference's forward (rules.output_only)
             before = set(glob.glob(os.path.join(dump, "*.ptx")))
             compile_kernels(variant, args.seq_len, dump, gradients, args.block_k_dkv)

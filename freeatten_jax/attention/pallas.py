@@ -51,7 +51,7 @@ HEAD_AXES = ("tensor",)
 class Lowering(NamedTuple):
     """How one platform compiles the kernels."""
 
-    blocks: Callable[[], tuple[int, int]]  # default (block_q, block_k)
+    blocks: Callable[[str], tuple[int, int]]  # blocks(family) -> default (block_q, block_k)
     min_block: int
     power_of_two: bool  # block lengths must be powers of two (Triton, Mosaic)
     calls: Callable  # calls(cfg, shapes) -> the (forward, dq, dkv) pallas_calls
@@ -85,11 +85,16 @@ def _tpu(interpret: bool):
     )
 
 
-LOWERINGS = {  # GPU blocks are not tuned (no device measurement yet); TPU ones: pallas_tpu.TUNING
-    "cuda": Lowering(lambda: (64, 64), 16, True, **_gpu(ptx=True, interpret=False)),
-    "tpu": Lowering(lambda: pallas_tpu.tuning().blocks, 16, True, **_tpu(interpret=False)),
-    "interpret": Lowering(lambda: (64, 64), 8, False, **_gpu(ptx=False, interpret=True)),
-    "interpret_tpu": Lowering(lambda: (64, 64), 8, False, **_tpu(interpret=True)),
+# The GPU blocks (block_q, block_k) per family, from the device check's sweep (benchmarks/RESULTS.md, H200, T = 8K,
+# fwd+bwd): LSSAR 8.3 ms at 64 x 32 against 10.8 at 64 x 64 (its dK/dV accumulators spill at 64 keys); softmax and
+# LSSA fastest at 64 x 64 (4.1 and 6.2 ms).
+GPU_BLOCKS = {"reweight": (64, 32)}
+GPU_DEFAULT_BLOCKS = (64, 64)
+LOWERINGS = {  # TPU blocks: pallas_tpu.TUNING
+    "cuda": Lowering(lambda family: GPU_BLOCKS.get(family, GPU_DEFAULT_BLOCKS), 16, True, **_gpu(ptx=True, interpret=False)),
+    "tpu": Lowering(lambda family: pallas_tpu.tuning().blocks, 16, True, **_tpu(interpret=False)),
+    "interpret": Lowering(lambda family: (64, 64), 8, False, **_gpu(ptx=False, interpret=True)),
+    "interpret_tpu": Lowering(lambda family: (64, 64), 8, False, **_tpu(interpret=True)),
 }
 INTERPRETED = {True: "interpret", "tpu": "interpret_tpu"}
 # Families whose kernels split their matmuls by default: the un-normalised rows (sigmoid) round a lone key's score
@@ -308,16 +313,16 @@ def heads_first(x_BLHD, size: int):
     return jnp.pad(x_BLHD.transpose(0, 2, 1, 3), ((0, 0), (0, 0), (0, -x_BLHD.shape[1] % size), (0, 0)))
 
 
-def block_lengths(lowering: Lowering, block_q, block_k, t: int, s: int) -> tuple[int, int]:
-    """The (query, key) block lengths the kernels use for t queries and s keys (default: the platform's)."""
-    default_q, default_k = lowering.blocks()
+def block_lengths(lowering: Lowering, family: str, block_q, block_k, t: int, s: int) -> tuple[int, int]:
+    """The (query, key) block lengths the kernels use for t queries and s keys (default: the platform's for the family)."""
+    default_q, default_k = lowering.blocks(family)
     return _fit(block_q or default_q, t, lowering), _fit(block_k or default_k, s, lowering)
 
 
 def _run(lowering: Lowering, cfg: Static, block_q, block_k, q_BTHD, k_BSKD, v_BSKD, qs_BTH1, ks_BSK1, p_1, mask: Mask, n_BT):
     """Pad to whole blocks, lay out as [B, heads, length, D], run the kernels, undo the layout."""
     t, (s, kv_heads) = q_BTHD.shape[1], k_BSKD.shape[1:3]
-    q_size, k_size = block_lengths(lowering, block_q, block_k, t, s)
+    q_size, k_size = block_lengths(lowering, cfg.family, block_q, block_k, t, s)
     dkv = cfg.block_k_dkv and max(cfg.block_k_dkv, lowering.min_block)  # at least the platform's minimum, as _fit
     cfg = cfg._replace(block_q=q_size, block_k=k_size, block_k_dkv=dkv, plain_length=t if mask.plain else None)
     plan = pallas_plan.plan(mask, n_BT, q_size, k_size)

@@ -75,7 +75,7 @@ def attend(lowering: pallas.Lowering, cfg: Static, block_q, block_k, q_BTHD, k_B
     """Inside shard_map: this device's output [B, T/n, H, D] by the kernels round the ring (arguments as
     pallas.kernel_arguments gives them, sharded along the sequence)."""
     t, (s, kv_heads) = q_BTHD.shape[1], k_BSKD.shape[1:3]
-    q_size, k_size = pallas.block_lengths(lowering, block_q, block_k, t, s)
+    q_size, k_size = pallas.block_lengths(lowering, cfg.family, block_q, block_k, t, s)
     cfg = cfg._replace(block_q=q_size, block_k=k_size)
     heads_first = pallas.heads_first
     q_BHTD, k_BKSD, v_BKSD = heads_first(q_BTHD, q_size), heads_first(k_BSKD, k_size), heads_first(v_BSKD, k_size)
