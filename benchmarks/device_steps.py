@@ -2,7 +2,8 @@
 
     python benchmarks/device_steps.py {environment,correctness,unpacked,long,packed,sweep} [--tiny] [--seconds S]
 
-Glossary: B batch (1), T length, H heads, D head dim, causal. Full sizes: the correctness check at T=2048, the timed rows at T=8192 and 32768, H=16, D=128, bf16, against cuDNN softmax (jax.nn.dot_product_attention);
+Glossary: B batch (1), T length, H heads, D head dim, causal. Full sizes: the correctness check at T=2048, the
+timed rows at T=8192 and 32768, H=16, D=128, bf16, against cuDNN softmax (jax.nn.dot_product_attention);
 --tiny: T=64, H=2, D=16 on any machine (the CPU runs the kernels in Pallas interpret mode and the
 baseline with implementation="xla"), to prove the script. Rows left when --seconds run out print as
 "not reached". Imports only jax and numpy (and freeatten_jax.attention).
