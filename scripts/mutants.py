@@ -223,6 +223,13 @@ MUTANTS = [
         ("tests/test_pallas.py", "-k", "bfloat16_within and ssmax"),
     ),
     Mutant(
+        "auto: the kernels never picked above the reference's size",
+        "freeatten_jax/attention/auto.py",
+        'return "pallas" if kernels else "blockwise"',
+        'return "blockwise"',
+        ("tests/test_compile.py", "-k", "auto"),
+    ),
+    Mutant(
         "pallas: the kernels' float32 accumulators rounded to bfloat16 at every matmul",
         "freeatten_jax/attention/pallas_kernels.py",
         "    return dot(hi, x, NN) + acc",

@@ -167,7 +167,8 @@ def test_memory_is_linear_and_far_below_reference():
 
 
 def test_auto_rule():
-    """auto: reference for small score tensors, blockwise for large, cuDNN only for fusable softmax on GPU."""
+    """auto: reference for small score tensors; above, cuDNN for fusable softmax on GPU, else the platform's kernels on
+    GPU and TPU (blockwise where they do not apply: a dense mask, a head dim not a power of two) and blockwise on CPU."""
     variants = attention.VARIANTS
     shape = lambda t, dtype=jnp.float32, b=1: jax.ShapeDtypeStruct((b, t, 12, 64), dtype)  # noqa: E731
     small, medium, large = shape(64), shape(1024), shape(4096)
@@ -181,10 +182,15 @@ def test_auto_rule():
     assert choose(medium, "lssar", "cpu") == choose(large, "relu", "cpu") == "blockwise"
     assert choose(large_bf16, "ssmax", "gpu") == choose(small_bf16, "softmax", "gpu") == "fused"
     assert choose(medium, "softmax", "gpu") == choose(medium, "lssa", "tpu") == "reference"
-    assert choose(large, "softmax", "gpu") == "blockwise"  # float32: cuDNN refuses it
-    assert choose(shape(1024, b=128), "lssa", "gpu") == "blockwise"  # a 6 GiB score tensor
-    assert choose(large_bf16, "lssa", "gpu") == choose(large_bf16, "softmax", "gpu", window=128) == "blockwise"
-    assert choose(large_bf16, "softmax", "cpu") == "blockwise"
+    assert choose(large, "softmax", "gpu") == "pallas"  # float32: cuDNN refuses it, the kernels take it
+    assert choose(shape(1024, b=128), "lssa", "gpu") == "pallas"  # a 6 GiB score tensor
+    assert choose(large_bf16, "lssa", "gpu") == choose(large_bf16, "softmax", "gpu", window=128) == "pallas"
+    assert choose(large_bf16, "lssar", "tpu") == choose(large_bf16, "softmax", "tpu") == "pallas"
+    dense = dict(mask=jnp.ones((1, 1, 4096, 4096), bool))
+    assert choose(large_bf16, "lssa", "gpu", **dense) == choose(large_bf16, "lssa", "tpu", **dense) == "blockwise"
+    odd_head = jax.ShapeDtypeStruct((1, 4096, 12, 96), jnp.bfloat16)
+    assert choose(odd_head, "lssa", "gpu") == choose(odd_head, "lssa", "tpu") == "blockwise"
+    assert choose(large_bf16, "softmax", "cpu") == choose(large_bf16, "lssar", "cpu") == "blockwise"
     q = jnp.zeros((1, 8, 2, 8), jnp.bfloat16)
     fused = dict(variant=variants["softmax"], mask=attention.make_mask(1, 8, 8), opts={})
     assert auto._traces(auto.fused_softmax, q, q, q, implementation="xla", **fused)

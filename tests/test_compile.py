@@ -182,3 +182,20 @@ def test_the_readmes_compile_command_needs_no_data(run_cli, monkeypatch):
     assert code == 0 and lines[-2].startswith("target v5p-8: per device"), lines
     text = lowered[0].as_text()
     assert text.count("tpu_custom_call") == 3 and "tensor<128x12x1024x64xbf16>" in text, text[:2000]
+
+
+@pytest.mark.parametrize("target", ["v5e-8", "h100"])
+def test_auto_runs_the_platforms_kernels_above_the_references_size(target):
+    """attend's default implementation ("auto") at T = 4096 compiles to the platform's three kernels (forward, dq,
+    dK/dV) for LSSA, as context_parallel_attend's "auto" runs them round the ring."""
+    report = compile_attention(target, variant="lssa", seq_len=4096, heads=2, implementation="auto")
+    assert report.kernels == 3
+
+
+def test_auto_runs_the_kernels_in_the_models_training_step(run_cli, monkeypatch):
+    """The model with its default implementation ("auto") at 4,096 tokens lowers its attention to the TPU kernels."""
+    lowered = _lowered_only(monkeypatch)
+    flags = ("--config.model.num_layers=1", "--seq_len=4096", "--config.train.batch_size=8")
+    code, lines = run_cli(compile_cli.main, "--target=v5p-8", "--config=lssa:gpt2_small", *flags)
+    assert code == 0, lines
+    assert lowered[0].as_text().count("tpu_custom_call") == 3

@@ -6,13 +6,16 @@ Glossary: B batch, T queries, S keys, H heads, K kv heads, D head dim. The rule,
    no segments, padding or window): cuDNN flash attention (jax.nn.dot_product_attention) on the
    prepared q, which already carries 1/sqrt(D) and ssmax's s log N_i + b. Deciding while tracing
    (not with a lax.cond) keeps the reference's residuals out of the cuDNN path's memory. If cuDNN
-   refuses the shapes when traced (its version, its own limits), rule 2 applies.
-2. Otherwise the reference while T·S is at most REFERENCE_MAX_TS for the platform (the faster path
-   there) and one float32 score tensor B·H·T·S stays under REFERENCE_MAX_SCORES (4 GiB); blockwise
-   above (O(T) memory).
-The Pallas kernels are never picked: no GPU or TPU measurement exists yet (and on the CPU they run in
-interpret mode, for tests). Where the platforms' choices differ, jax.lax.platform_dependent decides,
-so lowering for another platform (`lowering_platforms=`) gets that platform's choice.
+   refuses the shapes when traced (its version, its own limits), the rules below apply.
+2. The reference while T·S is at most REFERENCE_MAX_TS for the platform (the faster path there) and one
+   float32 score tensor B·H·T·S stays under REFERENCE_MAX_SCORES (4 GiB).
+3. Above it, on GPU and TPU, the platform's fused kernels (implementation "pallas": Triton, Mosaic) for every
+   variant, as context_parallel_attend's "auto" runs them round the ring; blockwise where they do not apply
+   (a dense `mask`, a head dim that is not a power of two from 16) and on the CPU (where the kernels
+   would run in interpret mode). On TPU softmax and ssmax also run our Mosaic kernels: JAX's splash attention
+   is not compared with them yet (unmeasured).
+Where the platforms' choices differ, jax.lax.platform_dependent decides, so lowering for another platform
+(`lowering_platforms=`, or a compile for a chip from this machine) gets that platform's choice.
 """
 
 import functools
@@ -21,7 +24,7 @@ from typing import Literal
 import jax
 import jax.numpy as jnp
 
-from freeatten_jax.attention import blockwise, reference
+from freeatten_jax.attention import blockwise, pallas, reference
 from freeatten_jax.attention.variants import Mask, Variant
 
 # Largest T·S for which the reference is chosen. CPU: measured (benchmarks/RESULTS.md): in the tiny
@@ -56,20 +59,27 @@ def fused_softmax(
     return out_BTHD.astype(dtype)
 
 
-def _by_size(q_BTHD, k_BSKD, platform: str) -> str:
-    (b, t, h, _), s = q_BTHD.shape, k_BSKD.shape[1]
-    small = t * s <= REFERENCE_MAX_TS.get(platform, REFERENCE_MAX_TS["gpu"]) and b * h * t * s <= REFERENCE_MAX_SCORES
-    return "reference" if small else "blockwise"
+KERNEL_PLATFORMS = ("gpu", "tpu")
+
+
+def _by_size(q_BTHD, k_BSKD, mask: Mask, platform: str) -> str:
+    """Rules 2 and 3: the reference when small, else the platform's kernels where they apply, else blockwise."""
+    (b, t, h, d), s = q_BTHD.shape, k_BSKD.shape[1]
+    if t * s <= REFERENCE_MAX_TS.get(platform, REFERENCE_MAX_TS["gpu"]) and b * h * t * s <= REFERENCE_MAX_SCORES:
+        return "reference"
+    kernels = platform in KERNEL_PLATFORMS and mask.dense is None and d >= 16 and d & (d - 1) == 0
+    return "pallas" if kernels else "blockwise"
 
 
 def choose(q_BTHD, k_BSKD, *, variant: Variant, mask: Mask, platform: str | None = None) -> str:
-    """The implementation the rule picks on `platform` ("cpu", "gpu", "tpu"): "fused", "reference" or "blockwise"."""
+    """The implementation the rule picks on `platform` ("cpu", "gpu", "tpu"): "fused", "reference", "pallas" or
+    "blockwise"."""
     platform = platform or jax.default_backend()
     d = q_BTHD.shape[3]
     fusable = variant.normalise == "softmax" and q_BTHD.dtype in _FUSED_DTYPES and mask.plain
     if platform == "gpu" and fusable and d <= 256 and d % 8 == 0:
         return "fused"
-    return _by_size(q_BTHD, k_BSKD, platform)
+    return _by_size(q_BTHD, k_BSKD, mask, platform)
 
 
 def _traces(fn, *args, **kwargs) -> bool:
@@ -86,12 +96,17 @@ def attend(q_BTHD, k_BSKD, v_BSKD, *, variant: Variant, mask: Mask, opts, **unkn
     if unknown:
         raise ValueError(f"unknown option(s) {sorted(unknown)}; implementation 'auto' takes none")
     args, kwargs = (q_BTHD, k_BSKD, v_BSKD), dict(variant=variant, mask=mask, opts=opts)
-    implementations = {"fused": fused_softmax, "reference": reference.attend, "blockwise": blockwise.attend}
+    implementations = {
+        "fused": fused_softmax,
+        "reference": reference.attend,
+        "pallas": pallas.attend,
+        "blockwise": blockwise.attend,
+    }
 
     def pick(platform: str) -> str:
         choice = choose(q_BTHD, k_BSKD, variant=variant, mask=mask, platform=platform)
         if choice == "fused" and not _traces(fused_softmax, *args, **kwargs):
-            return _by_size(q_BTHD, k_BSKD, platform)
+            return _by_size(q_BTHD, k_BSKD, mask, platform)
         return choice
 
     choices = {name: pick(platform) for name, platform in PLATFORMS.items()}
