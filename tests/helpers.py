@@ -1,5 +1,6 @@
 """What several test files share: random attention inputs and their comparison, the tiny training config and its
-corpus, and a simulated preemption. Test files import from here, never from each other.
+corpus, a simulated preemption, and Hugging Face's RoPE frequencies written from their definitions. Test files import
+from here, never from each other.
 
 Glossary: B batch, T queries, S keys, H heads, K kv heads, D head dim. The application (and filelock) is imported
 where it is used: the kernel tests also run on a device machine that has only jax, flax, optax and orbax.
@@ -215,3 +216,27 @@ class SigtermAtBatch:
         if self.calls == self.n:
             os.kill(os.getpid(), signal.SIGTERM)
         return self.inner(*args)
+
+
+def hf_inverse_frequencies(head_dim: int, rope_theta: float, rope_type: str = "default", **fields) -> np.ndarray:
+    """Hugging Face's RoPE inverse frequencies in float64, written from the definitions in transformers'
+    modeling_rope_utils (default theta^(-2f/D); linear: / factor; llama3: by wavelength, three bands), for the
+    rope_parameters of a config.json (rope_theta, rope_type and the scaling's fields)."""
+    inv_freq = rope_theta ** (-np.arange(0, head_dim, 2) / head_dim)
+    if rope_type == "linear":
+        return inv_freq / fields["factor"]
+    if rope_type != "llama3":
+        return inv_freq
+    factor, low, high = fields["factor"], fields["low_freq_factor"], fields["high_freq_factor"]
+    original = fields["original_max_position_embeddings"]
+    scaled = []
+    for f in inv_freq:
+        wavelen = 2 * np.pi / f
+        if wavelen > original / low:
+            scaled.append(f / factor)
+        elif wavelen < original / high:
+            scaled.append(f)
+        else:
+            smooth = (original / wavelen - low) / (high - low)
+            scaled.append((1 - smooth) * f / factor + smooth * f)
+    return np.array(scaled)

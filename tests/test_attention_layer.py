@@ -5,10 +5,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
+from helpers import hf_inverse_frequencies
 
 from freeatten_jax import attention
 from freeatten_jax.nn import Attention
-from freeatten_jax.nn.rope import apply_rope
+from freeatten_jax.nn.rope import Scaling, apply_rope, frequencies
 
 E, H, T = 32, 4, 12
 VARIANTS = list(attention.VARIANTS)
@@ -35,6 +36,39 @@ def test_rope_matches_complex_rotation_and_is_relative():
     q, k = jnp.asarray(x[:1, :1], jnp.float32), jnp.asarray(x[:1, 1:2], jnp.float32)
     score = lambda m, n: jnp.sum(apply_rope(q, jnp.array([[m]]), 1e4) * apply_rope(k, jnp.array([[n]]), 1e4))
     np.testing.assert_allclose(score(3, 1), score(103, 101), rtol=1e-4)  # depends on m - n only
+
+
+# Llama 3.1's RoPE (config.json's rope_parameters): with D = 128 its wavelengths fall in each of llama3's three bands
+LLAMA31_ROPE = dict(
+    rope_theta=500_000.0,
+    rope_type="llama3",
+    factor=8.0,
+    low_freq_factor=1.0,
+    high_freq_factor=4.0,
+    original_max_position_embeddings=8192,
+)
+SCALINGS = {  # our scaling -> Hugging Face's rope_parameters of the same
+    Scaling(): dict(rope_theta=500_000.0),
+    Scaling("linear", 4.0): dict(rope_theta=500_000.0, rope_type="linear", factor=4.0),
+    Scaling("llama3", 8.0, 1.0, 4.0, 8192): LLAMA31_ROPE,
+}
+
+
+@pytest.mark.parametrize("scaling", SCALINGS, ids=lambda s: s.kind)
+def test_rope_frequencies_follow_hugging_faces_definitions(scaling):
+    """none, linear and llama3 give the frequencies of Hugging Face's rope_type of the same name (its definitions in
+    float64, tests/helpers.py); Llama 3.1's are divided by 8 in one band, kept in another and blended in the third."""
+    theirs_F = hf_inverse_frequencies(128, **SCALINGS[scaling])
+    np.testing.assert_allclose(frequencies(128, 500_000.0, scaling), theirs_F, rtol=2e-6)
+    plain_F = 500_000.0 ** (-np.arange(0, 128, 2) / 128)
+    if scaling.kind == "llama3":
+        bands = np.isclose(theirs_F, plain_F / 8, rtol=1e-12), np.isclose(theirs_F, plain_F, rtol=1e-12)
+        assert bands[0].sum() > 0 and bands[1].sum() > 0 and (~bands[0] & ~bands[1]).sum() > 0
+
+
+def test_an_unknown_rope_scaling_is_refused_naming_it():
+    with pytest.raises(ValueError, match="unknown RoPE scaling 'yarn'; valid: none, linear, llama3"):
+        Scaling("yarn", 4.0)
 
 
 @pytest.mark.parametrize("variant", VARIANTS)

@@ -142,6 +142,7 @@ def test_locked_config_rejects_unknown_fields():
         ("train.profile_steps", (3, 2), "(first, last)"),
         ("model.dtype", "float16", "'float32', 'bfloat16'"),
         ("model.mlp", "relu2", "'gelu', 'swiglu'"),
+        ("model.rope_scaling", "yarn", "'none', 'linear', 'llama3'"),
     ],
 )
 def test_invalid_field_is_one_line_naming_field_and_allowed_values(field, value, allowed):
@@ -152,6 +153,16 @@ def test_invalid_field_is_one_line_naming_field_and_allowed_values(field, value,
         config.parse(cfg)
     message = str(err.value)
     assert f"config.{field}={value!r}" in message and allowed in message and "\n" not in message
+
+
+def test_llama3_rope_scaling_needs_a_high_freq_factor_above_the_low_one():
+    """llama3 blends the frequencies between its two bounds (dividing by high - low): equal bounds are refused."""
+    cfg = base.get_config("softmax", "tiny")
+    cfg.model.rope_scaling, cfg.model.rope_low_freq_factor, cfg.model.rope_high_freq_factor = "llama3", 2.0, 2.0
+    with pytest.raises(ConfigError, match="model.rope_high_freq_factor=2.0 must exceed model.rope_low_freq_factor=2.0"):
+        config.parse(cfg)
+    cfg.model.rope_high_freq_factor = 4.0
+    assert config.parse(cfg).model.rope_frequency_scaling.high_freq_factor == 4.0
 
 
 def test_unknown_variant_lists_the_valid_ones():

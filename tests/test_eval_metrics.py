@@ -111,6 +111,9 @@ def _logits(model_cfg, switch=None):
         ("p=off", "lssar", _model_cfg("lssa")),
         ("s=0.3", "ssmax", _model_cfg("ssmax", ssmax_s_init=0.3)),
         ("p=3,rope_theta=2x", "lssar", _model_cfg("lssar", attention_options={"p": 3.0}, rope_theta=2000.0)),
+        ("rope_linear=4", "softmax", _model_cfg("softmax", rope_scaling="linear", rope_factor=4.0)),
+        # llama3 from the trained length (max_len 16): wavelengths 6 to 2,650 in all three bands (< 4, 4..16, > 16)
+        ("rope_llama3=8", "lssa", _model_cfg("lssa", rope_scaling="llama3", rope_factor=8.0, rope_original_len=16)),
     ],
 )
 def test_each_switch_gives_the_model_it_names(switch, attention, expected):

@@ -1,8 +1,9 @@
 """Hugging Face Llama import against an independent implementation: a tiny random `FlaxLlamaForCausalLM`
 (transformers, test-only; GQA, untied), written by the test in the Hub's layout (torch names, [out, in] weights, one
 safetensors file or two shards with their index), imported with freeatten-import, gives the same logits and the same
-greedy tokens; a RoPE base other than 10,000 (which FlaxLlama ignores) against the reference given that base; the
-import trains on with LSSAR; unsupported or broken folders are one error line that writes nothing.
+greedy tokens; a RoPE base other than 10,000 and RoPE scaling (linear, llama3), which FlaxLlama ignores, against the
+reference given those frequencies, in config.json's layouts of transformers 4 (rope_theta, rope_scaling) and 5
+(rope_parameters); the import trains on with LSSAR; unsupported or broken folders are one error line that writes nothing.
 """
 
 import json
@@ -13,7 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 import tokenizers
-from helpers import read_metrics
+from helpers import hf_inverse_frequencies, read_metrics
 from safetensors.numpy import save_file
 from transformers import FlaxLlamaForCausalLM, LlamaConfig
 from transformers.models.llama import modeling_flax_llama
@@ -22,7 +23,7 @@ from freeatten_jax.cli import generate as generate_cli
 from freeatten_jax.cli import import_hf as import_cli
 from freeatten_jax.configs import base
 from freeatten_jax.nn import generate
-from freeatten_jax.training import loop
+from freeatten_jax.training import hf_llama, loop
 from freeatten_jax.training.run import load_run
 
 HUB = dict(
@@ -135,34 +136,133 @@ def test_an_imported_llama_gives_the_references_logits_and_greedy_tokens(layout,
     assert code == 0 and lines[0] == PROMPT + tok.decode(ours_BT[0, p:].tolist()), lines
 
 
-def _sincos_with_base(theta: float):
-    """FlaxLlama's table of RoPE sines and cosines ([positions, 1, sin | cos of D angles]), for base `theta`."""
+def _sincos(inv_freq_F):
+    """FlaxLlama's table of RoPE sines and cosines ([positions, 1, sin | cos of D angles]) for these inverse frequencies."""
 
     def sincos(num_pos, dim):
-        angle_PF = np.arange(num_pos)[:, None] * theta ** (-np.arange(0, dim, 2) / dim)
+        angle_PF = np.arange(num_pos)[:, None] * inv_freq_F
         angle_PD = np.concatenate([angle_PF, angle_PF], -1).astype(np.float32)
         return jnp.asarray(np.concatenate([np.sin(angle_PD), np.cos(angle_PD)], -1)[:, None])
 
     return sincos
 
 
-def test_a_rope_base_other_than_10000_is_imported(hub, run_cli, text_glob, tmp_path, monkeypatch):
-    """config.json's rope_theta reaches every layer: the logits equal the reference's with its sines for that base
-    (FlaxLlama itself always uses 10,000), and differ from those at 10,000."""
+def _reference_logits(reference, tokens_BT, monkeypatch, rope: dict):
+    """The reference's logits with the inverse frequencies of `rope` (config.json's rope_parameters), which FlaxLlama
+    itself never reads (it always uses 10,000 and no scaling)."""
+    head_dim = reference.config.hidden_size // reference.config.num_attention_heads
+    monkeypatch.setattr(modeling_flax_llama, "create_sinusoidal_positions", _sincos(hf_inverse_frequencies(head_dim, **rope)))
+    model = FlaxLlamaForCausalLM(reference.config, seed=0, _do_init=False)
+    return np.asarray(model(tokens_BT, params=reference.params).logits)
+
+
+def _rope_in_layout(rope: dict, layout: str) -> dict:
+    """config.json's RoPE keys for `rope` (rope_theta, rope_type and the scaling's fields) as transformers `layout`
+    writes them: "5" rope_parameters alone; "4" rope_theta and rope_scaling (None unscaled); "4, type" the same with
+    rope_type under its older name."""
+    if layout == "5":
+        return {"rope_parameters": rope}
+    fields = {k: v for k, v in rope.items() if k not in ("rope_theta", "rope_type")}
+    type_key = "type" if layout == "4, type" else "rope_type"
+    scaled = rope.get("rope_type", "default") != "default"
+    return {"rope_theta": rope["rope_theta"], "rope_scaling": {type_key: rope["rope_type"], **fields} if scaled else None}
+
+
+def _hub_with_rope(single, folder, rope: dict, layout: str):
+    """A copy of the reference's Hub folder whose config.json has `rope` in `layout` (no other RoPE key)."""
+    shutil.copytree(single, folder)
+    config = json.loads((folder / "config.json").read_text())
+    config = {k: v for k, v in config.items() if k not in ("rope_theta", "rope_scaling", "rope_parameters")}
+    (folder / "config.json").write_text(json.dumps({**config, **_rope_in_layout(rope, layout)}))
+    return folder
+
+
+@pytest.mark.parametrize("layout", ["4", "5"])
+def test_a_rope_base_other_than_10000_is_imported(layout, hub, run_cli, text_glob, tmp_path, monkeypatch):
+    """config.json's RoPE base, top-level (transformers 4) or in rope_parameters (5), reaches every layer: the logits
+    equal the reference's with its sines for that base, and differ from those at 10,000."""
     reference, tok, single, _ = hub
-    shutil.copytree(single, tmp_path / "hub")
-    hub_config = json.loads((tmp_path / "hub" / "config.json").read_text())
-    (tmp_path / "hub" / "config.json").write_text(json.dumps({**hub_config, "rope_theta": 500_000.0}))
-    _import(run_cli, tmp_path / "hub", tmp_path / "run", text_glob)
+    rope = {"rope_theta": 500_000.0, "rope_type": "default"}
+    _import(run_cli, _hub_with_rope(single, tmp_path / "hub", rope, layout), tmp_path / "run", text_glob)
     run = load_run(tmp_path / "run")
     tokens_BT = np.asarray([tok.encode(PROMPT + " and the lord of the night").ids], np.int32)
     at_10000 = np.asarray(reference(tokens_BT).logits)
-    monkeypatch.setattr(modeling_flax_llama, "create_sinusoidal_positions", _sincos_with_base(500_000.0))
-    at_500000 = np.asarray(
-        FlaxLlamaForCausalLM(reference.config, seed=0, _do_init=False)(tokens_BT, params=reference.params).logits
-    )
+    at_500000 = _reference_logits(reference, tokens_BT, monkeypatch, rope)
     ours = np.asarray(run.model(tokens_BT))
     assert np.abs(ours - at_500000).max() <= 1e-4 < np.abs(ours - at_10000).max()
+
+
+# Each scaling in the layout it is read from: Llama 3.1's with a length before scaling at which the reference's
+# wavelengths (D = 8, theta 500,000: 6, 167, 4,443 and 118,379) fall in each of llama3's bands (< 64, 64..256, > 256)
+SCALED = {
+    "linear": ({"rope_theta": 500_000.0, "rope_type": "linear", "factor": 4.0}, "4, type"),
+    "llama3": (
+        {
+            "rope_theta": 500_000.0,
+            "rope_type": "llama3",
+            "factor": 8.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 256,
+        },
+        "5",
+    ),
+}
+
+
+@pytest.mark.parametrize("scaling", SCALED)
+def test_rope_scaling_is_imported(scaling, hub, run_cli, text_glob, tmp_path, monkeypatch):
+    """A checkpoint's RoPE scaling reaches the run's config and every layer: the logits equal the reference's with
+    Hugging Face's scaled frequencies, and differ from the unscaled ones at the same base."""
+    reference, tok, single, _ = hub
+    rope, layout = SCALED[scaling]
+    _import(run_cli, _hub_with_rope(single, tmp_path / "hub", rope, layout), tmp_path / "run", text_glob)
+    run = load_run(tmp_path / "run")
+    assert (run.config.model.rope_scaling, run.config.model.rope_factor) == (scaling, rope["factor"])
+    tokens_BT = np.asarray([tok.encode(PROMPT + " and the lord of the night").ids], np.int32)
+    scaled = _reference_logits(reference, tokens_BT, monkeypatch, rope)
+    unscaled = _reference_logits(reference, tokens_BT, monkeypatch, {"rope_theta": rope["rope_theta"]})
+    ours = np.asarray(run.model(tokens_BT))
+    assert np.abs(ours - scaled).max() <= 1e-4 < np.abs(ours - unscaled).max()
+
+
+LLAMA3 = SCALED["llama3"][0]
+# config.json's RoPE keys -> the model's rope_* fields, as transformers 5 reads them (checked against it by hand)
+ROPE_READINGS = {
+    "nothing: 10,000": ({}, dict(rope_theta=10_000.0, rope_scaling="none")),
+    "4: rope_theta": ({"rope_theta": 1e6, "rope_scaling": None}, dict(rope_theta=1e6, rope_scaling="none")),
+    "5: rope_parameters without a base: 10,000": (
+        {"rope_parameters": {"rope_type": "linear", "factor": 2}},
+        dict(rope_theta=10_000.0, rope_scaling="linear", rope_factor=2.0),
+    ),
+    "5: its own base over a top-level one": (
+        {"rope_theta": 1e3, "rope_parameters": {"rope_theta": 1e6, "rope_type": "default"}},
+        dict(rope_theta=1e6, rope_scaling="none"),
+    ),
+    "4 and 5: rope_scaling over rope_parameters": (
+        {"rope_theta": 1e3, "rope_scaling": {"type": "linear", "factor": 3}, "rope_parameters": {"rope_theta": 1e6}},
+        dict(rope_theta=1e3, rope_scaling="linear", rope_factor=3.0),
+    ),
+    "4: llama3": (
+        _rope_in_layout(LLAMA3, "4"),
+        dict(rope_theta=5e5, rope_scaling="llama3", rope_factor=8.0, rope_original_len=256),
+    ),
+    "5: llama3 without its length before scaling: max_position_embeddings": (
+        {"rope_parameters": {k: v for k, v in LLAMA3.items() if k != "original_max_position_embeddings"}},
+        dict(rope_theta=5e5, rope_scaling="llama3", rope_low_freq_factor=1.0, rope_high_freq_factor=4.0, rope_original_len=64),
+    ),
+}
+
+
+@pytest.mark.parametrize("case", ROPE_READINGS)
+def test_config_jsons_rope_is_read_as_transformers_5_reads_it(case, hub, tmp_path):
+    keys, expected = ROPE_READINGS[case]
+    shutil.copytree(hub[2], tmp_path / "hub")
+    config = json.loads((tmp_path / "hub" / "config.json").read_text())
+    config = {k: v for k, v in config.items() if k not in ("rope_theta", "rope_scaling", "rope_parameters")}
+    (tmp_path / "hub" / "config.json").write_text(json.dumps({**config, **keys}))
+    model = hf_llama.open_checkpoint(tmp_path / "hub").model
+    assert {name: getattr(model, name) for name in expected} == expected
 
 
 TRAIN_ON = {
@@ -215,7 +315,19 @@ BROKEN = {  # how the folder is broken -> what the one line must say
     ),
     "no tokenizer": (lambda f: (f / "tokenizer.json").unlink(), "tokenizer.json not found"),
     "gpt2": (_edit_config(architectures=["GPT2LMHeadModel"]), "architecture 'GPT2LMHeadModel' is not supported"),
-    "llama3 rope scaling": (_edit_config(rope_scaling={"rope_type": "llama3", "factor": 8.0}), "(RoPE scaling) is not supported"),
+    "yarn rope scaling (transformers 4)": (
+        _edit_config(rope_scaling={"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32}),
+        "rope_type 'yarn' (RoPE scaling other than default, linear, llama3) is not supported",
+    ),
+    "dynamic rope scaling (transformers 5)": (
+        _edit_config(rope_parameters={"rope_theta": 1e4, "rope_type": "dynamic", "factor": 2.0}),
+        "rope_type 'dynamic' (RoPE scaling other than default, linear, llama3) is not supported",
+    ),
+    "llama3 without its fields": (
+        _edit_config(rope_scaling={"rope_type": "llama3", "factor": 8.0}),
+        "RoPE scaling 'llama3' lacks 'low_freq_factor'",
+    ),
+    "partial rotary": (_edit_config(partial_rotary_factor=0.5), "partial_rotary_factor other than 1 (RoPE on part of each head)"),
     "sliding window": (_edit_config(sliding_window=4096), "sliding_window=4096 (windowed attention) is not supported"),
     "attention biases": (_edit_config(attention_bias=True), "attention_bias=true (biases in q/k/v/o) is not supported"),
     "a shape mismatch": (

@@ -3,7 +3,8 @@
     freeatten-eval --workdir=runs/softmax --workdir=runs/lssa --switch=p=15 --out=reports/x
 
 Each checkpoint is evaluated as trained and under every applicable `--switch` (LSSAR re-weighting
-`p=15` / `p=off` on lssa/lssar runs, `rope_theta=50x` or an absolute base, SSMax `s=0.3`).
+`p=15` / `p=off` on lssa/lssar runs, `rope_theta=50x` or an absolute base, SSMax `s=0.3`, RoPE scaling
+`rope_linear=4` or `rope_llama3=8`).
 """
 
 import math
@@ -16,6 +17,7 @@ from freeatten_jax.attention import IMPLEMENTATIONS
 from freeatten_jax.cli import shared as cli
 from freeatten_jax.errors import UserError
 
+_FACTOR = (lambda v: math.isfinite(float(v)) and float(v) > 0, "a finite number > 0")
 # Values each switch takes (besides switches.parse's syntax); a bad one is refused before any checkpoint is read.
 _SWITCH_VALUES = {
     "p": (lambda v: v == "off" or math.isfinite(float(v)) and float(v) > 0, "a number > 0 or off"),
@@ -24,6 +26,8 @@ _SWITCH_VALUES = {
         "a number > 0, absolute (500000) or relative (50x)",
     ),
     "s": (lambda v: math.isfinite(float(v)), "a finite number"),
+    "rope_linear": _FACTOR,
+    "rope_llama3": _FACTOR,
 }
 
 
@@ -45,7 +49,9 @@ def main() -> None:
         "workdir", None, "Training run directory, or WORKDIR@STEP for one of its checkpoints (repeat for several).", required=True
     )
     out = flags.DEFINE_string("out", None, "Directory for report.md, results.json, CSV files and plots.", required=True)
-    switches = flags.DEFINE_multi_string("switch", [], "Eval-time switch, e.g. p=15, p=off, rope_theta=50x, s=0.3.")
+    switches = flags.DEFINE_multi_string(
+        "switch", [], "Eval-time switch, e.g. p=15, p=off, rope_theta=50x, s=0.3, rope_linear=4."
+    )
     merge = flags.DEFINE_multi_string(
         "merge",
         [],

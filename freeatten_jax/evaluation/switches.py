@@ -1,6 +1,6 @@
-"""Eval-time switches (no retraining): LSSAR re-weighting p, RoPE theta, SSMax s.
+"""Eval-time switches (no retraining): LSSAR re-weighting p, RoPE theta, SSMax s, RoPE scaling (linear or llama3).
 
-A switch is written `key=value[,key=value][@variant+variant]`, e.g. `p=15`, `p=off`, `s=0.3`, or
+A switch is written `key=value[,key=value][@variant+variant]`, e.g. `p=15`, `p=off`, `s=0.3`, `rope_linear=4`, or
 `rope_theta=50x@softmax+ssmax` (only on those variants' checkpoints: the SSMax paper's protocol).
 """
 
@@ -8,6 +8,7 @@ import dataclasses
 
 from freeatten_jax import attention
 from freeatten_jax.errors import ConfigError
+from freeatten_jax.nn.rope import Scaling
 
 REWEIGHTABLE = ("lssa", "lssar")
 
@@ -40,7 +41,23 @@ def _s(model, cfg, value: str) -> None:
     model.set_ssmax_s(float(value))
 
 
-APPLY = {"p": _p, "rope_theta": _rope_theta, "s": _s}
+def _rope_scaling(kind: str):
+    """The switch to RoPE scaling `kind` by the factor given (in place of the checkpoint's scaling, its base kept);
+    llama3 with its other fields at Llama 3.1's and the trained length as the length before scaling."""
+
+    def scale(model, cfg, value: str) -> None:
+        model.set_rope_scaling(Scaling(kind, float(value), original_len=cfg.model.max_len))
+
+    return scale
+
+
+APPLY = {
+    "p": _p,
+    "rope_theta": _rope_theta,
+    "s": _s,
+    "rope_linear": _rope_scaling("linear"),
+    "rope_llama3": _rope_scaling("llama3"),
+}
 NONE = Switch("none")
 
 

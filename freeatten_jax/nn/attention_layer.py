@@ -3,8 +3,8 @@
 Glossary: B batch, T new positions, S cache slots, E model width, H query heads,
 K key/value heads, D head dim.
 
-The variant, its options, the implementation and the RoPE theta are plain attributes: switching
-them at eval time (`set_attention`, `set_rope_theta`) changes no parameter. Only `ssmax` owns
+The variant, its options, the implementation and the RoPE theta and scaling are plain attributes: switching
+them at eval time (`set_attention`, `set_rope_theta`, `set_rope_scaling`) changes no parameter. Only `ssmax` owns
 parameters beyond the projections: a learnable per-head `s` (and optionally `b`, see `set_ssmax_s`).
 With `capture = True` the layer sows its rotated q and k (`nnx.Intermediate` "qk") for analysis.
 """
@@ -21,7 +21,7 @@ from freeatten_jax import attention
 from freeatten_jax.nn import sharding
 from freeatten_jax.nn.config import check_attention
 from freeatten_jax.nn.params import Init, param
-from freeatten_jax.nn.rope import apply_rope
+from freeatten_jax.nn.rope import NO_SCALING, Scaling, apply_rope
 
 default_init = jax.nn.initializers.normal(0.02)
 
@@ -99,6 +99,7 @@ class Attention(nnx.Module):
         implementation_options: dict[str, Any] | None = None,
         use_bias: bool = False,
         rope_theta: float = 10_000.0,
+        rope_scaling: Scaling = NO_SCALING,
         ssmax_s_init: float = 1.0,
         ssmax_bias: bool = False,
         ssmax_learn_s: bool = True,
@@ -113,7 +114,7 @@ class Attention(nnx.Module):
             raise ValueError(f"num_heads {num_heads} must be a multiple of num_kv_heads {num_kv_heads}")
         e, h, k, d = d_model, num_heads, num_kv_heads, head_dim
         self.num_kv_heads, self.head_dim = k, d
-        self.dtype, self.rope_theta = dtype, float(rope_theta)
+        self.dtype, self.rope_theta, self.rope_scaling = dtype, float(rope_theta), rope_scaling
         self.implementation, self.implementation_options = implementation, tuple[tuple[str, Any], ...]()
         self.set_implementation(implementation, **(implementation_options or {}))
         self.wq_EHD = param(rngs.params(), kernel_init, (e, h, d), ("embed", "heads", "head_dim"), param_dtype)
@@ -142,6 +143,10 @@ class Attention(nnx.Module):
     def set_rope_theta(self, theta: float) -> None:
         """Eval-time RoPE base (e.g. 50x the training theta, as in the SSMax paper)."""
         self.rope_theta = float(theta)
+
+    def set_rope_scaling(self, scaling: Scaling) -> None:
+        """Eval-time RoPE frequency scaling (e.g. linear by 4: positions read as a quarter of their value)."""
+        self.rope_scaling = scaling
 
     def set_ssmax_s(self, s: float) -> None:
         """Overrides the learned SSMax s of every head (an eval-time switch)."""
@@ -217,7 +222,8 @@ class Attention(nnx.Module):
             q_BTHD += self.biases["q_HD"][...].astype(self.dtype)
             k_BTKD += self.biases["k_KD"][...].astype(self.dtype)
             v_BTKD += self.biases["v_KD"][...].astype(self.dtype)
-        return apply_rope(q_BTHD, positions_BT, self.rope_theta), apply_rope(k_BTKD, positions_BT, self.rope_theta), v_BTKD
+        rotate = lambda x_BTND: apply_rope(x_BTND, positions_BT, self.rope_theta, self.rope_scaling)
+        return rotate(q_BTHD), rotate(k_BTKD), v_BTKD
 
     def variant_options(self) -> dict[str, Any]:
         """The variant's options as `attention.attend` takes them, the learned SSMax s (and b) included."""

@@ -12,7 +12,8 @@ import numpy as np
 
 from freeatten_jax import attention
 from freeatten_jax.errors import ConfigError
-from freeatten_jax.schema import BOOL, POSITIVE, integer, number, one_of, option, optional, validate
+from freeatten_jax.nn.rope import SCALINGS, Scaling
+from freeatten_jax.schema import BOOL, FINITE_POSITIVE, POSITIVE, integer, number, one_of, option, optional, validate
 
 DTYPES = (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16))
 LEARNED_OPTIONS = ("s", "b")  # ssmax options held as parameters, never passed by the user
@@ -84,6 +85,22 @@ class ModelConfig:
     dtype: DType = option(jnp.float32, help="compute dtype", check=_DTYPE)
     param_dtype: DType = option(jnp.float32, help="parameter dtype", check=_DTYPE)
     rope_theta: float = option(10_000.0, help="RoPE base", check=POSITIVE)
+    rope_scaling: str = option(
+        "none",
+        help="RoPE frequency scaling (Hugging Face's rope_type): none; linear (every frequency / rope_factor); llama3 "
+        "(Llama 3.1's: long wavelengths / rope_factor, short ones kept, a blend between)",
+        check=one_of(tuple(SCALINGS)),
+    )
+    rope_factor: float = option(1.0, help="linear, llama3: the factor frequencies are divided by", check=FINITE_POSITIVE)
+    rope_low_freq_factor: float = option(
+        1.0, help="llama3: wavelengths above rope_original_len / this are divided by rope_factor", check=FINITE_POSITIVE
+    )
+    rope_high_freq_factor: float = option(
+        4.0, help="llama3: wavelengths below rope_original_len / this are kept (> rope_low_freq_factor)", check=FINITE_POSITIVE
+    )
+    rope_original_len: int = option(
+        8192, help="llama3: the context length before scaling (original_max_position_embeddings)", check=integer(1)
+    )
     ssmax_s_init: float | None = option(
         None,
         help="SSMax's initial s; None: 1/log(max_len), so s log N_i starts at 1 at the training length",
@@ -103,6 +120,11 @@ class ModelConfig:
             raise ConfigError(f"model.num_kv_heads={self.num_kv_heads} must divide num_heads={self.num_heads}")
         if self.d_model % self.num_heads or (self.d_model // self.num_heads) % 2:
             raise ConfigError(f"model.d_model={self.d_model} must split into num_heads={self.num_heads} even head dims")
+        if self.rope_scaling == "llama3" and self.rope_high_freq_factor <= self.rope_low_freq_factor:
+            raise ConfigError(
+                f"model.rope_high_freq_factor={self.rope_high_freq_factor} must exceed "
+                f"model.rope_low_freq_factor={self.rope_low_freq_factor} (llama3 blends between them)"
+            )
         check_attention(self.attention, self.attention_options, self.num_heads)
         for field in ("dtype", "param_dtype"):  # names ("bfloat16") or dtypes in, numpy dtypes stored
             object.__setattr__(self, field, jnp.dtype(getattr(self, field)))
@@ -120,6 +142,13 @@ class ModelConfig:
         if dict(self.attention_options).get("temperature_length") is not None:
             return f"{self.attention}_fixed"
         return self.attention
+
+    @property
+    def rope_frequency_scaling(self) -> Scaling:
+        """The rope_* fields as the RoPE frequency scaling every attention layer applies."""
+        return Scaling(
+            self.rope_scaling, self.rope_factor, self.rope_low_freq_factor, self.rope_high_freq_factor, self.rope_original_len
+        )
 
     @property
     def initial_ssmax_s(self) -> float:

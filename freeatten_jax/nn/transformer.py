@@ -17,6 +17,7 @@ from freeatten_jax.nn import sharding
 from freeatten_jax.nn.attention_layer import Attention, KVCache, default_init
 from freeatten_jax.nn.config import ModelConfig
 from freeatten_jax.nn.params import param
+from freeatten_jax.nn.rope import Scaling
 
 REMAT_POLICIES = {  # "none": blocks are not wrapped in a remat at all
     "dots": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
@@ -113,6 +114,7 @@ class Block(nnx.Module):
             implementation=cfg.implementation,
             use_bias=cfg.use_bias,
             rope_theta=cfg.rope_theta,
+            rope_scaling=cfg.rope_frequency_scaling,
             ssmax_s_init=cfg.initial_ssmax_s,
             ssmax_bias=cfg.ssmax_bias,
             ssmax_learn_s=cfg.ssmax_learn_s,
@@ -207,6 +209,11 @@ class Transformer(nnx.Module):
         """Eval-time RoPE base override (e.g. 50x the training theta, as in the SSMax paper)."""
         for layer in self.attention_layers:
             layer.set_rope_theta(theta)
+
+    def set_rope_scaling(self, scaling: Scaling) -> None:
+        """Eval-time RoPE frequency scaling in every layer (rope.Scaling: e.g. linear by 4), the base kept."""
+        for layer in self.attention_layers:
+            layer.set_rope_scaling(scaling)
 
     def set_ssmax_s(self, s: float) -> None:
         """Eval-time override of the learned SSMax s in every layer and head (ssmax models only)."""

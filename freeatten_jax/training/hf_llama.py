@@ -1,12 +1,15 @@
-"""Hugging Face Llama-family checkpoints (Llama 2/3 without rope scaling, SmolLM/SmolLM2, TinyLlama, Mistral without a
-sliding window) read without torch: config.json as a `ModelConfig`, model.safetensors (or its shards and their index)
-as this project's parameters, tokenizer.json as the run's tokenizer.
+"""Hugging Face Llama-family checkpoints (Llama 2, 3 and 3.1+, SmolLM/SmolLM2, TinyLlama, Mistral without a sliding
+window) read without torch: config.json as a `ModelConfig`, model.safetensors (or its shards and their index) as this
+project's parameters, tokenizer.json as the run's tokenizer.
 
 Glossary: E hidden_size, H heads, K kv heads, D head dim, F intermediate_size, V vocabulary.
 The Hub stores torch Linear weights [out, in]; ours are [in, ...]: q_proj [H*D, E] -> wq_EHD, k/v_proj [K*D, E] ->
 wk/wv_EKD, o_proj [E, H*D] -> wo_HDE, gate_proj [F, E] -> w_in_EF (SiLU's input), up_proj [F, E] -> w_gate_EF,
 down_proj [E, F] -> w_out_FE, lm_head [V, E] -> unembed_EV. Llama's RoPE rotates the halves of each head
 (pairs f, f + D/2) by position * theta^(-2f/D), as nn.rope does, so q and k are copied without a permutation.
+config.json's RoPE is read as transformers 5 reads it, in either layout: transformers 5 writes `rope_parameters` (a dict
+of rope_theta, rope_type and the scaling's fields), transformers 4 `rope_theta` and `rope_scaling` (the fields, with
+rope_type or its older name type). The scalings nn.rope implements (ROPE_TYPES) are imported; any other is refused.
 """
 
 import dataclasses
@@ -22,12 +25,39 @@ from freeatten_jax.nn.config import ModelConfig
 ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "llama", "mistral")  # config.json's, else its model_type
 SINGLE_FILE, INDEX_FILE = "model.safetensors", "model.safetensors.index.json"
 MARKERS = ("config.json", SINGLE_FILE, INDEX_FILE)  # a folder holding any of them is a Hub folder, not a run
-IGNORED = (".rotary_emb.inv_freq",)  # buffers some older checkpoints saved: recomputed from rope_theta
+IGNORED = (".rotary_emb.inv_freq",)  # buffers some older checkpoints saved: recomputed from the RoPE settings
 # Hugging Face defaults (LlamaConfig's) of the keys a config.json may leave out
-DEFAULTS = {"rms_norm_eps": 1e-6, "rope_theta": 10_000.0, "tie_word_embeddings": False, "hidden_act": "silu"}
+DEFAULTS = {
+    "rms_norm_eps": 1e-6,
+    "rope_theta": 10_000.0,
+    "tie_word_embeddings": False,
+    "hidden_act": "silu",
+    "max_position_embeddings": 2048,
+}
+# Hugging Face's rope_type -> (model.rope_scaling, {each field it needs: the ModelConfig field that takes it})
+ROPE_TYPES = {
+    "default": ("none", {}),
+    "linear": ("linear", {"factor": "rope_factor"}),
+    "llama3": (
+        "llama3",
+        {
+            "factor": "rope_factor",
+            "low_freq_factor": "rope_low_freq_factor",
+            "high_freq_factor": "rope_high_freq_factor",
+            "original_max_position_embeddings": "rope_original_len",
+        },
+    ),
+}
 # What this import does not implement: (config.json -> True when present, what it is); the first that holds is the error.
 UNSUPPORTED = (
-    (lambda c: c.get("rope_scaling") is not None, lambda c: f"rope_scaling {c['rope_scaling']} (RoPE scaling)"),
+    (
+        lambda c: c["rope_parameters"]["rope_type"] not in ROPE_TYPES,
+        lambda c: f"rope_type {c['rope_parameters']['rope_type']!r} (RoPE scaling other than {', '.join(ROPE_TYPES)})",
+    ),
+    (
+        lambda c: c["rope_parameters"].get("partial_rotary_factor", c.get("partial_rotary_factor", 1.0)) != 1.0,
+        lambda c: "partial_rotary_factor other than 1 (RoPE on part of each head)",
+    ),
     (lambda c: c.get("sliding_window") is not None, lambda c: f"sliding_window={c['sliding_window']} (windowed attention)"),
     (lambda c: bool(c.get("attention_bias")), lambda c: "attention_bias=true (biases in q/k/v/o)"),
     (lambda c: bool(c.get("mlp_bias")), lambda c: "mlp_bias=true (biases in the MLP)"),
@@ -53,12 +83,26 @@ class Tensor:
     to_ours: Callable[[np.ndarray], np.ndarray]
 
 
+def rope_parameters(hub: dict) -> dict:
+    """config.json's RoPE as transformers 5 reads it, from either layout: `rope_scaling` (4) if set, else
+    `rope_parameters` (5), with rope_theta (else the top-level one), rope_type (else its older name type, else default)
+    and llama3's original_max_position_embeddings (else max_position_embeddings) filled in."""
+    rope = dict(hub.get("rope_scaling") or hub.get("rope_parameters") or {})
+    rope.setdefault("rope_theta", hub["rope_theta"])
+    rope.setdefault("rope_type", rope.get("type", "default"))
+    if rope["rope_type"] == "llama3":
+        rope.setdefault("original_max_position_embeddings", hub["max_position_embeddings"])
+    return rope
+
+
 def read_config(folder) -> dict:
-    """config.json with LlamaConfig's defaults filled in; an unsupported architecture or feature is a HubError."""
+    """config.json with LlamaConfig's defaults filled in and its RoPE as `rope_parameters` (in transformers 5's layout,
+    whichever it was written in); an unsupported architecture or feature is a HubError."""
     path = pathlib.Path(folder).expanduser() / "config.json"
     if not path.is_file():
         raise HubError(f"{path} not found: a Hugging Face model folder has config.json and model.safetensors")
     hub = {**DEFAULTS, **json.loads(path.read_text())}
+    hub["rope_parameters"] = rope_parameters(hub)
     architectures = hub.get("architectures") or [hub.get("model_type", "none")]
     if architectures[0] not in ARCHITECTURES:
         raise HubError(f"{path}: architecture {architectures[0]!r} is not supported; supported: {', '.join(ARCHITECTURES)}")
@@ -67,7 +111,20 @@ def read_config(folder) -> dict:
     for unsupported, what in UNSUPPORTED:
         if unsupported(hub):
             raise HubError(f"{path}: {what(hub)} is not supported by this import")
+    rope = hub["rope_parameters"]
+    if missing := [name for name in ROPE_TYPES[rope["rope_type"]][1] if name not in rope]:
+        raise HubError(f"{path}: RoPE scaling {rope['rope_type']!r} lacks {missing[0]!r}")
     return hub
+
+
+def rope_fields(rope: dict) -> dict:
+    """The ModelConfig's rope_* fields of a `rope_parameters` dict (as `rope_parameters` returns it)."""
+    kind, fields = ROPE_TYPES[rope["rope_type"]]
+    return {
+        "rope_theta": float(rope["rope_theta"]),
+        "rope_scaling": kind,
+        **{ours: rope[theirs] for theirs, ours in fields.items()},
+    }
 
 
 def model_config(hub: dict, max_len: int) -> ModelConfig:
@@ -84,7 +141,7 @@ def model_config(hub: dict, max_len: int) -> ModelConfig:
         norm="rmsnorm",
         norm_eps=float(hub["rms_norm_eps"]),
         tie_embeddings=bool(hub["tie_word_embeddings"]),
-        rope_theta=float(hub["rope_theta"]),
+        **rope_fields(hub["rope_parameters"]),
     )
 
 
@@ -146,7 +203,7 @@ class Checkpoint:
     @property
     def training_length(self) -> int:
         """The length the model was trained for: max_position_embeddings (2048 when config.json gives none)."""
-        return int(self.hub.get("max_position_embeddings", 2048))
+        return int(self.hub["max_position_embeddings"])
 
     def load(self) -> dict[str, np.ndarray]:
         """Our parameter path -> array in our layout, in the stored dtype."""
@@ -167,7 +224,7 @@ def open_checkpoint(folder, max_len: int | None = None) -> Checkpoint:
     (default max_position_embeddings)."""
     folder = pathlib.Path(folder).expanduser()
     hub = read_config(folder)
-    model = model_config(hub, max_len or int(hub.get("max_position_embeddings", 2048)))
+    model = model_config(hub, max_len or int(hub["max_position_embeddings"]))
     tensors, files = layout(model), _files(folder)
     tied_head = ("lm_head.weight",) if model.tie_embeddings else ()
     if extra := sorted(n for n in files if n not in tensors and not n.endswith(IGNORED) and n not in tied_head):

@@ -38,6 +38,11 @@ ARCHITECTURE = (
     "tie_embeddings",
     "use_bias",
     "rope_theta",
+    "rope_scaling",
+    "rope_factor",
+    "rope_low_freq_factor",
+    "rope_high_freq_factor",
+    "rope_original_len",
     "dtype",
     "param_dtype",
 )
