@@ -37,6 +37,13 @@ def oracle(variant: str) -> tuple[str, ...]:
 
 
 BLOCK_EDGES = ("tests/test_block_edges.py",)
+HF_LLAMA_PY = "freeatten_jax/training/hf_llama.py"
+HF_IMPORT = "tests/test_hf_import.py"
+ROPE_READINGS = f"{HF_IMPORT}::test_config_jsons_rope_is_read_as_transformers_5_reads_it"
+BROKEN_HUB = f"{HF_IMPORT}::test_an_unsupported_or_broken_folder_is_one_error_line_and_writes_nothing"
+ROPE_PY = "freeatten_jax/nn/rope.py"
+ROPE_FREQUENCIES = "tests/test_attention_layer.py::test_rope_frequencies_follow_hugging_faces_definitions"
+SWITCHES = "tests/test_eval_metrics.py::test_each_switch_gives_the_model_it_names"
 EVAL = "tests/test_eval_metrics.py"
 FAULTS = "tests/test_faults.py"
 ROLLBACK_PY = "freeatten_jax/training/rollback.py"
@@ -1251,5 +1258,153 @@ MUTANTS = [
         'keys = args.block_k_dkv or block_k if kind == "dkv" else block_k',
         "keys = block_k",
         ("tests/test_kernel_budget.py::test_gpu_budget_of_a_smaller_dkv_key_block",),
+    ),
+    # --- Hugging Face import: RoPE in transformers 4's and 5's layouts, linear and llama3 scaling (issue 51)
+    Mutant(
+        "hf import: transformers 5's rope_parameters ignored (its base read as 10,000)",
+        HF_LLAMA_PY,
+        'rope = dict(hub.get("rope_scaling") or hub.get("rope_parameters") or {})',
+        'rope = dict(hub.get("rope_scaling") or {})',
+        (f"{HF_IMPORT}::test_a_rope_base_other_than_10000_is_imported[5]",),
+    ),
+    Mutant(
+        "hf import: rope_parameters over transformers 4's rope_scaling",
+        HF_LLAMA_PY,
+        'rope = dict(hub.get("rope_scaling") or hub.get("rope_parameters") or {})',
+        'rope = dict(hub.get("rope_parameters") or hub.get("rope_scaling") or {})',
+        (ROPE_READINGS,),
+    ),
+    Mutant(
+        "hf import: the top-level rope_theta over rope_parameters' own",
+        HF_LLAMA_PY,
+        'rope.setdefault("rope_theta", hub["rope_theta"])',
+        'rope["rope_theta"] = hub["rope_theta"]',
+        (f"{HF_IMPORT}::test_a_rope_base_other_than_10000_is_imported[5]",),
+    ),
+    Mutant(
+        "hf import: transformers 4's top-level rope_theta ignored",
+        HF_LLAMA_PY,
+        'rope.setdefault("rope_theta", hub["rope_theta"])',
+        'rope.setdefault("rope_theta", 10_000.0)',
+        (f"{HF_IMPORT}::test_a_rope_base_other_than_10000_is_imported[4]",),
+    ),
+    Mutant(
+        "hf import: rope_type's older name `type` ignored (a linear scaling imported as none)",
+        HF_LLAMA_PY,
+        'rope.setdefault("rope_type", rope.get("type", "default"))',
+        'rope.setdefault("rope_type", "default")',
+        (f"{HF_IMPORT}::test_rope_scaling_is_imported[linear]",),
+    ),
+    Mutant(
+        "hf import: llama3's length before scaling defaults to 8192, not max_position_embeddings",
+        HF_LLAMA_PY,
+        'rope.setdefault("original_max_position_embeddings", hub["max_position_embeddings"])',
+        'rope.setdefault("original_max_position_embeddings", 8192)',
+        (ROPE_READINGS,),
+    ),
+    Mutant(
+        "hf import: the scaling's fields not imported (factor 1)",
+        HF_LLAMA_PY,
+        "**{ours: rope[theirs] for theirs, ours in fields.items()},",
+        "",
+        (f"{HF_IMPORT}::test_rope_scaling_is_imported",),
+    ),
+    Mutant(
+        "hf import: an unsupported rope_type (yarn, dynamic) not refused",
+        HF_LLAMA_PY,
+        'lambda c: c["rope_parameters"]["rope_type"] not in ROPE_TYPES,',
+        "lambda c: False,",
+        (BROKEN_HUB, "-k", "yarn or dynamic"),
+    ),
+    Mutant(
+        "hf import: a scaling's missing field not named",
+        HF_LLAMA_PY,
+        'if missing := [name for name in ROPE_TYPES[rope["rope_type"]][1] if name not in rope]:',
+        "if missing := []:",
+        (BROKEN_HUB, "-k", "llama3"),
+    ),
+    Mutant(
+        "hf import: partial_rotary_factor accepted",
+        HF_LLAMA_PY,
+        'lambda c: c["rope_parameters"].get("partial_rotary_factor", c.get("partial_rotary_factor", 1.0)) != 1.0,',
+        "lambda c: False,",
+        (BROKEN_HUB, "-k", "partial"),
+    ),
+    Mutant(
+        "warm start: the source's RoPE scaling not taken (an imported Llama 3.1 unscaled)",
+        "freeatten_jax/training/warm_start.py",
+        '    "rope_scaling",\n',
+        "",
+        (f"{HF_IMPORT}::test_rope_scaling_is_imported",),
+    ),
+    Mutant(
+        "rope: linear leaves the frequencies as they are",
+        ROPE_PY,
+        "return freq_F / scaling.factor",
+        "return freq_F",
+        (f"{ROPE_FREQUENCIES}[linear]",),
+    ),
+    Mutant(
+        "rope: llama3's blend reversed",
+        ROPE_PY,
+        "return (1 - kept_F) * freq_F / scaling.factor + kept_F * freq_F",
+        "return kept_F * freq_F / scaling.factor + (1 - kept_F) * freq_F",
+        (f"{ROPE_FREQUENCIES}[llama3]",),
+    ),
+    Mutant(
+        "rope: llama3's blend weight unclipped (the kept and the divided bands extrapolated)",
+        ROPE_PY,
+        "kept_F = jnp.clip(kept_F, 0.0, 1.0)",
+        "kept_F = kept_F",
+        (f"{ROPE_FREQUENCIES}[llama3]",),
+    ),
+    Mutant(
+        "rope: llama3's bands by the period over 2 pi, not the wavelength",
+        ROPE_PY,
+        "wavelength_F = 2 * jnp.pi / freq_F",
+        "wavelength_F = 1 / freq_F",
+        (f"{ROPE_FREQUENCIES}[llama3]",),
+    ),
+    Mutant(
+        "rope: an unknown scaling accepted",
+        ROPE_PY,
+        "if self.kind not in SCALINGS:",
+        "if False:",
+        ("tests/test_attention_layer.py::test_an_unknown_rope_scaling_is_refused_naming_it",),
+    ),
+    Mutant(
+        "attention layer: RoPE scaling not applied",
+        "freeatten_jax/nn/attention_layer.py",
+        "apply_rope(x_BTND, positions_BT, self.rope_theta, self.rope_scaling)",
+        "apply_rope(x_BTND, positions_BT, self.rope_theta)",
+        (SWITCHES, "-k", "rope_linear"),
+    ),
+    Mutant(
+        "transformer: the config's RoPE scaling not passed to the layers",
+        "freeatten_jax/nn/transformer.py",
+        "rope_scaling=cfg.rope_frequency_scaling,",
+        "",
+        (f"{HF_IMPORT}::test_rope_scaling_is_imported",),
+    ),
+    Mutant(
+        "config: llama3 with high_freq_factor <= low_freq_factor accepted (a division by zero)",
+        "freeatten_jax/nn/config.py",
+        'if self.rope_scaling == "llama3" and self.rope_high_freq_factor <= self.rope_low_freq_factor:',
+        "if False:",
+        ("tests/test_config.py::test_llama3_rope_scaling_needs_a_high_freq_factor_above_the_low_one",),
+    ),
+    Mutant(
+        "switch rope_linear applies llama3",
+        "freeatten_jax/evaluation/switches.py",
+        '"rope_linear": _rope_scaling("linear"),',
+        '"rope_linear": _rope_scaling("llama3"),',
+        (SWITCHES, "-k", "rope_linear"),
+    ),
+    Mutant(
+        "switch rope_llama3: the length before scaling Llama 3.1's 8192, not the trained length",
+        "freeatten_jax/evaluation/switches.py",
+        "Scaling(kind, float(value), original_len=cfg.model.max_len)",
+        "Scaling(kind, float(value))",
+        (SWITCHES, "-k", "rope_llama3"),
     ),
 ]
