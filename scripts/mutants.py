@@ -1387,11 +1387,25 @@ MUTANTS = [
         (f"{HF_IMPORT}::test_rope_scaling_is_imported",),
     ),
     Mutant(
+        "config: llama3's length before scaling not passed to the layers (Llama 3.1's 8192)",
+        "freeatten_jax/nn/config.py",
+        "self.rope_high_freq_factor, self.rope_original_len\n",
+        "self.rope_high_freq_factor\n",
+        (f"{HF_IMPORT}::test_rope_scaling_is_imported[llama3]",),
+    ),
+    Mutant(
         "config: llama3 with high_freq_factor <= low_freq_factor accepted (a division by zero)",
         "freeatten_jax/nn/config.py",
         'if self.rope_scaling == "llama3" and self.rope_high_freq_factor <= self.rope_low_freq_factor:',
         "if False:",
         ("tests/test_config.py::test_llama3_rope_scaling_needs_a_high_freq_factor_above_the_low_one",),
+    ),
+    Mutant(
+        "freeatten-eval: a RoPE scaling switch by 0 accepted",
+        "freeatten_jax/cli/evaluate.py",
+        '_FACTOR = (lambda v: math.isfinite(float(v)) and float(v) > 0, "a finite number > 0")',
+        '_FACTOR = (lambda v: True, "a finite number > 0")',
+        ("tests/test_faults.py::test_bad_eval_or_generate_input_is_one_error_line", "-k", "rope_linear"),
     ),
     Mutant(
         "switch rope_linear applies llama3",

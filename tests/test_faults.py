@@ -854,6 +854,11 @@ BAD_EVAL = {  # (main, arguments, what the line must contain); {run} is a copy o
         "--switch=p=-3 is invalid: p=-3; allowed: a number > 0 or off",
     ),
     "switch rope_theta=0x": (eval_cli.main, ["--workdir={run}", "--switch=rope_theta=0x"], "--switch=rope_theta=0x is invalid"),
+    "switch rope_linear=0": (
+        eval_cli.main,
+        ["--workdir={run}", "--switch=rope_linear=0"],
+        "--switch=rope_linear=0 is invalid: rope_linear=0; allowed: a finite number > 0",
+    ),
     "switch q=1": (eval_cli.main, ["--workdir={run}", "--switch=q=1"], "--switch=q=1 is invalid: unknown switch 'q'"),
     "implementation fast": (
         eval_cli.main,
