@@ -211,10 +211,11 @@ def _fwd_bwd_flops(t: int, sizes: Sizes, documents: int = 1) -> float:
 
 
 def _kernel_rows(variants, split_variants, **options) -> list:
-    """(label, attend) rows of the Pallas kernels: each variant by default, then split_variants with split_matmuls."""
+    """(label, attend) rows of the Pallas kernels: each variant by default (split_matmuls=None: the variant's own
+    default), then split_variants with split_matmuls=True."""
     rows = []
-    for variant, split in [(v, False) for v in variants] + [(v, True) for v in split_variants]:
-        label = f"{variant}, pallas{', split_matmuls' * split}{''.join(f', {k}={x}' for k, x in options.items())}"
+    for variant, split in [(v, None) for v in variants] + [(v, True) for v in split_variants]:
+        label = f"{variant}, pallas{', split_matmuls' * bool(split)}{''.join(f', {k}={x}' for k, x in options.items())}"
         rows.append(
             (
                 label,

@@ -62,7 +62,7 @@ def fused_softmax(
 KERNEL_PLATFORMS = ("gpu", "tpu")
 
 
-def _by_size(q_BTHD, k_BSKD, mask: Mask, platform: str) -> str:
+def _unfused(q_BTHD, k_BSKD, mask: Mask, platform: str) -> str:
     """Rules 2 and 3: the reference when small, else the platform's kernels where they apply, else blockwise."""
     (b, t, h, d), s = q_BTHD.shape, k_BSKD.shape[1]
     if t * s <= REFERENCE_MAX_TS.get(platform, REFERENCE_MAX_TS["gpu"]) and b * h * t * s <= REFERENCE_MAX_SCORES:
@@ -79,7 +79,7 @@ def choose(q_BTHD, k_BSKD, *, variant: Variant, mask: Mask, platform: str | None
     fusable = variant.normalise == "softmax" and q_BTHD.dtype in _FUSED_DTYPES and mask.plain
     if platform == "gpu" and fusable and d <= 256 and d % 8 == 0:
         return "fused"
-    return _by_size(q_BTHD, k_BSKD, mask, platform)
+    return _unfused(q_BTHD, k_BSKD, mask, platform)
 
 
 def _traces(fn, *args, **kwargs) -> bool:
@@ -106,7 +106,7 @@ def attend(q_BTHD, k_BSKD, v_BSKD, *, variant: Variant, mask: Mask, opts, **unkn
     def pick(platform: str) -> str:
         choice = choose(q_BTHD, k_BSKD, variant=variant, mask=mask, platform=platform)
         if choice == "fused" and not _traces(fused_softmax, *args, **kwargs):
-            return _by_size(q_BTHD, k_BSKD, mask, platform)
+            return _unfused(q_BTHD, k_BSKD, mask, platform)
         return choice
 
     choices = {name: pick(platform) for name, platform in PLATFORMS.items()}

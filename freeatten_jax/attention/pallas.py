@@ -96,10 +96,10 @@ LOWERINGS = {  # TPU blocks: pallas_tpu.TUNING
     "interpret": Lowering(lambda family: (64, 64), 8, False, **_gpu(ptx=False, interpret=True)),
     "interpret_tpu": Lowering(lambda family: (64, 64), 8, False, **_tpu(interpret=True)),
 }
-INTERPRETED = {True: "interpret", "tpu": "interpret_tpu"}
+INTERPRETED = {True: "interpret", "tpu": "interpret_tpu"}  # the `interpret` option: which kernels interpret mode runs
 # Families whose kernels split their matmuls by default: the un-normalised rows (sigmoid) round a lone key's score
 # gradient once more than the reference, 2.9x its bfloat16 dq error at T = 128 without the split.
-SPLIT_BY_DEFAULT = frozenset({"none"})  # the `interpret` option: which kernels interpret mode runs
+SPLIT_BY_DEFAULT = frozenset({"none"})
 
 
 def _fit(block: int, length: int, lowering: Lowering) -> int:
