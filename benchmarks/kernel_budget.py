@@ -176,7 +176,7 @@ def classify(body):
 
 def budget(cubin: str, block_q: int, block_k: int, warps: int):
     """{"interior", "edge"}: per-score counts by class and tensor FLOP per score, summed over the kernel's
-    sweeps. Each sweep compiles to three loops in code order (pallas_kernels.sweep_spans): masked edge
+    sweeps. Each sweep compiles to three loops in code order (gpu.sweep_spans): masked edge
     blocks, the mask-free interior run, masked edge blocks; a kernel whose loops do not come in threes
     is reported whole, as "all". "spill" counts local-memory loads and stores (LDL, STL) per iteration."""
     found = loops(cubin)
@@ -208,12 +208,12 @@ def clocks(per_score, flop) -> float:
 def gpu_table(args, dump: str) -> None:
     """The H100 table: per kernel and sweep part, per-score counts by class and the bound."""
     from freeatten_jax import attention
-    from freeatten_jax.attention import pallas
+    from freeatten_jax.attention.pallas import core, gpu
 
     d = 128
     print(
-        f"H100 sm_90a, T={args.seq_len}, D={d}, bf16, causal, each family's default blocks (pallas.GPU_BLOCKS; dK/dV's "
-        f"key block {args.block_k_dkv or 'the key block'}), {pallas.TRITON_WARPS} warps; per score, the kernel's sweeps "
+        f"H100 sm_90a, T={args.seq_len}, D={d}, bf16, causal, each family's default blocks (gpu.GPU_BLOCKS; dK/dV's "
+        f"key block {args.block_k_dkv or 'the key block'}), {gpu.TRITON_WARPS} warps; per score, the kernel's sweeps "
         "summed; interior = mask-free blocks, edge = masked ones"
     )
     print(
@@ -223,7 +223,7 @@ def gpu_table(args, dump: str) -> None:
     print("|---|---|---|---|---|---|---|---|---|---|")
     for variant in args.variants.split(","):
         times, flops = collections.defaultdict(dict), collections.defaultdict(dict)
-        block_q, block_k = pallas.LOWERINGS["cuda"].blocks(attention.get_variant(variant).normalise)
+        block_q, block_k = core.LOWERINGS["cuda"].blocks(attention.get_variant(variant).normalise)
         for gradients in (True, False):  # training's kernels, then inference's forward (rules.output_only)
             before = set(glob.glob(os.path.join(dump, "*.ptx")))
             compile_kernels(variant, args.seq_len, dump, gradients, args.block_k_dkv)
@@ -271,7 +271,7 @@ def tpu_table(args, dump: str) -> None:
     per score and the bound (tpu_bundles)."""
     import jax
 
-    from freeatten_jax.attention import pallas_tpu
+    from freeatten_jax.attention.pallas import tpu as pallas_tpu
     from freeatten_jax.compile import compile_attention, targets
 
     topology, d = tpu_bundles.TOPOLOGY[args.target], 128

@@ -5,7 +5,7 @@ when asked through LIBTPU_INIT_ARGS (`--xla_jf_dump_to=DIR --xla_jf_dump_llo_tex
 imported): `*-freeatten_<family>_<kind>.*-final_bundles.txt`, one bundle a line, with `Start region N` /
 `End region N` markers. Each `pl.when` of a kernel is a region; the grid step's block work (one key block of
 one pass, or one query block in dK/dV) is a region holding `vmatmul`s and no region that holds one, and
-pallas_tpu emits them in pairs, masked then interior, per pass. A key block's interior path is the sum of the
+pallas/tpu.py emits them in pairs, masked then interior, per pass. A key block's interior path is the sum of the
 interior regions' bundles (every pass of LSSAR's forward visits each key block) plus, per grid step, the
 bundles of the step's body that no branch skips. The bound assumes one bundle a cycle and MACS_PER_CYCLE for
 the MXUs (peak bf16 FLOP/s / 2 / clock); it is a static upper bound (1.0 = the path could be MXU-bound), not a
@@ -166,7 +166,7 @@ def table_rows(variant: str, generation: str, budgets: dict, block_q: int, block
 
 def _causal_steps(variant: str, t: int, block_q: int, block_k: int) -> dict:
     """{kind: (full grid steps, folded steps)} a (batch row, head) under a plain causal mask of T = t."""
-    from freeatten_jax.attention import tpu_schedule
+    from freeatten_jax.attention.pallas import tpu_schedule
     from freeatten_jax.attention.rules import FAMILIES
     from freeatten_jax.attention.variants import VARIANTS
 
@@ -183,7 +183,7 @@ def _causal_steps(variant: str, t: int, block_q: int, block_k: int) -> dict:
 
 def grid_steps_table(variants, block_q: int, block_k: int, lengths=(8192, 32768, 131072)) -> str:
     """Grid steps a (batch row, head) under a plain causal mask: every block pair (the full grid, which skips the
-    invisible ones' work but not their steps) against the folded schedule (freeatten_jax.attention.tpu_schedule)."""
+    invisible ones' work but not their steps) against the folded schedule (freeatten_jax.attention.pallas.tpu_schedule)."""
     lines = [
         f"\nGrid steps a (batch row, head; dK/dV: a kv head, times G), plain causal mask, blocks {block_q} x {block_k}: "
         "full grid -> folded schedule",

@@ -15,7 +15,7 @@ import pytest
 from helpers import TOLERANCE, assert_close, compare, inputs, jit_call, key, variant_params
 
 from freeatten_jax import attention
-from freeatten_jax.attention import auto, blockwise, reference
+from freeatten_jax.attention import auto, block_plan, blockwise, reference
 
 BLOCKS = dict(block_q=16, block_k=8)  # several blocks, and lengths below are not multiples of them
 BLOCKWISE = dict(implementation="blockwise", **BLOCKS)
@@ -131,7 +131,7 @@ def test_block_skipping_is_conservative(causal):
         kv_mask=jax.random.bernoulli(keys[3], 0.8, (2, 60)),
         window=20,
     )
-    maybe_IJ = jit_call(lambda mask: blockwise.make_plan(mask, blockwise.count_visible(mask, 8)[0], 8, 8, 1).maybe_IJ, mask)
+    maybe_IJ = jit_call(lambda mask: blockwise.make_plan(mask, block_plan.count_visible(mask, 8)[0], 8, 8, 1).maybe_IJ, mask)
     visible_TS = np.pad(np.any(mask.visible(), axis=(0, 1)), ((0, 6), (0, 4)))
     visible_IJ = visible_TS.reshape(7, 8, 8, 8).any(axis=(1, 3))
     assert not np.any(visible_IJ & ~np.asarray(maybe_IJ))
@@ -143,7 +143,7 @@ def test_count_visible_and_block_skipping():
     segments = jnp.array([[0] * 25 + [1] * 15] * 2)
     mask = attention.make_mask(2, 40, 40, q_segment_ids=segments, kv_mask=jnp.arange(40) < 37, window=30)
     np.testing.assert_array_equal(
-        jit_call(lambda mask: blockwise.count_visible(mask, 8)[0], mask), jnp.sum(mask.visible(), axis=-1)
+        jit_call(lambda mask: block_plan.count_visible(mask, 8)[0], mask), jnp.sum(mask.visible(), axis=-1)
     )
     plain = attention.make_mask(1, 64, 64)
     maybe_IJ = jit_call(lambda mask: blockwise.make_plan(mask, jnp.zeros((1, 1, 64), jnp.int32), 16, 16, 1).maybe_IJ, plain)
@@ -193,8 +193,8 @@ def test_auto_rule():
     assert choose(large_bf16, "softmax", "cpu") == choose(large_bf16, "lssar", "cpu") == "blockwise"
     q = jnp.zeros((1, 8, 2, 8), jnp.bfloat16)
     fused = dict(variant=variants["softmax"], mask=attention.make_mask(1, 8, 8), opts={})
-    assert auto._traces(auto.fused_softmax, q, q, q, implementation="xla", **fused)
-    assert not auto._traces(auto.fused_softmax, q, q, q, implementation="cudnn", **fused)  # no cuDNN here: rule 2
+    assert auto.traces(auto.fused_softmax, q, q, q, implementation="xla", **fused)
+    assert not auto.traces(auto.fused_softmax, q, q, q, implementation="cudnn", **fused)  # no cuDNN here: rule 2
 
 
 @pytest.mark.parametrize("causal", [True, False])

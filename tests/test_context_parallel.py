@@ -17,7 +17,7 @@ from helpers import TOLERANCE, assert_close, inputs, jit_call, key, variant_para
 from jax.sharding import PartitionSpec as P
 
 from freeatten_jax import attention
-from freeatten_jax.attention import context_parallel
+from freeatten_jax.attention import blockwise, context_parallel, ring_mask
 
 BLOCKS = dict(block_q=4, block_k=4)  # several blocks per device, and blocks straddling zig-zag chunks
 ALL = list(attention.VARIANTS)
@@ -219,8 +219,9 @@ def _block_pairs_per_device(t, size, block):
 
     def local(mask):
         mask = jax.tree.map(functools.partial(context_parallel.to_zigzag, axis_name="context", size=size), mask)
-        ring = context_parallel.ring.Ring.around(mask, mask.q_positions[:, None], "context", size)  # N_i plays no part here
-        return sum(jnp.sum(ring.plan(step, block, block, 1).maybe_IJ) for step in range(size))[None]
+        ring = ring_mask.Ring.around(mask, mask.q_positions[:, None], "context", size)  # N_i plays no part here
+        plans = [blockwise.make_plan(ring.mask_at(step), ring.n_BHT, block, block, 1) for step in range(size)]
+        return sum(jnp.sum(plan.maybe_IJ) for plan in plans)[None]
 
     shard = jax.shard_map(local, mesh=_mesh(context=size), in_specs=P(None, "context"), out_specs=P("context"), check_vma=False)
     return np.asarray(jax.jit(shard)(attention.make_mask(1, t, t)))

@@ -98,7 +98,7 @@ def test_gpu_budget_keeps_the_lssa_kernels_fused():
     rounded once, FlashAttention's contract), one exp2 per score, and limits that fail if the weighted sums stop
     accumulating in the matmul (+4 float32 adds a score) or exp2 takes Triton's subnormal-safe form again (+3
     instructions a score); LSSAR's forward at 8·D (QKᵀ twice, two passes), 6·D without a gradient (no y), and its
-    default 64 x 32 blocks (pallas.GPU_BLOCKS, from the device check) spill nothing in dq and dK/dV."""
+    default 64 x 32 blocks (gpu.GPU_BLOCKS, from the device check) spill nothing in dq and dK/dV."""
     table = budget_table("--variants", "lssa,lssar", "--seq_len", "1024")
     fwd, dq, dkv = (table[f"lssa {kind} interior"] for kind in ("fwd", "dq", "dkv"))
     assert [int(x[0]) for x in (fwd, dq, dkv)] == [4 * 128, 6 * 128, 8 * 128]

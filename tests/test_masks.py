@@ -14,7 +14,7 @@ import pytest
 from helpers import assert_close, inputs, jit_call, key, variant_params
 
 from freeatten_jax import attention
-from freeatten_jax.attention import blockwise
+from freeatten_jax.attention import block_plan, blockwise
 
 VARIANTS = list(attention.VARIANTS)
 IMPLEMENTATIONS = {"reference": {}, "blockwise": dict(block_q=8, block_k=8)}
@@ -271,7 +271,7 @@ def test_dense_mask_skips_empty_blocks():
     document_T = jnp.arange(32) // 16
     dense_11TS = (document_T[:, None] == document_T[None, :])[None, None]
     mask = attention.make_mask(1, 32, 32, causal=False, mask=dense_11TS)
-    maybe_IJ = jit_call(lambda mask: blockwise.make_plan(mask, blockwise.count_visible(mask, 8)[0], 8, 8, 2).maybe_IJ, mask)
+    maybe_IJ = jit_call(lambda mask: blockwise.make_plan(mask, block_plan.count_visible(mask, 8)[0], 8, 8, 2).maybe_IJ, mask)
     np.testing.assert_array_equal(maybe_IJ, np.kron(np.eye(2, dtype=bool), np.ones((2, 2), bool)))
     attend = functools.partial(attention.attend, variant="lssa", causal=False, mask=dense_11TS)
     outs = jit_call(

@@ -31,7 +31,8 @@ from helpers import (
 )
 
 from freeatten_jax import attention
-from freeatten_jax.attention import pallas_plan, rules
+from freeatten_jax.attention import rules
+from freeatten_jax.attention.pallas import plan as pallas_plan
 
 TOLERANCE = {jnp.float32: 1e-4, jnp.bfloat16: 5e-2}
 PALLAS = dict(implementation="pallas", interpret=INTERPRET, block_q=16, block_k=8)  # several blocks, ragged tails

@@ -12,8 +12,9 @@ import pytest
 from helpers import walk_eqns
 
 from freeatten_jax import attention
-from freeatten_jax.attention import pallas_plan, tpu_schedule
 from freeatten_jax.attention.arguments import make_mask
+from freeatten_jax.attention.pallas import plan as pallas_plan
+from freeatten_jax.attention.pallas import tpu_schedule
 
 GEOMETRIES = [(37, 16, 8), (40, 8, 16), (8192, 512, 512), (1000, 256, 128)]  # (T, Q, C)
 

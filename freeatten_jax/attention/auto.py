@@ -14,8 +14,8 @@ Glossary: B batch, T queries, S keys, H heads, K kv heads, D head dim. The rule,
    (a dense `mask`, a head dim that is not a power of two from 16) and on the CPU (where the kernels
    would run in interpret mode). On TPU softmax and ssmax also run our Mosaic kernels: JAX's splash attention
    is not compared with them yet (unmeasured).
-Where the platforms' choices differ, jax.lax.platform_dependent decides, so lowering for another platform
-(`lowering_platforms=`, or a compile for a chip from this machine) gets that platform's choice.
+Where the platforms' choices differ, platforms.platform_dependent decides while tracing, so lowering for another
+platform (`lowering_platforms=`, or a compile for a chip from this machine) gets that platform's choice.
 """
 
 import functools
@@ -25,6 +25,7 @@ import jax
 import jax.numpy as jnp
 
 from freeatten_jax.attention import blockwise, pallas, reference
+from freeatten_jax.attention.platforms import KINDS, platform_dependent
 from freeatten_jax.attention.variants import Mask, Variant
 
 # Largest T·S for which the reference is chosen. CPU: measured (benchmarks/RESULTS.md): in the tiny
@@ -34,7 +35,6 @@ from freeatten_jax.attention.variants import Mask, Variant
 # the materialised XLA path on H100, so the reference is kept up to 2048².
 REFERENCE_MAX_TS = {"cpu": 128 * 128, "gpu": 2048 * 2048, "tpu": 2048 * 2048}
 REFERENCE_MAX_SCORES = 2**30
-PLATFORMS = {"cpu": "cpu", "cuda": "gpu", "rocm": "gpu", "tpu": "tpu"}  # platform_dependent's names -> the rule's
 _FUSED_DTYPES = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
 
 
@@ -82,7 +82,7 @@ def choose(q_BTHD, k_BSKD, *, variant: Variant, mask: Mask, platform: str | None
     return _unfused(q_BTHD, k_BSKD, mask, platform)
 
 
-def _traces(fn, *args, **kwargs) -> bool:
+def traces(fn, *args, **kwargs) -> bool:
     """Whether fn traces for these shapes (cuDNN checks its own constraints, e.g. its version, then)."""
     try:
         jax.eval_shape(functools.partial(fn, **kwargs), *args)
@@ -104,14 +104,10 @@ def attend(q_BTHD, k_BSKD, v_BSKD, *, variant: Variant, mask: Mask, opts, **unkn
     }
 
     def pick(platform: str) -> str:
-        choice = choose(q_BTHD, k_BSKD, variant=variant, mask=mask, platform=platform)
-        if choice == "fused" and not _traces(fused_softmax, *args, **kwargs):
-            return _unfused(q_BTHD, k_BSKD, mask, platform)
+        kind = KINDS[platform]
+        choice = choose(q_BTHD, k_BSKD, variant=variant, mask=mask, platform=kind)
+        if choice == "fused" and not traces(fused_softmax, *args, **kwargs):
+            return _unfused(q_BTHD, k_BSKD, mask, kind)
         return choice
 
-    choices = {name: pick(platform) for name, platform in PLATFORMS.items()}
-    if len(set(choices.values())) == 1:
-        return implementations[choices["cpu"]](*args, **kwargs)
-    return jax.lax.platform_dependent(
-        *args, **{name: functools.partial(implementations[c], **kwargs) for name, c in choices.items()}
-    )
+    return platform_dependent(pick, lambda choice: functools.partial(implementations[choice], **kwargs), *args)

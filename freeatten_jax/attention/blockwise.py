@@ -6,7 +6,7 @@ key blocks that may be visible (a rule per normalise kind: rules.FAMILIES in blo
 each key block, stream the query blocks, recomputing scores; only the output and per-row
 statistics are saved. `prepare` runs outside the custom VJP, so autodiff carries its gradients.
 Public pieces (ring.py builds its ring attention from them): block_sizes, query_blocks, key_blocks,
-swap_last, count_visible, make_plan, block_scores, block_visible, take, forward, backward, make_core.
+swap_last, make_plan, block_scores, block_visible, take, forward, backward, make_core.
 """
 
 import dataclasses
@@ -40,41 +40,6 @@ class Plan(NamedTuple):
     q_end_J: jax.Array
 
 
-def _blocks(x_BL, size: int, fill) -> jax.Array:
-    """[B, L] -> [L / size, B, size], padding the tail with `fill` (None: repeat the last entry)."""
-    pad = -x_BL.shape[1] % size
-    mode = dict(mode="edge") if fill is None else dict(constant_values=fill)
-    x_BL = jnp.pad(x_BL, ((0, 0), (0, pad)), **mode)
-    return x_BL.reshape(x_BL.shape[0], -1, size).transpose(1, 0, 2)
-
-
-def _dense_blocks(dense_BHTS, size: int, q_size: int):
-    """[B, H, T, S] -> [J, B, H, T', C] (T' = T padded to a multiple of q_size), padded with False."""
-    if dense_BHTS is None:
-        return None
-    b, h, t, s = dense_BHTS.shape
-    dense_BHTS = jnp.pad(dense_BHTS, ((0, 0), (0, 0), (0, -t % q_size), (0, -s % size)))
-    return dense_BHTS.reshape(b, h, dense_BHTS.shape[2], -1, size).transpose(3, 0, 1, 2, 4)
-
-
-def _kv_mask_blocks(mask: Mask, size: int, q_size: int = 1) -> Mask:
-    """The key-side mask arrays as [J, B, C]; padding keys are invalid."""
-    return dataclasses.replace(
-        mask,
-        kv_positions=_blocks(mask.kv_positions, size, None),
-        kv_segment_ids=_blocks(mask.kv_segment_ids, size, None),
-        kv_valid=_blocks(mask.kv_valid, size, False),
-        dense=_dense_blocks(mask.dense, size, q_size),
-    )
-
-
-def _q_mask_blocks(mask: Mask, size: int) -> Mask:
-    """The query-side mask arrays as [I, B, Q]; padding queries repeat the last one."""
-    return dataclasses.replace(
-        mask, q_positions=_blocks(mask.q_positions, size, None), q_segment_ids=_blocks(mask.q_segment_ids, size, None)
-    )
-
-
 def _pair(q_mask: Mask, kv_mask: Mask, i, j) -> Mask:
     """The mask of query block i against key block j ([B, H or 1, Q, C] when visible() is called)."""
     size = q_mask.q_positions.shape[-1]
@@ -88,22 +53,6 @@ def _pair(q_mask: Mask, kv_mask: Mask, i, j) -> Mask:
         kv_valid=kv_mask.kv_valid[j],
         dense=dense,
     )
-
-
-def count_visible(mask: Mask, block_k: int):
-    """N_i = Σ_j M_ij as [B, H or 1, T] int32, and whether any query sees key j as [B, H or 1, S],
-    one key block at a time (never a T x S array unless the mask is dense)."""
-    kv_mask = _kv_mask_blocks(mask, block_k)
-
-    def add_block(n_BHT, kv_block):
-        visible_BHTC = dataclasses.replace(mask, **kv_block).visible()
-        return n_BHT + jnp.sum(visible_BHTC, axis=-1, dtype=jnp.int32), jnp.any(visible_BHTC, axis=2)
-
-    names = ("kv_positions", "kv_segment_ids", "kv_valid", "dense")
-    (b, t), heads = mask.q_positions.shape, 1 if mask.dense is None else mask.dense.shape[1]
-    n_BHT, seen_JBHC = jax.lax.scan(add_block, jnp.zeros((b, heads, t), jnp.int32), {n: getattr(kv_mask, n) for n in names})
-    seen_BHS = seen_JBHC.transpose(1, 2, 0, 3).reshape(b, heads, -1)[:, :, : mask.kv_positions.shape[1]]
-    return n_BHT, seen_BHS
 
 
 def _maybe_visible(q_mask: Mask, kv_mask: Mask) -> jax.Array:
@@ -136,7 +85,7 @@ def _split_heads(x, axis: int, kv_heads: int):
 
 def make_plan(mask: Mask, n_BHT, q_size: int, kv_size: int, kv_heads: int) -> Plan:
     """The Plan of the mask's queries in blocks of q_size against its keys in blocks of kv_size."""
-    q_mask, kv_mask = _q_mask_blocks(mask, q_size), _kv_mask_blocks(mask, kv_size, q_size)
+    q_mask, kv_mask = block_plan.q_mask_blocks(mask, q_size), block_plan.kv_mask_blocks(mask, kv_size, q_size)
     maybe_IJ = _maybe_visible(q_mask, kv_mask)
     b, h, t = n_BHT.shape
     n_IBHQ = jnp.pad(n_BHT, ((0, 0), (0, 0), (0, -t % q_size))).reshape(b, h, -1, q_size).transpose(2, 0, 1, 3)
@@ -235,7 +184,7 @@ def make_core(variant: Variant, opts, forward=forward, backward=backward):
     if kind == "reweight" and p is None:
         kind = "sum"  # re-weighting switched off: plain LSSA
     p_grad = kind == "reweight" and isinstance(p, jax.Array)  # a Python number is a constant
-    rule, cfg_static = RULES[kind], Config(weight=variant.weight, p=None, static_power=static_power(p), p_grad=p_grad)
+    rule, cfg_static = RULES[kind], Config(weight=variant.weight, p=None, static_power=rules.static_power(p), p_grad=p_grad)
     p_arg = jnp.asarray(0.0 if p is None else p, jnp.float32)
 
     output_rule = Rule(rules.output_only(rule.family))  # without a gradient: the output's passes alone
@@ -257,13 +206,6 @@ def make_core(variant: Variant, opts, forward=forward, backward=backward):
 
     core.defvjp(core_fwd, core_bwd)
     return lambda q_IBKGQD, kt_JBKDC, v_JBKCD, where: core(q_IBKGQD, kt_JBKDC, v_JBKCD, p_arg, where)
-
-
-def static_power(p):
-    """p as an int when it is a known whole number (an exact, cheap integer power), else None."""
-    if isinstance(p, (int, float)) and float(p).is_integer() and 1 <= p <= 64:
-        return int(p)
-    return None
 
 
 def block_sizes(q_len: int, kv_len: int, block_q=None, block_k=None) -> tuple[int, int]:
@@ -303,7 +245,7 @@ def attend(q_BTHD, k_BSKD, v_BSKD, *, variant: Variant, mask: Mask, opts, block_
         raise ValueError(f"unknown option(s) {sorted(unknown)}; implementation 'blockwise' takes block_q, block_k")
     (b, t, h, d), (s, kv_heads) = q_BTHD.shape, k_BSKD.shape[1:3]
     q_size, kv_size = block_sizes(t, s, block_q, block_k)
-    n_BHT, seen_BHS = count_visible(mask, kv_size)
+    n_BHT, seen_BHS = block_plan.count_visible(mask, kv_size)
     k_BSKD, v_BSKD = hide_unseen(k_BSKD, v_BSKD, seen_BHS)
     qp_BTHD, kp_BSKD = variant.prepare(q_BTHD, k_BSKD, n_BHT, opts)
     q_IBKGQD, kt_JBKDC = query_blocks(qp_BTHD, q_size, kv_heads), swap_last(key_blocks(kp_BSKD, kv_size))

@@ -6,7 +6,7 @@ arrays all-gathered (int32/bool, B·S each: tiny next to K/V), and which keys so
 keys and values are zeroed before any arithmetic, docs/method.md §8, as in blockwise); (2) the variant's factors
 of the scores (`variant.scales`) on the sharded arrays outside shard_map, so autodiff carries SSMax's s, b
 gradients as elsewhere; (3) in shard_map: reorder the sequence to zig-zag (device d holds chunks d and 2n-1-d,
-so every device does the same causal work), ring attention (the Pallas kernels, ring_kernels.py, or the
+so every device does the same causal work), ring attention (the Pallas kernels, pallas/ring.py, or the
 blockwise rules, ring.py), and back to the natural order.
 """
 
@@ -17,7 +17,10 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 
-from freeatten_jax.attention import arguments, blockwise, pallas, ring, ring_kernels
+from freeatten_jax.attention import arguments, block_plan, blockwise, mesh_axes, ring, ring_mask
+from freeatten_jax.attention.pallas import core as kernels
+from freeatten_jax.attention.pallas import ring as kernel_ring
+from freeatten_jax.attention.platforms import platform_dependent
 from freeatten_jax.attention.variants import hide_unseen
 
 STRATEGIES = ("ring", "gather")
@@ -57,8 +60,8 @@ def _count_visible(mask, *, axis_name: str, block_k: int):
     all-gathered), and whether any query of the batch row, on any device, sees each of this device's
     keys ([B, 1, S/n]: every device's verdicts on all keys, summed and scattered)."""
     gather = functools.partial(jax.lax.all_gather, axis_name=axis_name, axis=1, tiled=True)
-    full = dataclasses.replace(mask, **{name: gather(getattr(mask, name)) for name in ring.KV_FIELDS})
-    n_BHT, seen_BHS = blockwise.count_visible(full, block_k)
+    full = dataclasses.replace(mask, **{name: gather(getattr(mask, name)) for name in ring_mask.KV_FIELDS})
+    n_BHT, seen_BHS = block_plan.count_visible(full, block_k)
     seen_BHS = jax.lax.psum_scatter(seen_BHS.astype(jnp.int32), axis_name, scatter_dimension=2, tiled=True) > 0
     return n_BHT, seen_BHS
 
@@ -78,7 +81,7 @@ def _ring_attend(q_BTHD, k_BSKD, v_BSKD, qs_BTH1, ks_BSK1, p_1, mask, n_BHT, *, 
     natural order. gather: all-gather K/V (autodiff reduce-scatters dK/dV) and run a ring of one step instead."""
     zigzag = functools.partial(to_zigzag, axis_name=axis_name, size=size)
     q_BTHD, k_BSKD, v_BSKD, qs_BTH1, ks_BSK1, mask = jax.tree.map(zigzag, (q_BTHD, k_BSKD, v_BSKD, qs_BTH1, ks_BSK1, mask))
-    context = ring.Ring.around(mask, zigzag(n_BHT, axis=2), axis_name, size)
+    context = ring_mask.Ring.around(mask, zigzag(n_BHT, axis=2), axis_name, size)
     if gather:
         b = q_BTHD.shape[0]
         k_BSKD, v_BSKD, ks_BSK1 = (jax.lax.all_gather(x, axis_name, axis=1, tiled=True) for x in (k_BSKD, v_BSKD, ks_BSK1))
@@ -94,11 +97,14 @@ def _runs(spec, opts, cfg, implementation: str, interpret, blocks, kernel_blocks
     rules = functools.partial(_blockwise_ring, core=core, blocks=blocks, key_scale=cfg.key_scale)
     if implementation == "blockwise":
         return rules
-    kernels = lambda name: functools.partial(ring_kernels.attend, pallas.LOWERINGS[name], cfg, *kernel_blocks)  # noqa: E731
-    if interpret:
-        return kernels(pallas.INTERPRETED[interpret])
-    on_cpu = kernels("interpret") if implementation == "pallas" else rules
-    return lambda *args: jax.lax.platform_dependent(*args, cuda=kernels("cuda"), tpu=kernels("tpu"), cpu=on_cpu)
+    on_the_cpu = kernels.ON_THE_CPU if implementation == "pallas" else "blockwise"
+
+    def run(name: str):
+        if name == "blockwise":
+            return rules
+        return functools.partial(kernel_ring.attend, kernels.LOWERINGS[name], cfg, kernel_blocks)
+
+    return functools.partial(platform_dependent, kernels.choose_lowering(interpret, on_the_cpu), run)
 
 
 def context_parallel_attend(
@@ -146,15 +152,11 @@ def context_parallel_attend(
         raise ValueError(f"unknown strategy {strategy!r}; valid: {', '.join(STRATEGIES)}")
     if implementation not in IMPLEMENTATIONS:
         raise ValueError(f"unknown implementation {implementation!r}; valid: {', '.join(IMPLEMENTATIONS)}")
-    if interpret and interpret not in pallas.INTERPRETED:
-        raise ValueError(f"interpret must be False, True (the GPU kernels) or 'tpu' (the TPU kernels), got {interpret!r}")
+    kernels.check_interpret(interpret)
     size = mesh.shape[axis_name]
     for name, length in (("q_len", q.shape[1]), ("kv_len", k.shape[1])):
-        if length % (2 * size):
-            raise ValueError(
-                f"{name} {length} must be a multiple of 2 x the {axis_name!r} axis size ({2 * size}) "
-                "for zig-zag load balancing; pad it and hide the padding with kv_mask"
-            )
+        if error := mesh_axes.context_length_error(name, length, size, axis_name):
+            raise ValueError(f"{error}; pad it and hide the padding with kv_mask")
     blocks = blockwise.block_sizes(q.shape[1] // size, k.shape[1] // size, block_q, block_k)
     rows, tokens = P(batch_axis, axis_name), P(batch_axis, axis_name, head_axis, None)
     counts = P(batch_axis, None, axis_name)  # [B, 1, T] and [B, 1, S]
@@ -166,8 +168,8 @@ def context_parallel_attend(
     n_BHT, seen_BHS = shard(count, in_specs=(rows,), out_specs=(counts, counts))(mask)
     k, v = hide_unseen(k, v, seen_BHS)  # docs/method.md §8: NaN/Inf in keys no query sees reach nothing
     # the variant's factors outside shard_map, so autodiff carries their gradients (e.g. to SSMax's s, b)
-    cfg, args = pallas.kernel_arguments(spec, mask, opts, q, k, v, n_BHT, split_matmuls)
-    run = _runs(spec, opts, cfg, IMPLEMENTATIONS[implementation], interpret, blocks, (block_q, block_k))
+    cfg, args = kernels.kernel_arguments(spec, mask, opts, q, k, v, n_BHT, split_matmuls)
+    run = _runs(spec, opts, cfg, IMPLEMENTATIONS[implementation], interpret, blocks, (block_q, block_k, None))
     local = functools.partial(_ring_attend, run=run, axis_name=axis_name, size=size, gather=strategy == "gather")
     local = shard(local, in_specs=(tokens,) * 5 + (P(), rows, counts), out_specs=tokens)
     return local(*args, mask, n_BHT)

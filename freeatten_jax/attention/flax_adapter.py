@@ -10,7 +10,8 @@ import math
 import jax
 import jax.numpy as jnp
 
-from freeatten_jax import attention
+from freeatten_jax.attention import api
+from freeatten_jax.attention.variants import get_variant
 
 
 def _dense_mask(mask, batch: tuple[int, ...], t: int, s: int) -> jax.Array:
@@ -29,7 +30,7 @@ def flax_attention_fn(variant: str, **options):
     Flax's `mask` and `is_causal` (causal from the first key, as in Flax) define M. An additive
     `bias` is honoured for softmax only (through jax.nn.dot_product_attention); attention dropout,
     sown weights and custom einsums are refused. Math is float32 whatever `precision` says."""
-    attention.get_variant(variant)
+    get_variant(variant)
     given_mask = sorted(set(options) & {"causal", "mask", "q_positions", "kv_positions", "q_offset", "kv_mask"})
     if given_mask:
         raise ValueError(f"flax_attention_fn takes no mask option {given_mask}: Flax's mask and is_causal define it")
@@ -70,7 +71,7 @@ def flax_attention_fn(variant: str, **options):
             out_BTHD = jax.nn.dot_product_attention(q_BTHD, k_BSKD, v_BSKD, bias_BHTS, dense, scale=scale, is_causal=is_causal)
         else:
             causal = dict(causal=True, q_offset=0) if is_causal and t != s else dict(causal=bool(is_causal))
-            out_BTHD = attention.attend(q_BTHD, k_BSKD, v_BSKD, variant=variant, mask=dense, **causal, **options)
+            out_BTHD = api.attend(q_BTHD, k_BSKD, v_BSKD, variant=variant, mask=dense, **causal, **options)
         return out_BTHD.reshape(*batch, t, h, out_BTHD.shape[-1])
 
     return attention_fn

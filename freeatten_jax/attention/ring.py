@@ -10,59 +10,25 @@ after n steps; only the output and per-row statistics are saved. `forward` and `
 blockwise's signatures (a Ring where blockwise takes a Plan): blockwise.make_core wraps them in its custom VJP.
 """
 
-import dataclasses
 import functools
 
 import jax
 import jax.numpy as jnp
 
 from freeatten_jax.attention import blockwise
-from freeatten_jax.attention.variants import Mask
-
-KV_FIELDS = ("kv_positions", "kv_segment_ids", "kv_valid")  # a Mask's key-side arrays
+from freeatten_jax.attention.ring_mask import Ring, rotate
 
 
-@functools.partial(
-    jax.tree_util.register_dataclass, data_fields=["q_mask", "kv_masks", "n_BHT"], meta_fields=["axis_name", "size"]
-)
-@dataclasses.dataclass(frozen=True)
-class Ring:
-    """Where a device sits on the ring, and the key-side mask of every device's chunk."""
-
-    axis_name: str
-    size: int  # static: the number of ring steps (the context axis size n, or 1 when K/V are all-gathered)
-    q_mask: Mask  # q arrays [B, T/n] (this device's queries), kv arrays unused
-    kv_masks: tuple  # the KV_FIELDS arrays of every device's chunk, each [size, B, S/size], indexed by device
-    n_BHT: jax.Array  # N_i of this device's queries, counted over every key (int32 [B, 1, T/n])
-
-    @classmethod
-    def around(cls, mask: Mask, n_BHT, axis_name: str, size: int) -> "Ring":
-        """Inside shard_map: the ring of this device's mask arrays and N_i (key-side arrays all-gathered)."""
-        kv_masks = tuple(jax.lax.all_gather(getattr(mask, name), axis_name) for name in KV_FIELDS)
-        return cls(axis_name=axis_name, size=size, q_mask=mask, kv_masks=kv_masks, n_BHT=n_BHT)
-
-    def mask_at(self, step) -> Mask:
-        """The mask of this device's queries against the chunk it holds at ring step `step`."""
-        source = (jax.lax.axis_index(self.axis_name) - step) % self.size
-        return dataclasses.replace(self.q_mask, **{name: x[source] for name, x in zip(KV_FIELDS, self.kv_masks)})
-
-    def plan(self, step, q_size: int, kv_size: int, kv_heads: int) -> blockwise.Plan:
-        """The block plan of this device's queries against the chunk it holds at ring step `step`."""
-        return blockwise.make_plan(self.mask_at(step), self.n_BHT, q_size, kv_size, kv_heads)
-
-
-def rotate(tree, axis_name: str, size: int):
-    """Send every array to the next device on the ring (nothing to send on a ring of one: K/V gathered)."""
-    if size == 1:
-        return tree
-    return jax.lax.ppermute(tree, axis_name, [(d, (d + 1) % size) for d in range(size)])
+def _plan(ring: Ring, step, q_size: int, kv_size: int, kv_heads: int) -> blockwise.Plan:
+    """The block plan of this device's queries against the chunk it holds at ring step `step`."""
+    return blockwise.make_plan(ring.mask_at(step), ring.n_BHT, q_size, kv_size, kv_heads)
 
 
 def forward(rule, cfg, q_IBKGQD, kt_JBKDC, v_JBKCD, ring: Ring):
     """The rule's output [I, B, K, G, Q, D] and per-row statistics, with K/V going once round the ring per sweep."""
     sizes = q_IBKGQD.shape[-2], kt_JBKDC.shape[-1], kt_JBKDC.shape[2]  # Q, C, K
     index_I = jnp.arange(q_IBKGQD.shape[0])
-    n_IBKGQ1 = ring.plan(0, *sizes).n_IBKGQ1
+    n_IBKGQ1 = _plan(ring, 0, *sizes).n_IBKGQ1
 
     def sweep(init, step, finish, rows_I=None):
         row0 = jnp.zeros((*q_IBKGQD.shape[1:-1], 1), jnp.float32)
@@ -72,7 +38,7 @@ def forward(rule, cfg, q_IBKGQD, kt_JBKDC, v_JBKCD, ring: Ring):
         def ring_step(r, state):
             carry_I, kt_JBKDC, v_JBKCD = state
             passed_on = rotate((kt_JBKDC, v_JBKCD), ring.axis_name, ring.size)  # issued first: it can overlap the work
-            plan = ring.plan(r, *sizes)
+            plan = _plan(ring, r, *sizes)
 
             def per_query_block(xs):
                 i, q_BKGQD, n, rows, carry = xs
@@ -103,7 +69,7 @@ def backward(rule, cfg, q_IBKGQD, kt_JBKDC, v_JBKCD, ring: Ring, rows_I, dout_IB
     def ring_step(r, state):
         dq_IBKGQD, kt_JBKDC, v_JBKCD, dkt_JBKDC, dv_JBKCD, dpow = state
         passed_on = rotate((kt_JBKDC, v_JBKCD), ring.axis_name, ring.size)
-        dq, dkt, dv, dp = blockwise.backward(rule, cfg, q_IBKGQD, kt_JBKDC, v_JBKCD, ring.plan(r, *sizes), rows_I, dout_IBKGQD)
+        dq, dkt, dv, dp = blockwise.backward(rule, cfg, q_IBKGQD, kt_JBKDC, v_JBKCD, _plan(ring, r, *sizes), rows_I, dout_IBKGQD)
         dkt_JBKDC, dv_JBKCD = rotate((dkt_JBKDC + dkt, dv_JBKCD + dv), ring.axis_name, ring.size)
         return dq_IBKGQD + dq, *passed_on, dkt_JBKDC, dv_JBKCD, dpow + dp
 

@@ -59,6 +59,13 @@ def log2_1p_eup(t):
     return jnp.where(t < 2.0**-6, t * (LOG2E + t * (LOG2E * -0.5 + t * (LOG2E / 3.0))), jnp.log2(1.0 + t))
 
 
+def static_power(p):
+    """p as an int when it is a known whole number (an exact, cheap integer power), else None."""
+    if isinstance(p, (int, float)) and float(p).is_integer() and 1 <= p <= 64:
+        return int(p)
+    return None
+
+
 class Ctx(NamedTuple):
     """What a family sees of the current query block besides its scores."""
 
@@ -228,7 +235,7 @@ def _none_grad(s, vis, ctx, rows, dp):
 # ----------------------------------------------------------------------------- reweight (lssar)
 # A score is re-weighted when x_ij = N_i u_ij / Z_i - o_i > 0, that is when u_ij > θ_i = o_i Z_i / N_i. Pass 1
 # gives Z_i and u_max; a row is sharp when x_max > REWEIGHT_MARGIN (u_max > θ_i (1 + margin)) and its scores
-# count where u_ij > θ_i: comparisons of stored values, so a sharp row always keeps its largest score (issue 32:
+# count where u_ij > θ_i: comparisons of stored values, so a sharp row always keeps its largest score (once,
 # q = 0 rows lost every weight when x_max and x were rounded by different expressions). Pass 2 forms
 # ρ_ij = (u_ij - θ_i) α_i with α_i = 1 / (u_max - θ_i): ρ = x / x_max in (0, 1], so r = ρ^p needs no running
 # max and no per-score division, and u - θ > 0 is exact wherever u > θ. A row with nothing above θ keeps its

@@ -18,23 +18,24 @@ import jax
 from flax import nnx
 from jax.sharding import AxisType, NamedSharding, PartitionSpec
 
+from freeatten_jax.attention.mesh_axes import BATCH, CONTEXT, FSDP, MESH, TENSOR
 from freeatten_jax.nn.params import logical_names
 
-MESH_AXES = ("data", "fsdp", "tensor", "context")  # a shape of 3 entries leaves 'context' at 1
+MESH_AXES = MESH  # a shape of 3 entries leaves 'context' at 1
 Rules = Sequence[tuple[str, str | tuple[str, ...] | None]]
 DEFAULT_RULES: Rules = (  # pure data parallel over ('data', 'fsdp'); FSDP and tensor axes used when sized > 1
-    ("batch", ("data", "fsdp")),  # inputs [B, T]
-    ("length", "context"),
-    ("act_batch", ("data", "fsdp")),  # activations at block boundaries [B, T, E]
-    ("act_length", "context"),  # sequence (context) parallelism: attention goes round a ring
+    ("batch", BATCH),  # inputs [B, T]
+    ("length", CONTEXT),
+    ("act_batch", BATCH),  # activations at block boundaries [B, T, E]
+    ("act_length", CONTEXT),  # sequence (context) parallelism: attention goes round a ring
     ("act_embed", None),
-    ("act_vocab", "tensor"),
-    ("vocab", "tensor"),  # parameters
-    ("embed", "fsdp"),
-    ("heads", "tensor"),
-    ("kv_heads", "tensor"),
+    ("act_vocab", TENSOR),
+    ("vocab", TENSOR),  # parameters
+    ("embed", FSDP),
+    ("heads", TENSOR),
+    ("kv_heads", TENSOR),
     ("head_dim", None),
-    ("mlp", "tensor"),
+    ("mlp", TENSOR),
 )
 _ACTIVE_RULES: contextvars.ContextVar[Rules | None] = contextvars.ContextVar("rules", default=None)
 

@@ -1,30 +1,29 @@
 """Ring attention on the Pallas kernels: each ring step runs the platform's kernels on this device's queries
-against the K/V chunk it holds (context_parallel.py; the blockwise ring is ring.py).
+against the K/V chunk it holds (context_parallel.py; the blockwise ring is attention/ring.py).
 
 Glossary: B batch, H heads, K kv heads, D head dim, Tp / Sp this device's query / key lengths padded to whole
 blocks, n the ring size. Forward: each of the family's passes (rules.FAMILIES) is a pass kernel that continues
 a float32 carry ([B, H, Tp, 1] row statistics, [B, H, Tp, D] accumulators) over the chunk held, n steps round
 the ring; the pass's `finish` (elementwise over rows) runs here between passes, so LSSAR's threshold sees Z_i
 over every key. Backward: the dq and dkv kernels against the chunk held, dK/dV travelling with K/V as in
-ring.py. pallas.make_core gives the custom VJP and the factors' gradients.
+attention/ring.py. core.make_core gives the custom VJP and the factors' gradients.
 """
 
 import jax
 import jax.numpy as jnp
 
-from freeatten_jax.attention import pallas, pallas_plan
-from freeatten_jax.attention.pallas_kernels import Static, kernel_ctx, kernel_family, split_output
-from freeatten_jax.attention.ring import Ring, rotate
-from freeatten_jax.attention.rules import FAMILIES
+from freeatten_jax.attention.pallas import core, plan
+from freeatten_jax.attention.pallas.common import Static, kernel_ctx, kernel_family, split_output
+from freeatten_jax.attention.ring_mask import Ring, rotate
 
 
-def _core(cfg: Static, lowering: pallas.Lowering, shapes):
+def _core(cfg: Static, lowering: core.Lowering, shapes):
     """make_core's forward and backward streaming the chunks round the ring (`where` a Ring)."""
     _, dq_call, dkv_call = lowering.calls(cfg, shapes)
     (b, h, tp, d), _ = shapes
 
     def plan_at(ring: Ring, step):
-        return pallas_plan.plan(ring.mask_at(step), ring.n_BHT[:, 0], cfg.block_q, cfg.block_k)
+        return plan.plan(ring.mask_at(step), ring.n_BHT[:, 0], cfg.blocks.q, cfg.blocks.k)
 
     def forward_for(cfg: Static):
         def run_forward(q, k, v, qs, ks, p_1, ring: Ring):
@@ -42,8 +41,10 @@ def _core(cfg: Static, lowering: pallas.Lowering, shapes):
                     leaves, held = state
                     passed_on = rotate(held, ring.axis_name, ring.size)  # issued first: it can overlap the work
                     k_held, ks_held, v_held = (*held, v)[:3]  # a pass that reads no values gets the local ones
-                    first, end, full, *masks = pallas.mask_args(plan_at(ring, step))
-                    leaves = call(first, end, full, p_1, q, k_held, v_held, qs, ks_held, *masks, *rows, *leaves)
+                    step_plan = plan_at(ring, step)
+                    leaves = call(
+                        *core.kernel_inputs(step_plan, p_1, q, k_held, v_held, qs, ks_held, rows=rows, carry=tuple(leaves))
+                    )
                     return list(leaves), passed_on
 
                 leaves, _ = jax.lax.fori_loop(0, ring.size, ring_step, (leaves, travelling))
@@ -57,8 +58,8 @@ def _core(cfg: Static, lowering: pallas.Lowering, shapes):
         def ring_step(step, state):
             dq_sum, held, dk_sum, dv, dpow = state
             passed_on = rotate(held, ring.axis_name, ring.size)
-            (k_held, v_held, ks_held), plan = held, plan_at(ring, step)
-            grads = pallas.kernel_backward(cfg, dq_call, dkv_call, q, k_held, v_held, qs, ks_held, p_1, plan, rows, dout)
+            (k_held, v_held, ks_held), step_plan = held, plan_at(ring, step)
+            grads = core.kernel_backward(cfg, dq_call, dkv_call, q, k_held, v_held, qs, ks_held, p_1, step_plan, rows, dout)
             dq_r, dk_r, dv_r, dp_r = grads
             dk_sum, dv = rotate((dk_sum + dk_r, dv + dv_r), ring.axis_name, ring.size)  # home after n steps
             return dq_sum + dq_r, passed_on, dk_sum, dv, dpow + (0.0 if dp_r is None else jnp.sum(dp_r))
@@ -68,19 +69,15 @@ def _core(cfg: Static, lowering: pallas.Lowering, shapes):
         state = jax.lax.fori_loop(0, ring.size, ring_step, (zeros[0], held, zeros[1], zeros[2], jnp.float32(0.0)))
         return state[0], state[2], state[3], state[4]
 
-    return pallas.make_core(cfg, forward_for, run_backward)
+    return core.make_core(cfg, forward_for, run_backward)
 
 
-def attend(lowering: pallas.Lowering, cfg: Static, block_q, block_k, q_BTHD, k_BSKD, v_BSKD, qs_BTH1, ks_BSK1, p_1, ring: Ring):
+def attend(lowering: core.Lowering, cfg: Static, blocks: tuple, q_BTHD, k_BSKD, v_BSKD, qs_BTH1, ks_BSK1, p_1, ring: Ring):
     """Inside shard_map: this device's output [B, T/n, H, D] by the kernels round the ring (arguments as
-    pallas.kernel_arguments gives them, sharded along the sequence)."""
-    t, (s, kv_heads) = q_BTHD.shape[1], k_BSKD.shape[1:3]
-    q_size, k_size = pallas.block_lengths(lowering, cfg.family, block_q, block_k, t, s)
-    cfg = cfg._replace(block_q=q_size, block_k=k_size)
-    heads_first = pallas.heads_first
-    q_BHTD, k_BKSD, v_BKSD = heads_first(q_BTHD, q_size), heads_first(k_BSKD, k_size), heads_first(v_BSKD, k_size)
-    qs_BHI1Q = pallas.factor_rows(qs_BTH1 * FAMILIES[cfg.family].score_scale, q_size)
-    ks_BKJ1C = pallas.factor_rows(ks_BSK1, k_size)
-    shapes = (q_BHTD.shape, (kv_heads, k_BKSD.shape[2]))
-    out_BHTD = _core(cfg, lowering, shapes)(q_BHTD, k_BKSD, v_BKSD, qs_BHI1Q, ks_BKJ1C, p_1, ring)
+    core.kernel_arguments gives them, sharded along the sequence; `blocks` the requested (block_q, block_k,
+    block_k_dkv), None: the platform's)."""
+    t, s = q_BTHD.shape[1], k_BSKD.shape[1]
+    cfg = cfg._replace(blocks=core.block_sizes(lowering, cfg.family, blocks, t, s))
+    operands, shapes = core.kernel_layout(cfg, q_BTHD, k_BSKD, v_BSKD, qs_BTH1, ks_BSK1)
+    out_BHTD = _core(cfg, lowering, shapes)(*operands, p_1, ring)
     return out_BHTD[:, :, :t].transpose(0, 2, 1, 3)

@@ -6,11 +6,11 @@ forward and dQ kernels run on a grid (b, h, r, t) whose last axis walks the key 
 of row r (each pass in turn: LSSAR's forward sweeps twice), and the dK/dV kernel on (b, kv head, r, t) whose
 last axis walks the query blocks, each for the G heads of a group, of row r's key blocks (tpu_schedule: a
 plain causal mask folds its triangle of block pairs into rows without an empty step). Each grid step holds
-one block of each operand in VMEM, so VMEM use does not grow with the sequence (the GPU kernels,
-pallas_kernels.py, read whole K/V and loop inside the kernel instead). Blocks outside the span that
-pallas_plan computed are not visited, and their index map repeats a visited block, so Pallas fetches
-nothing for them; wholly visible (interior) blocks skip the mask. The families' maths (rules.FAMILIES) is
-shared: here a `sweep` keeps its carry in scratch between grid steps.
+one block of each operand in VMEM, so VMEM use does not grow with the sequence (the GPU kernels, gpu.py, read
+whole K/V and loop inside the kernel instead). Blocks outside the span that plan.py computed are not visited,
+and their index map repeats a visited block, so Pallas fetches nothing for them; wholly visible (interior)
+blocks skip the mask. The families' maths (rules.FAMILIES) is shared: here a `sweep` keeps its carry in
+scratch between grid steps, and log2(1 + t) runs on the transcendental unit (rules.log2_1p_eup).
 """
 
 import functools
@@ -21,12 +21,15 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
-from freeatten_jax.attention.pallas_kernels import (
+from freeatten_jax.attention.pallas.common import (
     NT,
+    KernelRefs,
+    Spans,
     Static,
     carry_widths,
     column,
     dot,
+    first_carry,
     kernel_ctx,
     kernel_family,
     key_block,
@@ -34,13 +37,14 @@ from freeatten_jax.attention.pallas_kernels import (
     low_half,
     row,
     scaled_scores,
-    split_pass_refs,
     visible,
     weighted_dot,
     write_forward,
 )
-from freeatten_jax.attention.rules import FAMILIES
-from freeatten_jax.attention.tpu_schedule import Causal, Schedule, full, locate
+from freeatten_jax.attention.pallas.tpu_schedule import Causal, Schedule, full, locate
+from freeatten_jax.attention.rules import FAMILIES, log2_1p_eup
+
+EUP_MATH = dict(log2_1p=log2_1p_eup)  # the elementwise maths the TPU kernels' families run
 
 
 class Tuning(NamedTuple):
@@ -83,80 +87,67 @@ def _store(refs, tree):
         ref[...] = x
 
 
-def _held_block(cfg: Static, q_ref, k_ref, v_ref, qs_ref, ks_ref, qcol_ref, kvrow_ref, masked: bool, with_values: bool):
+def _held_block(cfg: Static, x: KernelRefs, masked: bool, with_values: bool):
     """(scores, mask, values) of the key block a grid step holds; masked: with its mask, hidden keys zeroed."""
-    k, v, vis = k_ref[...], v_ref[...] if with_values else None, None
+    k, v, vis = x.k[...], x.v[...] if with_values else None, None
     if masked:
-        vis, seen = key_block(cfg, [kvrow_ref[x] for x in range(3)], (qcol_ref[0], qcol_ref[1]))
+        vis, seen = key_block(cfg, [x.kv_mask[m] for m in range(3)], (x.q_mask[0], x.q_mask[1]))
         k = jnp.where(seen, k, 0)
         v = None if v is None else jnp.where(seen, v, 0)
-    return scaled_scores(q_ref[...], k, column(qs_ref[...]), key_factor(cfg, ks_ref, ...)), vis, v
+    return scaled_scores(x.q[...], k, column(x.qs[...]), key_factor(cfg, x.ks, ...)), vis, v
 
 
-def _spans(full_ref, first_ref, end_ref, b, step):
+def _visits(spans: Spans, step):
     """Whether a step's inner block is interior (every pair visible: no mask) and whether it is visited with a mask."""
-    i, j = step.outer, step.inner
-    interior = (full_ref[0, b, i] <= j) & (j < full_ref[1, b, i]) & step.valid
-    return interior, (first_ref[b, i] <= j) & (j < end_ref[b, i]) & step.valid & ~interior
+    b, i, j = pl.program_id(0), step.outer, step.inner
+    interior = (spans.full[0, b, i] <= j) & (j < spans.full[1, b, i]) & step.valid
+    return interior, (spans.first[b, i] <= j) & (j < spans.end[b, i]) & step.valid & ~interior
+
+
+def _step(plan: Schedule):
+    """The schedule's step (tpu_schedule.locate) of this grid step (b, heads, r, t)."""
+    return locate(plan, pl.program_id(2), pl.program_id(3))
 
 
 def sweep(cfg: Static, outer: int, inner: int, passes: int = 1, minor: int = 1, key_major: bool = False) -> Schedule:
     """A kernel's schedule over `outer` blocks: the causal spans under a plain causal mask, else every inner block."""
     if not (cfg.causal and cfg.plain_length):
         return full(outer, inner, passes, minor)
-    blocks = (cfg.block_k, cfg.block_q) if key_major else (cfg.block_q, cfg.block_k)
+    blocks = (cfg.blocks.k, cfg.blocks.q) if key_major else (cfg.blocks.q, cfg.blocks.k)
     return Schedule(outer, inner, passes, minor, Causal(cfg.plain_length, *blocks, key_major))
 
 
-def forward_kernel(
-    cfg: Static,
-    plan: Schedule,
-    first_ref,
-    end_ref,
-    full_ref,
-    p_ref,
-    q_ref,
-    k_ref,
-    v_ref,
-    qs_ref,
-    ks_ref,
-    qcol_ref,
-    kvrow_ref,
-    n_ref,
-    *refs,
-):
+def forward_kernel(cfg: Static, plan: Schedule, spans: Spans, x: KernelRefs, *refs):
     """One grid step (b, h, r, t): a key block of one pass for one query block (tpu_schedule.locate). Each pass's
     `finish` runs once, at its last step, under its own `pl.when` (Mosaic does not move a computation into the
     branch that uses it: LSSAR's first finish cost ~1,200 bundles on every step): an earlier pass's row
     statistics wait in scratch for the next pass's steps, and the last pass's output and statistics are written
     at the last step."""
-    b = pl.program_id(0)
-    step, sweeps = locate(plan, pl.program_id(2), pl.program_id(3)), plan.passes
+    step, sweeps = _step(plan), plan.passes
     now = step.sweep
-    interior, masked = _spans(full_ref, first_ref, end_ref, b, step)
+    interior, masked = _visits(spans, step)
     family = kernel_family(cfg)
     outputs = 1 + len(family.stats) + len(family.extras) + low_half(cfg)
     out_refs, slots = refs[:outputs], iter(refs[outputs:])
-    held_block = functools.partial(_held_block, cfg, q_ref, k_ref, v_ref, qs_ref, ks_ref, qcol_ref, kvrow_ref)
-    ctx, row_refs = kernel_ctx(cfg, n_ref[...], p_ref[0]), dict[str, Any]()
+    ctx, row_refs = kernel_ctx(cfg, x.n[...], x.p[0], EUP_MATH), dict[str, Any]()
     load_rows = lambda: {name: ref[...] for name, ref in row_refs.items()}  # noqa: E731
     for which, one in enumerate(family.passes):
-        leaves, tree = jax.tree.flatten(one.init(jnp.zeros((cfg.block_q, 1), jnp.float32), jnp.zeros(q_ref.shape, jnp.float32)))
+        leaves, tree = jax.tree.flatten(one.init(jnp.zeros((cfg.blocks.q, 1), jnp.float32), jnp.zeros(x.q.shape, jnp.float32)))
         carry_refs = [next(slots) for _ in leaves]
         load = functools.partial(lambda refs, tree: jax.tree.unflatten(tree, [ref[...] for ref in refs]), carry_refs, tree)
         pl.when((now == which) & step.first)(functools.partial(_store, carry_refs, leaves))
 
         def visit(one, carry_refs, load, is_masked):
-            _store(carry_refs, one.step(load(), *held_block(is_masked, one.with_values), ctx, load_rows()))
+            _store(carry_refs, one.step(load(), *_held_block(cfg, x, is_masked, one.with_values), ctx, load_rows()))
 
         for when, is_masked in ((masked, True), (interior, False)):
             pl.when((now == which) & when)(functools.partial(visit, one, carry_refs, load, is_masked))
         if which < sweeps - 1:
-            names = list(finished_rows(cfg, which, q_ref.shape[-1]))
+            names = list(finished_rows(cfg, which, x.q.shape[-1]))
             new_refs = [next(slots) for _ in names]
 
             def finish(one, load, new_refs):
-                _store(new_refs, [x for _, x in sorted(one.finish(load(), ctx)[1].items())])
+                _store(new_refs, [value for _, value in sorted(one.finish(load(), ctx)[1].items())])
 
             pl.when((now == which) & step.last)(functools.partial(finish, one, load, new_refs))
             row_refs |= dict(zip(names, new_refs))
@@ -171,106 +162,68 @@ def forward_kernel(
 
 def finished_rows(cfg: Static, which: int, d: int) -> dict:
     """{name: shape} of the row statistics pass `which` finishes with (sorted by name), for a [Q, D] block."""
-    one, q = kernel_family(cfg).passes[which], cfg.block_q
-    ctx = kernel_ctx(cfg, jnp.zeros((q, 1), jnp.float32), jnp.zeros((), jnp.float32))
+    one, q = kernel_family(cfg).passes[which], cfg.blocks.q
+    ctx = kernel_ctx(cfg, jnp.zeros((q, 1), jnp.float32), jnp.zeros((), jnp.float32), EUP_MATH)
     carry = one.init(jnp.zeros((q, 1), jnp.float32), jnp.zeros((q, d), jnp.float32))
     rows = jax.eval_shape(lambda c: one.finish(c, ctx)[1], carry)
     return {name: rows[name].shape for name in sorted(rows)}
 
 
-def pass_kernel(
-    cfg: Static,
-    which: int,
-    row_names,
-    plan: Schedule,
-    first_ref,
-    end_ref,
-    full_ref,
-    p_ref,
-    q_ref,
-    k_ref,
-    v_ref,
-    qs_ref,
-    ks_ref,
-    qcol_ref,
-    kvrow_ref,
-    n_ref,
-    *refs,
-):
+def pass_kernel(cfg: Static, which: int, row_names, plan: Schedule, spans: Spans, x: KernelRefs, *out_refs):
     """One grid step (b, h, r, t): pass `which` of the family continued from a carry over a key block of a ring
-    step's chunk (ring_kernels.py); the carry out stays in VMEM across the key blocks (its block does not move)
+    step's chunk (ring.py); the carry out stays in VMEM across the key blocks (its block does not move)
     and is the accumulator."""
-    b = pl.program_id(0)
-    step = locate(plan, pl.program_id(2), pl.program_id(3))
+    step = _step(plan)
     one = kernel_family(cfg).passes[which]
-    row_refs, in_refs, out_refs = split_pass_refs(row_names, refs)
-    interior, masked = _spans(full_ref, first_ref, end_ref, b, step)
-    held_block = functools.partial(_held_block, cfg, q_ref, k_ref, v_ref, qs_ref, ks_ref, qcol_ref, kvrow_ref)
+    interior, masked = _visits(spans, step)
     tree = jax.tree.structure(one.init(jnp.zeros((1, 1)), jnp.zeros((1, 1))))
     load = lambda: jax.tree.unflatten(tree, [ref[...] for ref in out_refs])  # noqa: E731
 
     @pl.when(step.first)
     def _():
-        for out, carry in zip(out_refs, in_refs):
+        for out, carry in zip(out_refs, x.carry):
             out[...] = carry[...]
 
     def visit(is_masked: bool):
-        rows, ctx = {name: ref[...] for name, ref in row_refs.items()}, kernel_ctx(cfg, n_ref[...], p_ref[0])
-        _store(out_refs, one.step(load(), *held_block(is_masked, one.with_values), ctx, rows))
+        rows = {name: ref[...] for name, ref in zip(row_names, x.rows)}
+        ctx = kernel_ctx(cfg, x.n[...], x.p[0], EUP_MATH)
+        _store(out_refs, one.step(load(), *_held_block(cfg, x, is_masked, one.with_values), ctx, rows))
 
     pl.when(masked)(functools.partial(visit, True))
     pl.when(interior)(functools.partial(visit, False))
 
 
-def dq_kernel(
-    cfg: Static,
-    plan: Schedule,
-    first_ref,
-    end_ref,
-    full_ref,
-    p_ref,
-    q_ref,
-    k_ref,
-    v_ref,
-    qs_ref,
-    ks_ref,
-    qcol_ref,
-    kvrow_ref,
-    n_ref,
-    dout_ref,
-    *refs,
-):
+def dq_kernel(cfg: Static, plan: Schedule, spans: Spans, x: KernelRefs, *refs):
     """One grid step (b, h, r, t): adds a key block j's share of Σ_j ds_ij b_j k_j (and of the rows' dL/dp if
     cfg.p_grad, written as a [1, Q] row); written at the query block's last step. The rows come lane-dense, as [1, Q]."""
-    b = pl.program_id(0)
-    step = locate(plan, pl.program_id(2), pl.program_id(3))
+    step = _step(plan)
     family = FAMILIES[cfg.family]
-    rows_in, column_refs = refs[: len(family.rows)], refs[len(refs) - len(family.rows) :]
-    rest = refs[len(family.rows) : len(refs) - len(family.rows)]
+    column_refs = refs[len(refs) - len(family.rows) :]
+    rest = refs[: len(refs) - len(family.rows)]
     out_refs, acc_refs = rest[: len(rest) // 2], rest[len(rest) // 2 :]
 
     @pl.when(step.first)
     def _():
         for ref in acc_refs:
             ref[...] = jnp.zeros(ref.shape, jnp.float32)
-        for ref, lane_dense in zip(column_refs, rows_in):  # each row [1, Q] in HBM, a column once per query block
+        for ref, lane_dense in zip(column_refs, x.rows):  # each row [1, Q] in HBM, a column once per query block
             ref[...] = column(lane_dense[...])
 
     def add(masked: bool):
         rows = {name: ref[...] for name, ref in zip(family.rows, column_refs)}
-        ctx = kernel_ctx(cfg, n_ref[...], p_ref[0])
-        k, vis = k_ref[...], None
+        ctx = kernel_ctx(cfg, x.n[...], x.p[0], EUP_MATH)
+        k, vis = x.k[...], None
         if masked:
-            vis, seen = key_block(cfg, [kvrow_ref[x] for x in range(3)], (qcol_ref[0], qcol_ref[1]))
+            vis, seen = key_block(cfg, [x.kv_mask[m] for m in range(3)], (x.q_mask[0], x.q_mask[1]))
             k = jnp.where(seen, k, 0)
-        ks = key_factor(cfg, ks_ref, ...)
-        args = (scaled_scores(q_ref[...], k, column(qs_ref[...]), ks), vis, ctx, rows, dot(dout_ref[...], v_ref[...], NT))
+        ks = key_factor(cfg, x.ks, ...)
+        args = (scaled_scores(x.q[...], k, column(x.qs[...]), ks), vis, ctx, rows, dot(x.dout[...], x.v[...], NT))
         _, ds = family.grad(*args)
         acc_refs[0][...] = weighted_dot(cfg.split, ds if ks is None else ds * ks, k, acc_refs[0][...])
         if cfg.p_grad and family.power_grad is not None:
             acc_refs[1][...] += jnp.sum(family.power_grad(*args), axis=1, keepdims=True)
 
-    interior, masked = _spans(full_ref, first_ref, end_ref, b, step)
+    interior, masked = _visits(spans, step)
     pl.when(masked)(functools.partial(add, True))
     pl.when(interior)(functools.partial(add, False))
 
@@ -281,30 +234,11 @@ def dq_kernel(
             out_refs[1][...] = row(acc_refs[1][...])
 
 
-def dkv_kernel(
-    cfg: Static,
-    plan: Schedule,
-    first_ref,
-    end_ref,
-    full_ref,
-    p_ref,
-    q_ref,
-    k_ref,
-    v_ref,
-    qs_ref,
-    ks_ref,
-    qrow_ref,
-    kvcol_ref,
-    n_ref,
-    dout_ref,
-    *refs,
-):
+def dkv_kernel(cfg: Static, plan: Schedule, spans: Spans, x: KernelRefs, dk_ref, dv_ref, dk_acc, dv_acc):
     """One grid step (b, kv head, r, t): adds a query block i of one head of the group to Σ_i ds_ij a_i q_i and
-    dv (key-major [C, Q] blocks, as pallas_kernels.dkv_kernel); written at the key block's last step."""
-    b = pl.program_id(0)
-    step = locate(plan, pl.program_id(2), pl.program_id(3))
+    dv (key-major [C, Q] blocks, as gpu.dkv_kernel); written at the key block's last step."""
+    step = _step(plan)
     family = FAMILIES[cfg.family]
-    *row_refs, dk_ref, dv_ref, dk_acc, dv_acc = refs
 
     @pl.when(step.first)
     def _():
@@ -312,16 +246,16 @@ def dkv_kernel(
         dv_acc[...] = jnp.zeros(dv_acc.shape, jnp.float32)
 
     def add(masked: bool):
-        q, dout, qs = q_ref[...], dout_ref[...], qs_ref[...]
-        rows = {name: ref[...] for name, ref in zip(family.rows, row_refs)}  # each [1, Q]
-        vis_t = visible(cfg, qrow_ref[0], qrow_ref[1], *[kvcol_ref[x] for x in range(3)]) if masked else None
-        ctx = kernel_ctx(cfg, n_ref[...], p_ref[0])
-        s_t = scaled_scores(k_ref[...], q, column(ks_ref[...]) if cfg.key_scale else None, qs)
-        w_t, ds_t = family.grad(s_t, vis_t, ctx, rows, dot(v_ref[...], dout, NT))
+        q, dout, qs = x.q[...], x.dout[...], x.qs[...]
+        rows = {name: ref[...] for name, ref in zip(family.rows, x.rows)}  # each [1, Q]
+        vis_t = visible(cfg, x.q_mask[0], x.q_mask[1], *[x.kv_mask[m] for m in range(3)]) if masked else None
+        ctx = kernel_ctx(cfg, x.n[...], x.p[0], EUP_MATH)
+        s_t = scaled_scores(x.k[...], q, column(x.ks[...]) if cfg.key_scale else None, qs)
+        w_t, ds_t = family.grad(s_t, vis_t, ctx, rows, dot(x.v[...], dout, NT))
         dk_acc[...] = weighted_dot(cfg.split, ds_t * qs, q, dk_acc[...])
         dv_acc[...] = weighted_dot(cfg.split, w_t, dout, dv_acc[...])
 
-    interior, masked = _spans(full_ref, first_ref, end_ref, b, step)
+    interior, masked = _visits(spans, step)
     pl.when(masked)(functools.partial(add, True))
     pl.when(interior)(functools.partial(add, False))
 
@@ -330,7 +264,7 @@ def dkv_kernel(
         dk_ref[...], dv_ref[...] = dk_acc[...], dv_acc[...]
 
 
-def _common(cfg: Static, interpret: bool):
+def _common(interpret: bool):
     """The pallas_call arguments every TPU kernel shares: grid semantics (the last axis carries) and the VMEM limit."""
     params = pltpu.CompilerParams(
         dimension_semantics=("parallel", "parallel", "parallel", "arbitrary"), vmem_limit_bytes=tuning().vmem_limit_bytes
@@ -339,85 +273,85 @@ def _common(cfg: Static, interpret: bool):
 
 
 def _query_major_specs(cfg: Static, shapes, plan: Schedule, values_from: int = 0):
-    """The forward and dq kernels' input specs on the grid (b, h, r, t) of a schedule (the key block clamped into
-    the visiting span, which a static span is already), and the specs of a [Q, D] block, a [Q, 1] row and a
-    lane-dense [1, Q] row (the query factors' spec). V is
-    read from pass `values_from` on: before it (LSSAR's first pass) its index stays on the first block of the
-    query block's span, the one the first pass that reads it starts with, so it is fetched once."""
+    """The forward, dq and pass kernels' input specs on the grid (b, h, r, t) of a schedule (the key block clamped
+    into the visiting span, which a static span is already), and the specs of a [Q, D] block, a [Q, 1] row and a
+    lane-dense [1, Q] row. V is read from pass `values_from` on: before it (LSSAR's first pass) its index stays
+    on the first block of the query block's span, the one the first pass that reads it starts with, so it is
+    fetched once."""
     (b, h, tp, d), (kv_heads, sp) = shapes
-    g = cfg.kv_groups
+    (block_q, block_k, _), g = cfg.blocks, cfg.kv_groups
 
     def query_index(r, t):
         return locate(plan, r, t).outer
 
-    def key_index(b, r, t, first, end, full):
+    def key_index(b, r, t, spans: Spans):
         step = locate(plan, r, t)
-        return _clamp(step.inner, first[b, step.outer], end[b, step.outer]) if plan.causal is None else step.inner
+        return _clamp(step.inner, spans.first[b, step.outer], spans.end[b, step.outer]) if plan.causal is None else step.inner
 
-    def value_index(b, r, t, first, end, full):
+    def value_index(b, r, t, spans: Spans):
         step = locate(plan, r, t)
-        return jnp.where(step.sweep < values_from, first[b, step.outer], key_index(b, r, t, first, end, full))
+        return jnp.where(step.sweep < values_from, spans.first[b, step.outer], key_index(b, r, t, spans))
 
-    q_spec = pl.BlockSpec((None, None, cfg.block_q, d), lambda b, h, r, t, *_: (b, h, query_index(r, t), 0))
-    row_spec = pl.BlockSpec((None, None, cfg.block_q, 1), lambda b, h, r, t, *_: (b, h, query_index(r, t), 0))
-    kv_spec = pl.BlockSpec((None, None, cfg.block_k, d), lambda b, h, r, t, *s: (b, jax.lax.div(h, g), key_index(b, r, t, *s), 0))
-    v_spec = pl.BlockSpec(
-        (None, None, cfg.block_k, d), lambda b, h, r, t, *s: (b, jax.lax.div(h, g), value_index(b, r, t, *s), 0)
+    q_spec = pl.BlockSpec((None, None, block_q, d), lambda b, h, r, t, _: (b, h, query_index(r, t), 0))
+    row_spec = pl.BlockSpec((None, None, block_q, 1), lambda b, h, r, t, _: (b, h, query_index(r, t), 0))
+    lane_dense = pl.BlockSpec((None, None, None, 1, block_q), lambda b, h, r, t, _: (b, h, query_index(r, t), 0, 0))
+    specs = KernelRefs(
+        p=pl.BlockSpec(memory_space=pltpu.SMEM),
+        q=q_spec,
+        k=pl.BlockSpec((None, None, block_k, d), lambda b, h, r, t, s: (b, jax.lax.div(h, g), key_index(b, r, t, s), 0)),
+        v=pl.BlockSpec((None, None, block_k, d), lambda b, h, r, t, s: (b, jax.lax.div(h, g), value_index(b, r, t, s), 0)),
+        qs=lane_dense,
+        ks=pl.BlockSpec(
+            (None, None, None, 1, block_k), lambda b, h, r, t, s: (b, jax.lax.div(h, g), key_index(b, r, t, s), 0, 0)
+        ),
+        q_mask=pl.BlockSpec((2, None, block_q, 1), lambda b, h, r, t, _: (0, b, query_index(r, t), 0)),
+        kv_mask=pl.BlockSpec((3, None, None, 1, block_k), lambda b, h, r, t, s: (0, b, key_index(b, r, t, s), 0, 0)),
+        n=pl.BlockSpec((None, block_q, 1), lambda b, h, r, t, _: (b, query_index(r, t), 0)),
     )
-    key_factors = pl.BlockSpec(
-        (None, None, None, 1, cfg.block_k), lambda b, h, r, t, *s: (b, jax.lax.div(h, g), key_index(b, r, t, *s), 0, 0)
-    )
-    mask_specs = [
-        pl.BlockSpec((2, None, cfg.block_q, 1), lambda b, h, r, t, *_: (0, b, query_index(r, t), 0)),
-        pl.BlockSpec((3, None, None, 1, cfg.block_k), lambda b, h, r, t, *s: (0, b, key_index(b, r, t, *s), 0, 0)),
-        pl.BlockSpec((None, cfg.block_q, 1), lambda b, h, r, t, *_: (b, query_index(r, t), 0)),
-    ]
-    lane_dense = pl.BlockSpec((None, None, None, 1, cfg.block_q), lambda b, h, r, t, *_: (b, h, query_index(r, t), 0, 0))
-    smem = pl.BlockSpec(memory_space=pltpu.SMEM)
-    return [smem, q_spec, kv_spec, v_spec, lane_dense, key_factors, *mask_specs], q_spec, row_spec, lane_dense
+    return specs, q_spec, row_spec, lane_dense
 
 
-def _grid_spec(shapes_bh, plan: Schedule, **specs):
-    """The grid spec of a kernel on grid (b, heads, R, L), the three span arrays as scalar prefetch."""
-    return pltpu.PrefetchScalarGridSpec(num_scalar_prefetch=3, grid=(*shapes_bh, plan.rows, plan.steps), **specs)
+def _grid_spec(shapes_bh, plan: Schedule, in_specs: KernelRefs, **specs):
+    """The grid spec of a kernel on grid (b, heads, R, L), called as call(spans, KernelRefs): the spans as scalar
+    prefetch."""
+    grid = (*shapes_bh, plan.rows, plan.steps)
+    return pltpu.PrefetchScalarGridSpec(num_scalar_prefetch=1, grid=grid, in_specs=(in_specs,), **specs)
 
 
 def pass_call(cfg: Static, shapes, which: int, row_names, interpret: bool):
-    """The TPU pass kernel's pallas_call (every key block of the ring step's chunk, for each query block): the
+    """The pass kernel's pallas_call (every key block of the ring step's chunk, for each query block): the
     forward's inputs, the earlier passes' rows and the carry in; the carry out (aliasing the carry in)."""
-    cfg = cfg._replace(eup_log=True)
     (b, h, tp, d), (_, sp) = shapes
-    plan = full(tp // cfg.block_q, sp // cfg.block_k)
-    in_specs, _, row_spec, _ = _query_major_specs(cfg, shapes, plan, 0 if kernel_family(cfg).passes[which].with_values else 1)
+    plan = full(tp // cfg.blocks.q, sp // cfg.blocks.k)
+    specs, _, row_spec, _ = _query_major_specs(cfg, shapes, plan, 0 if kernel_family(cfg).passes[which].with_values else 1)
     widths = carry_widths(cfg, which, d)
-    carry_specs = [pl.BlockSpec((None, None, cfg.block_q, w), lambda b, h, r, t, *_: (b, h, r, 0)) for w in widths]
-    first_carry = 3 + len(in_specs) + len(row_names)
+    carry_specs = tuple(pl.BlockSpec((None, None, cfg.blocks.q, w), lambda b, h, r, t, _: (b, h, r, 0)) for w in widths)
+    specs = specs._replace(rows=(row_spec,) * len(row_names), carry=carry_specs)
     return pl.pallas_call(
         functools.partial(pass_kernel, cfg, which, tuple(row_names), plan),
-        grid_spec=_grid_spec((b, h), plan, in_specs=in_specs + [row_spec] * len(row_names) + carry_specs, out_specs=carry_specs),
+        grid_spec=_grid_spec((b, h), plan, specs, out_specs=list(carry_specs)),
         out_shape=[jax.ShapeDtypeStruct((b, h, tp, w), jnp.float32) for w in widths],
-        input_output_aliases={first_carry + x: x for x in range(len(widths))},
+        input_output_aliases={first_carry((Spans(0, 0, 0), specs)) + x: x for x in range(len(widths))},
         name=f"freeatten_{cfg.family}_pass{which}",
-        **_common(cfg, interpret),
+        **_common(interpret),
     )
 
 
 def calls(cfg: Static, shapes, interpret: bool):
-    """The three pallas_calls (forward, dq, dkv) for arrays of the given padded shapes, with the same
-    arguments as pallas.py's GPU calls (the three span arrays first, as scalar prefetch)."""
-    cfg = cfg._replace(eup_log=True)
+    """The three pallas_calls (forward, dq, dkv) for arrays of the given padded shapes, each called as
+    call(spans, KernelRefs), as the GPU ones."""
     (b, h, tp, d), (kv_heads, sp) = shapes
-    q_blocks, k_blocks, g = tp // cfg.block_q, sp // cfg.block_k, cfg.kv_groups
+    (block_q, block_k, _), g = cfg.blocks, cfg.kv_groups
+    q_blocks, k_blocks = tp // block_q, sp // block_k
     family, forward_family, f32 = FAMILIES[cfg.family], kernel_family(cfg), jnp.float32
-    common = _common(cfg, interpret)
-    smem = pl.BlockSpec(memory_space=pltpu.SMEM)
+    common = _common(interpret)
     passes = len(forward_family.passes)
     forward_plan, dq_plan = sweep(cfg, q_blocks, k_blocks, passes), sweep(cfg, q_blocks, k_blocks)
-    in_specs, q_spec, _, row_spec = _query_major_specs(cfg, shapes, dq_plan)
+    specs, q_spec, _, lane_dense = _query_major_specs(cfg, shapes, dq_plan)
     first_valued = [one.with_values for one in forward_family.passes].index(True)  # LSSAR's first pass reads no V
     forward_specs, forward_q, _, forward_rows = _query_major_specs(cfg, shapes, forward_plan, first_valued)
-    carries = [[(cfg.block_q, w) for w in carry_widths(cfg, which, d)] for which in range(passes)]
-    stat_shapes = [jax.ShapeDtypeStruct((b, h, q_blocks, 1, cfg.block_q), f32)] * len(forward_family.stats)
+    carries = [[(block_q, w) for w in carry_widths(cfg, which, d)] for which in range(passes)]
+    stat_shapes = [jax.ShapeDtypeStruct((b, h, q_blocks, 1, block_q), f32)] * len(forward_family.stats)
     out_shape = jax.ShapeDtypeStruct((b, h, tp, d), cfg.dtype)
     extra_shapes = [jax.ShapeDtypeStruct((b, h, tp, d), f32)] * len(forward_family.extras)
     forward = pl.pallas_call(
@@ -425,7 +359,7 @@ def calls(cfg: Static, shapes, interpret: bool):
         grid_spec=_grid_spec(
             (b, h),
             forward_plan,
-            in_specs=forward_specs,
+            forward_specs,
             out_specs=[forward_q] + [forward_rows] * len(stat_shapes) + [forward_q] * (len(extra_shapes) + low_half(cfg)),
             scratch_shapes=[
                 pltpu.VMEM(shape, f32)
@@ -442,12 +376,12 @@ def calls(cfg: Static, shapes, interpret: bool):
         grid_spec=_grid_spec(
             (b, h),
             dq_plan,
-            in_specs=in_specs + [q_spec] + [row_spec] * len(family.rows),
-            out_specs=[q_spec, row_spec][: 1 + cfg.p_grad],
-            scratch_shapes=[pltpu.VMEM((cfg.block_q, d), f32), pltpu.VMEM((cfg.block_q, 1), f32)][: 1 + cfg.p_grad]
-            + [pltpu.VMEM((cfg.block_q, 1), f32)] * len(family.rows),
+            specs._replace(dout=q_spec, rows=(lane_dense,) * len(family.rows)),
+            out_specs=[q_spec, lane_dense][: 1 + cfg.p_grad],
+            scratch_shapes=[pltpu.VMEM((block_q, d), f32), pltpu.VMEM((block_q, 1), f32)][: 1 + cfg.p_grad]
+            + [pltpu.VMEM((block_q, 1), f32)] * len(family.rows),
         ),
-        out_shape=[jax.ShapeDtypeStruct((b, h, tp, d), f32), jax.ShapeDtypeStruct((b, h, q_blocks, 1, cfg.block_q), f32)][
+        out_shape=[jax.ShapeDtypeStruct((b, h, tp, d), f32), jax.ShapeDtypeStruct((b, h, q_blocks, 1, block_q), f32)][
             : 1 + cfg.p_grad
         ],
         name=f"freeatten_{cfg.family}_dq",
@@ -460,35 +394,39 @@ def calls(cfg: Static, shapes, interpret: bool):
     def at(r, t):
         return locate(dkv_plan, r, t)
 
-    def query_index(b, r, t, first, end, full):
+    def query_index(b, r, t, spans: Spans):
         step = at(r, t)
-        return _clamp(step.inner, first[b, step.outer], end[b, step.outer]) if dkv_plan.causal is None else step.inner
+        return _clamp(step.inner, spans.first[b, step.outer], spans.end[b, step.outer]) if dkv_plan.causal is None else step.inner
 
     def head(k, r, t):
         return k * g + at(r, t).minor
 
-    group_spec = pl.BlockSpec(
-        (None, None, cfg.block_q, d), lambda b, k, r, t, *s: (b, head(k, r, t), query_index(b, r, t, *s), 0)
-    )
+    group_spec = pl.BlockSpec((None, None, block_q, d), lambda b, k, r, t, s: (b, head(k, r, t), query_index(b, r, t, s), 0))
     group_rows = pl.BlockSpec(
-        (None, None, None, 1, cfg.block_q), lambda b, k, r, t, *s: (b, head(k, r, t), query_index(b, r, t, *s), 0, 0)
+        (None, None, None, 1, block_q), lambda b, k, r, t, s: (b, head(k, r, t), query_index(b, r, t, s), 0, 0)
     )
-    k_spec = pl.BlockSpec((None, None, cfg.block_k, d), lambda b, k, r, t, *_: (b, k, at(r, t).outer, 0))
-    k_factors = pl.BlockSpec((None, None, None, 1, cfg.block_k), lambda b, k, r, t, *_: (b, k, at(r, t).outer, 0, 0))
-    dkv_mask_specs = [
-        pl.BlockSpec((2, None, None, 1, cfg.block_q), lambda b, k, r, t, *s: (0, b, query_index(b, r, t, *s), 0, 0)),
-        pl.BlockSpec((3, None, cfg.block_k, 1), lambda b, k, r, t, *_: (0, b, at(r, t).outer, 0)),
-        pl.BlockSpec((None, None, 1, cfg.block_q), lambda b, k, r, t, *s: (b, query_index(b, r, t, *s), 0, 0)),
-    ]
+    k_spec = pl.BlockSpec((None, None, block_k, d), lambda b, k, r, t, _: (b, k, at(r, t).outer, 0))
+    dkv_specs = KernelRefs(
+        p=pl.BlockSpec(memory_space=pltpu.SMEM),
+        q=group_spec,
+        k=k_spec,
+        v=k_spec,
+        qs=group_rows,
+        ks=pl.BlockSpec((None, None, None, 1, block_k), lambda b, k, r, t, _: (b, k, at(r, t).outer, 0, 0)),
+        q_mask=pl.BlockSpec((2, None, None, 1, block_q), lambda b, k, r, t, s: (0, b, query_index(b, r, t, s), 0, 0)),
+        kv_mask=pl.BlockSpec((3, None, block_k, 1), lambda b, k, r, t, _: (0, b, at(r, t).outer, 0)),
+        n=pl.BlockSpec((None, None, 1, block_q), lambda b, k, r, t, s: (b, query_index(b, r, t, s), 0, 0)),
+        dout=group_spec,
+        rows=(group_rows,) * len(family.rows),
+    )
     dkv = pl.pallas_call(
         functools.partial(dkv_kernel, cfg, dkv_plan),
         grid_spec=_grid_spec(
             (b, kv_heads),
             dkv_plan,
-            in_specs=[smem, group_spec, k_spec, k_spec, group_rows, k_factors, *dkv_mask_specs, group_spec]
-            + [group_rows] * len(family.rows),
+            dkv_specs,
             out_specs=[k_spec, k_spec],
-            scratch_shapes=[pltpu.VMEM((cfg.block_k, d), f32)] * 2,
+            scratch_shapes=[pltpu.VMEM((block_k, d), f32)] * 2,
         ),
         out_shape=[jax.ShapeDtypeStruct((b, kv_heads, sp, d), f32)] * 2,
         name=f"freeatten_{cfg.family}_dkv",

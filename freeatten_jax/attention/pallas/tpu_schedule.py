@@ -4,7 +4,7 @@ Glossary: O / N number of outer / inner blocks (query-major kernels, forward and
 the key-major dkv kernel: key / query blocks), R grid rows, L steps a row, T tokens. An outer block sweeps
 its span of inner blocks `passes` times (LSSAR's forward sweeps twice), `minor` steps an inner block (dkv:
 the G heads of a group). Without a plain mask every span is every inner block and row r is outer block r:
-the visiting spans that pallas_plan computes at run time decide which steps compute (the others neither
+the visiting spans that plan.py computes at run time decide which steps compute (the others neither
 compute nor fetch, but each still costs a grid step). A plain causal mask (`Mask.plain`: T == S, default
 positions, known when tracing) has the causal spans, and outer block o shares a grid row with O - 1 - o: the
 triangle folded into a rectangle, no empty step for an even number of equal blocks. Every index map
