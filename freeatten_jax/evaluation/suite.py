@@ -20,40 +20,12 @@ from freeatten_jax import data
 from freeatten_jax.data import retrieval
 from freeatten_jax.errors import UserError
 from freeatten_jax.evaluation import attention_stats, loss, mqar, passkey, report, results, switches
+from freeatten_jax.evaluation.settings import Settings
 from freeatten_jax.nn import sharding
 from freeatten_jax.nn.decoding import generate
 from freeatten_jax.training import checkpoint, config, warm_start
 from freeatten_jax.training.loss import next_token_losses
 from freeatten_jax.training.run import load_run
-
-
-@dataclasses.dataclass(frozen=True)
-class Settings:
-    multipliers: tuple[int, ...] = (1, 2, 4, 8, 16)  # evaluation lengths, in training lengths, ascending
-    eval_tokens: int = 0  # the held-out span scored at every length; 0: span_windows windows of the longest length
-    span_windows: int = 16  # windows of the longest length in the span when eval_tokens is 0
-    passkey_depths: tuple[float, ...] = (0.1, 0.5, 0.9)
-    passkey_keys: int = 3  # random keys per (length, depth) cell
-    passkey_candidates: int = 10  # the true key and 9 random ones, ranked by likelihood
-    analysis_windows: int = 1  # windows of the longest length for the entropy analysis
-    implementation: str = "auto"  # attention implementation used at every length
-    seed: int = 0
-    context: int = 1  # devices sharing each window's sequence (context parallelism) for the loss vs length
-    mqar_instances: int = 256  # MQAR runs: instances per length (x pairs queries), the same pairs at every length
-    mqar_placements: tuple[str, ...] = data.MQAR_PLACEMENTS  # where the pairs sit at longer lengths (data.mqar)
-
-    def quick(self) -> "Settings":
-        """A first look in minutes on a CPU: three lengths, a quarter of the span, one passkey depth and key, 64 MQAR
-        instances."""
-        return dataclasses.replace(
-            self,
-            multipliers=(1, 4, 16),
-            span_windows=4,
-            passkey_depths=(0.5,),
-            passkey_keys=1,
-            passkey_candidates=5,
-            mqar_instances=64,
-        )
 
 
 class SplitCache:
@@ -291,7 +263,8 @@ def run_suite(
         raise UserError("nothing to evaluate: no switch applies to these checkpoints")
     is_mqar = {w: configs[w].data.source == "mqar" for w in workdirs}
     described = {**dataclasses.asdict(settings), "switches": switch_texts, "workdirs": list(workdirs)}
-    earlier, described = results.earlier(list(merge), described, {pathlib.Path(w).name for w in workdirs}, any(is_mqar.values()))
+    names = {pathlib.Path(w).name for w in workdirs}
+    earlier, described = results.earlier(list(merge), described, names, any(is_mqar.values()), type(settings))
     runs, splits_of = [], SplitCache()
     mqar_runs = sum(is_mqar[w] for w, _ in jobs)
     what = [f"{len(settings.passkey_depths)} passkey depth(s) x {settings.passkey_keys} key(s)"] * (mqar_runs < len(jobs))
