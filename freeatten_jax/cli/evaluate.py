@@ -5,6 +5,10 @@
 Each checkpoint is evaluated as trained and under every applicable `--switch` (LSSAR re-weighting
 `p=15` / `p=off` on lssa/lssar runs, `rope_theta=50x` or an absolute base, SSMax `s=0.3`, RoPE scaling
 `rope_linear=4` or `rope_llama3=8`).
+
+Every finished measurement (cell) is saved in OUT/cells at once: rerunning the same command after a kill or a stop
+skips the cells done and writes the same results. Exit codes: 0 done, 1 error, 75 stopped by SIGTERM/SIGINT after the
+cell in progress (rerun the same command to resume).
 """
 
 import math
@@ -15,7 +19,7 @@ from absl import flags, logging
 
 from freeatten_jax.cli import fields
 from freeatten_jax.cli import shared as cli
-from freeatten_jax.errors import UserError
+from freeatten_jax.errors import EXIT_PREEMPTED, UserError
 from freeatten_jax.evaluation.settings import Settings
 
 _FACTOR = (lambda v: math.isfinite(float(v)) and float(v) > 0, "a finite number > 0")
@@ -73,7 +77,12 @@ def main() -> None:
         for text in switches.value:
             _check_switch(text)
         chosen = fields.value(Settings, settings)
-        suite.run_suite(workdirs.value, switches.value, chosen.quick() if quick.value else chosen, out.value, tuple(merge.value))
+        chosen = chosen.quick() if quick.value else chosen
+        try:
+            suite.run_suite(workdirs.value, switches.value, chosen, out.value, tuple(merge.value))
+        except suite.Stopped as e:
+            print(e, file=sys.stderr)
+            sys.exit(EXIT_PREEMPTED)
         for name in ("report.md", "mqar.md"):
             if (pathlib.Path(out.value) / name).exists():
                 print(f"report: {out.value}/{name}")

@@ -12,6 +12,7 @@ import pathlib
 
 from freeatten_jax.errors import UserError
 from freeatten_jax.evaluation.settings import Settings, compared
+from freeatten_jax.training import storage
 
 
 @dataclasses.dataclass
@@ -103,7 +104,8 @@ class RunResult:
 
 
 def write(path: pathlib.Path, runs: list[RunResult], settings: dict) -> None:
-    path.write_text(json.dumps({"settings": settings, "runs": [dataclasses.asdict(r) for r in runs]}, indent=1))
+    """Writes results.json atomically: a kill leaves the earlier file or this one, never a torn one."""
+    storage.write_atomic(path, json.dumps({"settings": settings, "runs": [dataclasses.asdict(r) for r in runs]}, indent=1))
 
 
 def read(path) -> tuple[list[RunResult], dict]:
@@ -149,12 +151,16 @@ def earlier(paths: list[str], settings: dict, names: set[str], mqar: bool, kind:
     return runs, described
 
 
+def length_loss(x: dict) -> LengthLoss:
+    """The LengthLoss of its dict as JSON holds it (intervals as lists)."""
+    return LengthLoss(**{k: tuple(v) if k.endswith("_ci") else v for k, v in x.items()})
+
+
 def from_dict(r: dict) -> RunResult:
-    tuples = lambda x: {k: tuple(v) if k.endswith("_ci") else v for k, v in x.items()}
     return RunResult(
         **{
             **r,
-            "lengths": [LengthLoss(**tuples(x)) for x in r.get("lengths", [])],
+            "lengths": [length_loss(x) for x in r.get("lengths", [])],
             "attention": AttentionStats(**r["attention"]) if r.get("attention") else None,
             "passkey": [RetrievalCell(**c) for c in r.get("passkey", [])],
             "retrieval": [RetrievalCell(**c) for c in r.get("retrieval", [])],
