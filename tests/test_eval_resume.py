@@ -6,6 +6,7 @@ import dataclasses
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -32,11 +33,17 @@ def run(text_glob, trained_run):
 
 
 @pytest.fixture(scope="module")
-def straight(run, tmp_path_factory):
-    """results.json of the evaluation never interrupted."""
+def straight_out(run, tmp_path_factory):
+    """The output folder of the evaluation never interrupted."""
     out = tmp_path_factory.mktemp("straight")
     suite.run_suite([run], ["p=15"], SETTINGS, str(out))
-    return (out / "results.json").read_bytes()
+    return out
+
+
+@pytest.fixture
+def straight(straight_out):
+    """results.json of the evaluation never interrupted."""
+    return (straight_out / "results.json").read_bytes()
 
 
 def _cells(out) -> list:
@@ -111,6 +118,18 @@ def test_a_rerun_skips_the_cells_done_and_measures_the_others(run, tmp_path, cap
     assert results.read(tmp_path / "results.json")[0] == [again]
     (untouched,) = suite.run_suite([run], [], settings, str(tmp_path))  # every cell done: nothing measured
     assert untouched == again
+
+
+@pytest.mark.slow
+def test_a_rerun_in_the_middle_of_the_retrieval_grid_draws_the_keys_of_an_uninterrupted_run(run, straight_out, tmp_path):
+    shutil.copytree(straight_out, tmp_path / "out")
+    (job,) = (tmp_path / "out" / "cells").glob("*[[]none[]]*/")
+    last = job / "retrieval-64-0.5.json"  # scored (the cells before it are too short for the prompt, but draw keys)
+    assert json.loads(last.read_text())["cell"]["keys"] == 1
+    for done in (last, job / "run.json", tmp_path / "out" / "results.json"):
+        done.unlink()
+    suite.run_suite([run], ["p=15"], SETTINGS, str(tmp_path / "out"))
+    assert (tmp_path / "out" / "results.json").read_bytes() == (straight_out / "results.json").read_bytes()
 
 
 @pytest.mark.slow
