@@ -1069,7 +1069,7 @@ MUTANTS = [
         "freeatten_jax/evaluation/results.py",
         'return LengthLoss(**{k: tuple(v) if k.endswith("_ci") else v for k, v in x.items()})',
         "return LengthLoss(**x)",
-        ("tests/test_eval.py::test_suite_writes_every_output",),
+        ("tests/test_eval.py::test_results_json_reads_back_the_typed_results_written",),
     ),
     Mutant(
         "eval --merge: results measured under other settings reported together",
