@@ -36,34 +36,28 @@ def save_settings(out: pathlib.Path, settings: dict) -> None:
 
 
 class Cells:
-    """The finished cells of one job in `folder`, or in memory only where `folder` is None (nothing survives)."""
+    """The finished cells of one job in `folder`; None: none kept (each measured, none saved)."""
 
     def __init__(self, folder: pathlib.Path | None):
-        self.folder, self._memory = folder, {}
+        self.folder = folder
 
     def get(self, name: str) -> dict | None:
         """The cell's saved payload, None if it is not done."""
-        if self.folder is None:
-            return json.loads(self._memory[name]) if name in self._memory else None
         try:
-            return json.loads((self.folder / f"{name}.json").read_text())
+            return None if self.folder is None else json.loads((self.folder / f"{name}.json").read_text())
         except FileNotFoundError:
             return None
 
     def put(self, name: str, payload: dict) -> dict:
         """Saves the cell; returns its payload as `get` reads it back (JSON's: tuples become lists)."""
         text = json.dumps(payload)
-        if self.folder is None:
-            self._memory[name] = text
-        else:
+        if self.folder is not None:
             self.folder.mkdir(parents=True, exist_ok=True)
             storage.write_atomic(self.folder / f"{name}.json", text)
         return json.loads(text)
 
     def done(self) -> int:
-        """Finished cells, the whole result's not counted."""
-        if self.folder is None:
-            return len(self._memory.keys() - {RUN})
+        """Finished cells in the folder, the whole result's not counted."""
         return sum(1 for p in self.folder.glob("*.json") if p.stem != RUN) if self.folder.is_dir() else 0
 
 

@@ -247,7 +247,8 @@ def _text_measurements(run: results.RunResult, model, cfg, tokenizer, settings: 
         score = functools.partial(_loss_cell, model, cfg, splits, run.span_tokens, m, settings, mesh, m == multipliers[-1])
         saved = yield from _cell(store, f"loss-{m * train_len}", f"loss at length {m * train_len}", score)
         run.lengths.append(results.length_loss(saved["loss"]))
-        run.per_position = saved["per_position"] or run.per_position
+        if m == multipliers[-1]:
+            run.per_position = saved["per_position"]
     longest = multipliers[-1] * train_len
     analyse = functools.partial(_analysis_cell, model, splits, run.span_tokens, multipliers[-1], longest, settings)
     run.attention = results.AttentionStats(**(yield from _cell(store, "attention", "attention analysis", analyse)))
@@ -378,10 +379,10 @@ def _measure_all(jobs, configs, settings: Settings, stores: dict, out: pathlib.P
                 if done := store.get(cells.RUN):
                     runs.append(results.from_dict(done))
                     continue
+                check_stop()  # before loading the next checkpoint; after the last job, the report is written
                 progress.set_description(f"{pathlib.Path(workdir).name} ({configs[workdir].model.variant_name}) [{switch.label}]")
                 run = _drive(measure(workdir, switch, settings, splits_of, store), progress, check_stop)
                 runs.append(results.from_dict(store.put(cells.RUN, dataclasses.asdict(run))))
-                check_stop()
                 if i == 0 and len(jobs) > 1 and not before:
                     progress.write(estimate(time.perf_counter() - start, len(jobs)), file=sys.stderr)
     finally:
