@@ -15,9 +15,10 @@ from freeatten_jax.errors import ConfigError
 Check = tuple[Callable[[Any], bool], str]
 
 
-def option(default: Any = dataclasses.MISSING, *, help: str, check: Check | None = None, factory=dataclasses.MISSING):
-    """A dataclass field with its one-line help and its check (None: any value of its type)."""
-    return dataclasses.field(default=default, default_factory=factory, metadata={"help": help, "check": check})
+def option(default: Any = dataclasses.MISSING, *, help: str, check: Check | None = None, factory=dataclasses.MISSING, **marks):
+    """A dataclass field with its one-line help, its check (None: any value of its type) and any `marks` its users read
+    (e.g. the evaluation's `shapes`)."""
+    return dataclasses.field(default=default, default_factory=factory, metadata={"help": help, "check": check, **marks})
 
 
 def _is_number(v) -> bool:

@@ -46,6 +46,7 @@ ROPE_FREQUENCIES = "tests/test_attention_layer.py::test_rope_frequencies_follow_
 SWITCHES = "tests/test_eval_metrics.py::test_each_switch_gives_the_model_it_names"
 EVAL = "tests/test_eval_metrics.py"
 FAULTS = "tests/test_faults.py"
+RESUME = "tests/test_eval_resume.py"
 ROLLBACK_PY = "freeatten_jax/training/rollback.py"
 
 
@@ -919,7 +920,7 @@ MUTANTS = [
     ),
     Mutant(
         "eval --quick: the full span",
-        "freeatten_jax/evaluation/suite.py",
+        "freeatten_jax/evaluation/settings.py",
         "passkey_depths=(0.5,),",
         "passkey_depths=(0.1, 0.5, 0.9),",
         ("tests/test_eval.py::test_quick_settings_and_the_estimate_line",),
@@ -1066,15 +1067,15 @@ MUTANTS = [
     Mutant(
         "results: results.json does not read back what was written",
         "freeatten_jax/evaluation/results.py",
-        'tuples = lambda x: {k: tuple(v) if k.endswith("_ci") else v for k, v in x.items()}',
-        "tuples = lambda x: x",
-        ("tests/test_eval.py::test_suite_writes_every_output",),
+        'return LengthLoss(**{k: tuple(v) if k.endswith("_ci") else v for k, v in x.items()})',
+        "return LengthLoss(**x)",
+        ("tests/test_eval.py::test_results_json_reads_back_the_typed_results_written",),
     ),
     Mutant(
         "eval --merge: results measured under other settings reported together",
         "freeatten_jax/evaluation/results.py",
-        "            if theirs_is != ours_is:",
-        "            if False:",
+        "        if theirs_is != ours_is:",
+        "        if False:",
         ("tests/test_eval.py::test_merge_reports_earlier_results_beside_new_runs_measured_alike",),
     ),
     Mutant(
@@ -1083,6 +1084,63 @@ MUTANTS = [
         "        if again := sorted(names & {r.name for r in theirs}):",
         "        if again := []:",
         ("tests/test_eval.py::test_merge_reports_earlier_results_beside_new_runs_measured_alike",),
+    ),
+    # --- evaluation settings declared once, resumable evaluation (issues 48, 53)
+    Mutant(
+        "eval settings: MQAR settings not compared",
+        "freeatten_jax/evaluation/settings.py",
+        "kinds = {TEXT, MQAR} if mqar else {TEXT}",
+        "kinds = {TEXT}",
+        ("tests/test_eval_settings.py",),
+    ),
+    Mutant(
+        "eval flags: a setting's check not applied",
+        "freeatten_jax/cli/fields.py",
+        "if value is None or value == [] or self.check and not self.check[0](value):",
+        "if value is None or value == []:",
+        ("tests/test_eval_settings.py",),
+    ),
+    Mutant(
+        "eval flags: the last setting without a flag",
+        "freeatten_jax/cli/fields.py",
+        "    for f in dataclasses.fields(cls):",
+        "    for f in dataclasses.fields(cls)[:-1]:",
+        ("tests/test_eval_settings.py",),
+    ),
+    Mutant(
+        "eval resume: a finished cell measured again",
+        "freeatten_jax/evaluation/suite.py",
+        "    saved = store.get(name)",
+        "    saved = None",
+        (RESUME, "-k", "skips"),
+    ),
+    Mutant(
+        "eval resume: the key generator not restored from the cell read back",
+        "freeatten_jax/evaluation/suite.py",
+        '            rng.bit_generator.state = saved["rng"]\n',
+        "",
+        (RESUME, "-k", "middle"),
+    ),
+    Mutant(
+        "eval resume: SIGTERM ignored",
+        "freeatten_jax/evaluation/suite.py",
+        "        if stop.requested:",
+        "        if False:",
+        (RESUME, "-k", "sigterm"),
+    ),
+    Mutant(
+        "eval resume: cells measured under other settings mixed",
+        "freeatten_jax/evaluation/suite.py",
+        '    results.check_alike(f"--out={out}", theirs, ours, keys,',
+        '    (f"--out={out}", theirs, ours, keys,',
+        (RESUME, "-k", "refused"),
+    ),
+    Mutant(
+        "eval: two evaluations on one --out",
+        "freeatten_jax/evaluation/suite.py",
+        '    with lock.hold(folder, flag="--out"):',
+        "    if True:",
+        (RESUME, "-k", "owns"),
     ),
     Mutant(
         "mqar report: the cost of distance taken as end minus start",

@@ -144,6 +144,15 @@ def test_span_windows_cut_the_same_tokens_at_every_length_and_match_training_win
     np.testing.assert_array_equal(loss.span_windows(sequences, 9, 7 * 10), data.eval_windows(sequences, 9, 7))
 
 
+def test_results_json_reads_back_the_typed_results_written(tmp_path):
+    interval = (1.5, 2.5)  # intervals are tuples; JSON holds them as lists
+    length = results.LengthLoss(16, 1, 2.0, interval, 2.1, interval, [2.0], 1, 16)
+    cell = results.RetrievalCell(16, 0.5)
+    run = results.RunResult("r", "runs/r", 6, "lssa", "none", 0, 16, 1e4, lengths=[length], passkey=[cell])
+    results.write(tmp_path / "results.json", [run], {"seed": 0})
+    assert results.read(tmp_path / "results.json") == ([run], {"seed": 0})
+
+
 def test_bootstrap_interval_is_seeded_and_covers_the_mean():
     values = np.random.default_rng(1).normal(2.0, 0.5, size=64)
     low, high = loss.bootstrap_ci(values, seed=3)

@@ -5,6 +5,10 @@
 Each checkpoint is evaluated as trained and under every applicable `--switch` (LSSAR re-weighting
 `p=15` / `p=off` on lssa/lssar runs, `rope_theta=50x` or an absolute base, SSMax `s=0.3`, RoPE scaling
 `rope_linear=4` or `rope_llama3=8`).
+
+Every finished measurement (cell) is saved in OUT/cells at once: rerunning the same command after a kill or a stop
+skips the cells done and writes the same results. Exit codes: 0 done, 1 error, 75 stopped by SIGTERM/SIGINT after the
+cell in progress (rerun the same command to resume).
 """
 
 import math
@@ -13,9 +17,10 @@ import sys
 
 from absl import flags, logging
 
-from freeatten_jax.attention import IMPLEMENTATIONS
+from freeatten_jax.cli import fields
 from freeatten_jax.cli import shared as cli
-from freeatten_jax.errors import UserError
+from freeatten_jax.errors import EXIT_PREEMPTED, UserError
+from freeatten_jax.evaluation.settings import Settings
 
 _FACTOR = (lambda v: math.isfinite(float(v)) and float(v) > 0, "a finite number > 0")
 # Values each switch takes (besides switches.parse's syntax); a bad one is refused before any checkpoint is read.
@@ -58,77 +63,26 @@ def main() -> None:
         "An earlier evaluation's results.json (or .json.gz) whose runs join the report unmeasured; it must have been "
         "measured with the same lengths, span, passkey and MQAR settings (repeat for several).",
     )
-    multipliers = flags.DEFINE(
-        cli.NumberList(int, lambda m: m >= 1, "integers >= 1 (lengths in training lengths), e.g. 1,2,4"),
-        "multipliers",
-        "1,2,4,8,16",
-        "Evaluation lengths in training lengths.",
-    )
-    eval_tokens = flags.DEFINE_integer(
-        "eval_tokens",
-        0,
-        "Held-out tokens scored at every length (cut into windows of each length); 0: 16 windows of the longest length.",
-    )
-    depths = flags.DEFINE(
-        cli.NumberList(float, lambda d: 0 <= d <= 1, "numbers in [0, 1], e.g. 0.1,0.5"),
-        "passkey_depths",
-        "0.1,0.5,0.9",
-        "Needle depths (0 = start, 1 = end).",
-    )
-    keys = flags.DEFINE_integer("passkey_keys", 3, "Random keys per passkey cell.")
-    candidates = flags.DEFINE_integer("passkey_candidates", 10, "Keys ranked by likelihood, the true one included.")
-    analysis = flags.DEFINE_integer("analysis_windows", 1, "Windows of the longest length for the entropy analysis.")
-    implementation = flags.DEFINE_enum("implementation", "auto", IMPLEMENTATIONS, "Attention implementation at every length.")
-    seed = flags.DEFINE_integer("seed", 0, "Seed of the passkey keys.")
+    settings = fields.define(Settings, __name__)  # one flag per evaluation setting
     quick = flags.DEFINE_bool(
         "quick",
         False,
         "A first look in minutes on a CPU: lengths 1x, 4x, 16x, a quarter of the span, "
         "one passkey depth and key, 64 MQAR instances (overrides those flags).",
     )
-    mqar_instances = flags.DEFINE_integer(
-        "mqar_instances", 256, "MQAR runs: instances per length (each queries every pair; the same instances at every length)."
-    )
-    placements = flags.DEFINE_list(
-        "mqar_placements",
-        "start,end",
-        "MQAR runs: where the training window's pairs sit at longer lengths: start (as in training, noise before the "
-        "queries) and/or end (noise first: the queries reach back as far as in training).",
-    )
-    context = flags.DEFINE_integer(
-        "context",
-        1,
-        "Devices sharing each window's sequence (context parallelism; "
-        "lengths must be multiples of 2x it) for the loss vs length.",
-    )
 
     def evaluate(_):
-        from freeatten_jax.data.mqar import PLACEMENTS
         from freeatten_jax.evaluation import suite
 
         for text in switches.value:
             _check_switch(text)
-        if not placements.value or any(p not in PLACEMENTS for p in placements.value):
-            raise UserError(
-                f"--mqar_placements={','.join(placements.value)} is invalid; allowed: {', '.join(PLACEMENTS)} or both"
-            )
-
-        settings = suite.Settings(
-            multipliers=tuple(sorted(multipliers.value)),
-            eval_tokens=eval_tokens.value,
-            passkey_depths=tuple(depths.value),
-            passkey_keys=keys.value,
-            passkey_candidates=candidates.value,
-            analysis_windows=analysis.value,
-            implementation=implementation.value,
-            seed=seed.value,
-            context=context.value,
-            mqar_instances=mqar_instances.value,
-            mqar_placements=tuple(placements.value),
-        )
-        suite.run_suite(
-            workdirs.value, switches.value, settings.quick() if quick.value else settings, out.value, tuple(merge.value)
-        )
+        chosen = fields.value(Settings, settings)
+        chosen = chosen.quick() if quick.value else chosen
+        try:
+            suite.run_suite(workdirs.value, switches.value, chosen, out.value, tuple(merge.value))
+        except suite.Stopped as e:
+            print(e, file=sys.stderr)
+            sys.exit(EXIT_PREEMPTED)
         for name in ("report.md", "mqar.md"):
             if (pathlib.Path(out.value) / name).exists():
                 print(f"report: {out.value}/{name}")

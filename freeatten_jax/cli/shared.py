@@ -24,26 +24,6 @@ _ARGV_ERRORS = (flags.Error, AttributeError, KeyError, TypeError, ValueError, OS
 _STDERR_LOCK = threading.RLock()
 
 
-class NumberList(flags.ListParser):
-    """Comma-separated numbers of `kind` for which `ok` holds; `allowed` describes them in --help and in the error."""
-
-    def __init__(self, kind, ok: Callable[[float], bool], allowed: str):
-        super().__init__()
-        self.kind, self.ok, self.syntactic_help = kind, ok, allowed
-
-    def flag_type(self) -> str:
-        return f"comma separated list of {self.kind.__name__}"
-
-    def parse(self, argument):
-        try:
-            numbers = [self.kind(v) for v in super().parse(argument)]
-        except ValueError:
-            numbers = []
-        if not numbers or not all(map(self.ok, numbers)):
-            raise ValueError(f"is invalid; allowed: {self.syntactic_help}")
-        return numbers
-
-
 def config_argv(argv: list[str]) -> list[str]:
     """argv with `--config=lssar:tiny` turned into the packaged config file's path (file paths kept)."""
     return [f"--config={configs.resolve(a.split('=', 1)[1])}" if a.startswith("--config=") else a for a in argv]
@@ -61,7 +41,7 @@ def _one_line(error: BaseException, argv: list[str]) -> str:
         return f"{flag}: no such config field" + (f"; did you mean {flag.rpartition('.')[0]}.{close[1]}?" if close else "")
     lines = [line.strip() for line in str(error).splitlines() if line.strip()]
     text = re.sub(r"^[\w.]+(Error|Exception): ", "", lines[-1] if lines else type(error).__name__)
-    text = re.sub(r"^flag (--\S+): is invalid", r"\1 is invalid", text)  # absl's wording of a NumberList's error
+    text = re.sub(r"^flag (--\S+): is invalid", r"\1 is invalid", text)  # absl's wording of a fields.FieldParser's error
     if "Errno 2" in text and "config" in str(error):
         return f"--config: cannot load the config file: {text} (packaged configs: {configs.PACKAGED})"
     return text

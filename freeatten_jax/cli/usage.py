@@ -21,7 +21,7 @@ def _flag(flag) -> str:
     """One flag: default, type, allowed values (an enum's values, a bound, required) and its help."""
     enum = getattr(flag.parser, "enum_values", None)
     bounded = any(getattr(flag.parser, bound, None) is not None for bound in ("lower_bound", "upper_bound"))
-    ours = not type(flag.parser).__module__.startswith("absl.")  # e.g. cli.NumberList, whose help is its allowed values
+    ours = not type(flag.parser).__module__.startswith("absl.")  # e.g. fields.FieldParser, whose help is its allowed values
     allowed = ", ".join(enum) if enum else flag.parser.syntactic_help if bounded or ours else None
     kind = flag.flag_type() + (", required" if any(_REQUIRED in v.message for v in flag.validators) else "")
     help_text = flag.help.split(": ", 1)[1] if enum and flag.help.startswith("<") else flag.help

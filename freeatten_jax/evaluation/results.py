@@ -11,19 +11,8 @@ import json
 import pathlib
 
 from freeatten_jax.errors import UserError
-
-# Settings that shape what a text run measures, and those an MQAR run's: results measured under others do not compare.
-TEXT_SETTINGS = (
-    "multipliers",
-    "eval_tokens",
-    "span_windows",
-    "passkey_depths",
-    "passkey_keys",
-    "passkey_candidates",
-    "analysis_windows",
-    "seed",
-)
-MQAR_SETTINGS = ("multipliers", "mqar_instances", "mqar_placements")
+from freeatten_jax.evaluation.settings import Settings, compared
+from freeatten_jax.training import storage
 
 
 @dataclasses.dataclass
@@ -115,7 +104,8 @@ class RunResult:
 
 
 def write(path: pathlib.Path, runs: list[RunResult], settings: dict) -> None:
-    path.write_text(json.dumps({"settings": settings, "runs": [dataclasses.asdict(r) for r in runs]}, indent=1))
+    """Writes results.json atomically: a kill leaves the earlier file or this one, never a torn one."""
+    storage.write_atomic(path, json.dumps({"settings": settings, "runs": [dataclasses.asdict(r) for r in runs]}, indent=1))
 
 
 def read(path) -> tuple[list[RunResult], dict]:
@@ -125,24 +115,27 @@ def read(path) -> tuple[list[RunResult], dict]:
     return [from_dict(r) for r in saved["runs"]], saved["settings"]
 
 
-def earlier(paths: list[str], settings: dict, names: set[str], mqar: bool) -> tuple[list[RunResult], dict]:
+def check_alike(where: str, theirs: dict, ours: dict, keys: tuple[str, ...], remedy: str) -> None:
+    """Raises a UserError naming the first of the settings `keys` whose value differs between results measured under
+    `theirs` and under `ours` (settings as results.json records them)."""
+    for key in keys:
+        theirs_is, ours_is = json.dumps(theirs.get(key)), json.dumps(ours[key])
+        if theirs_is != ours_is:
+            raise UserError(f"{where}: measured with {key}={theirs_is}, this evaluation with {ours_is}; {remedy}")
+
+
+def earlier(paths: list[str], settings: dict, names: set[str], mqar: bool, kind: type = Settings) -> tuple[list[RunResult], dict]:
     """The runs of earlier results files, to report beside new ones without measuring them again, and the settings
-    that then describe the report (`settings`: the new runs'). Called before anything is measured: refuses a file
-    measured under other settings, or holding a checkpoint named in `names` (measured again)."""
+    that then describe the report (`settings`: the new runs', fields of `kind`). Called before anything is measured:
+    refuses a file measured under other settings, or holding a checkpoint named in `names` (measured again)."""
     runs, workdirs, switches = [], [], []
     for path in paths:
         try:
             theirs, their = read(path)
         except (OSError, ValueError, KeyError, TypeError) as e:
             raise UserError(f"--merge={path}: not a results file that freeatten-eval wrote ({e})") from None
-        keys = TEXT_SETTINGS + MQAR_SETTINGS if mqar or any(r.mqar is not None for r in theirs) else TEXT_SETTINGS
-        for key in keys:
-            theirs_is, ours_is = json.dumps(their.get(key)), json.dumps(settings[key])
-            if theirs_is != ours_is:
-                raise UserError(
-                    f"--merge={path}: measured with {key}={theirs_is}, this evaluation with {ours_is}; "
-                    "only results measured alike are reported together"
-                )
+        keys = compared(kind, mqar or any(r.mqar is not None for r in theirs))
+        check_alike(f"--merge={path}", their, settings, keys, "only results measured alike are reported together")
         if again := sorted(names & {r.name for r in theirs}):
             raise UserError(f"--merge={path}: holds {again[0]}, which is measured here too; leave out one")
         names = names | {r.name for r in theirs}
@@ -158,12 +151,16 @@ def earlier(paths: list[str], settings: dict, names: set[str], mqar: bool) -> tu
     return runs, described
 
 
+def length_loss(x: dict) -> LengthLoss:
+    """The LengthLoss of its dict as JSON holds it (intervals as lists)."""
+    return LengthLoss(**{k: tuple(v) if k.endswith("_ci") else v for k, v in x.items()})
+
+
 def from_dict(r: dict) -> RunResult:
-    tuples = lambda x: {k: tuple(v) if k.endswith("_ci") else v for k, v in x.items()}
     return RunResult(
         **{
             **r,
-            "lengths": [LengthLoss(**tuples(x)) for x in r.get("lengths", [])],
+            "lengths": [length_loss(x) for x in r.get("lengths", [])],
             "attention": AttentionStats(**r["attention"]) if r.get("attention") else None,
             "passkey": [RetrievalCell(**c) for c in r.get("passkey", [])],
             "retrieval": [RetrievalCell(**c) for c in r.get("retrieval", [])],

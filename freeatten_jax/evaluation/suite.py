@@ -19,41 +19,14 @@ from tqdm import tqdm
 from freeatten_jax import data
 from freeatten_jax.data import retrieval
 from freeatten_jax.errors import UserError
-from freeatten_jax.evaluation import attention_stats, loss, mqar, passkey, report, results, switches
+from freeatten_jax.evaluation import attention_stats, cells, loss, mqar, passkey, report, results, switches
+from freeatten_jax.evaluation.cells import Cells
+from freeatten_jax.evaluation.settings import Settings, compared
 from freeatten_jax.nn import sharding
 from freeatten_jax.nn.decoding import generate
-from freeatten_jax.training import checkpoint, config, warm_start
+from freeatten_jax.training import checkpoint, config, lock, signals, warm_start
 from freeatten_jax.training.loss import next_token_losses
 from freeatten_jax.training.run import load_run
-
-
-@dataclasses.dataclass(frozen=True)
-class Settings:
-    multipliers: tuple[int, ...] = (1, 2, 4, 8, 16)  # evaluation lengths, in training lengths, ascending
-    eval_tokens: int = 0  # the held-out span scored at every length; 0: span_windows windows of the longest length
-    span_windows: int = 16  # windows of the longest length in the span when eval_tokens is 0
-    passkey_depths: tuple[float, ...] = (0.1, 0.5, 0.9)
-    passkey_keys: int = 3  # random keys per (length, depth) cell
-    passkey_candidates: int = 10  # the true key and 9 random ones, ranked by likelihood
-    analysis_windows: int = 1  # windows of the longest length for the entropy analysis
-    implementation: str = "auto"  # attention implementation used at every length
-    seed: int = 0
-    context: int = 1  # devices sharing each window's sequence (context parallelism) for the loss vs length
-    mqar_instances: int = 256  # MQAR runs: instances per length (x pairs queries), the same pairs at every length
-    mqar_placements: tuple[str, ...] = data.MQAR_PLACEMENTS  # where the pairs sit at longer lengths (data.mqar)
-
-    def quick(self) -> "Settings":
-        """A first look in minutes on a CPU: three lengths, a quarter of the span, one passkey depth and key, 64 MQAR
-        instances."""
-        return dataclasses.replace(
-            self,
-            multipliers=(1, 4, 16),
-            span_windows=4,
-            passkey_depths=(0.5,),
-            passkey_keys=1,
-            passkey_candidates=5,
-            mqar_instances=64,
-        )
 
 
 class SplitCache:
@@ -113,48 +86,72 @@ def _score_prompt(model, tokenizer, prompt_T: np.ndarray, key: str, others: list
     return hit, float(totals[0]), passkey.key_rank(totals[0], totals[1:])
 
 
-def _retrieval(model, tokenizer, task: str, build, lengths: list[int], settings: Settings, rng):
-    """Yields what it scores next; returns (grid cells of length x depth, needle-mass [layers, H] for each prompt at
-    the longest length).
+def _cell(store: Cells, name: str, doing: str, compute):
+    """A generator: the cell `name`'s saved payload if it is done, else (yielding `doing` first, for the progress
+    display and the stop check) `compute()`'s, saved. Either way as read back from JSON, so that a resumed evaluation
+    assembles the same results as an uninterrupted one."""
+    saved = store.get(name)
+    if saved is None:
+        yield doing
+        saved = store.put(name, compute())
+    return saved
 
-    `build(tokenizer, length, depth, key) -> (prompt tokens, needle slice)`; a cell that cannot be
-    scored (no tokenizer, or the prompt does not fit the length) carries the reason instead of numbers."""
-    cells, masses = [], []
+
+def _retrieval_cell(model, tokenizer, build, length: int, depth: float, settings: Settings, rng, longest: bool) -> dict:
+    """One cell of the retrieval grid: {"cell": its RetrievalCell, "masses": the needle mass [layers, H] of each prompt
+    at the longest length, "rng": the key generator's state after it}.
+
+    `build(tokenizer, length, depth, key) -> (prompt tokens, needle slice)`; a cell that cannot be scored (no
+    tokenizer, or the prompt does not fit the length) carries the reason instead of numbers."""
+    cell, masses = results.RetrievalCell(length, depth), []
+    if tokenizer is None:
+        cell.reason = "the run has no tokenizer (set data.tokenizer_path for .bin shards)"
+        return {"cell": dataclasses.asdict(cell), "masses": masses, "rng": rng.bit_generator.state}
+    hits, logliks, ranks = [], [], []
+    for key in passkey.random_keys(rng, settings.passkey_keys):
+        try:
+            prompt_T, needle = build(tokenizer, length, depth, key)
+        except ValueError as e:
+            cell.reason = str(e)
+            break
+        others = [k for k in passkey.random_keys(rng, settings.passkey_candidates * 2) if k != key]
+        hit, loglik, rank = _score_prompt(model, tokenizer, prompt_T, key, others[: settings.passkey_candidates - 1])
+        hits.append(hit), logliks.append(loglik), ranks.append(rank)
+        if longest:
+            masses.append(np.asarray(attention_stats.needle_mass(model, jnp.asarray(prompt_T[None]), needle)).tolist())
+    if hits:
+        cell.accuracy, cell.mean_key_loglik = float(np.mean(hits)), float(np.mean(logliks))
+        cell.mean_key_rank, cell.keys = float(np.mean(ranks)), len(hits)
+    return {"cell": dataclasses.asdict(cell), "masses": masses, "rng": rng.bit_generator.state}
+
+
+def _retrieval(model, tokenizer, task: str, build, lengths: list[int], settings: Settings, store: Cells):
+    """Yields what it scores next; returns (grid cells of length x depth, needle-mass [layers, H] for each prompt at
+    the longest length). The keys come from one seeded generator, drawn in grid order: a cell read back restores the
+    generator's state after it."""
+    rng = np.random.default_rng(settings.seed)
+    grid, masses = [], []
     for length in lengths:
         for depth in settings.passkey_depths:
-            yield f"{task} at length {length}, depth {depth:g}"
-            cell = results.RetrievalCell(length, depth)
-            if tokenizer is None:
-                cell.reason = "the run has no tokenizer (set data.tokenizer_path for .bin shards)"
-                cells.append(cell)
-                continue
-            hits, logliks, ranks = [], [], []
-            for key in passkey.random_keys(rng, settings.passkey_keys):
-                try:
-                    prompt_T, needle = build(tokenizer, length, depth, key)
-                except ValueError as e:
-                    cell.reason = str(e)
-                    break
-                others = [k for k in passkey.random_keys(rng, settings.passkey_candidates * 2) if k != key]
-                hit, loglik, rank = _score_prompt(model, tokenizer, prompt_T, key, others[: settings.passkey_candidates - 1])
-                hits.append(hit), logliks.append(loglik), ranks.append(rank)
-                if length == lengths[-1]:
-                    masses.append(attention_stats.needle_mass(model, jnp.asarray(prompt_T[None]), needle))
-            if hits:
-                cell.accuracy, cell.mean_key_loglik = float(np.mean(hits)), float(np.mean(logliks))
-                cell.mean_key_rank, cell.keys = float(np.mean(ranks)), len(hits)
-            cells.append(cell)
-    return cells, masses
+            score = functools.partial(
+                _retrieval_cell, model, tokenizer, build, length, depth, settings, rng, length == lengths[-1]
+            )
+            saved = yield from _cell(store, f"{task}-{length}-{depth!r}", f"{task} at length {length}, depth {depth:g}", score)
+            rng.bit_generator.state = saved["rng"]
+            grid.append(results.RetrievalCell(**saved["cell"]))
+            masses += saved["masses"]
+    return grid, masses
 
 
 MQAR_SEED = 2_000_003  # the evaluation's MQAR instances: neither training's stream nor validation's (data.mqar)
 
 
-def measure(checkpoint_at: str, switch: switches.Switch, settings: Settings, splits_of):
+def measure(checkpoint_at: str, switch: switches.Switch, settings: Settings, splits_of, store: Cells):
     """Every measurement for one checkpoint (WORKDIR[@STEP]) under one switch: MQAR accuracy by length for an MQAR
-    run, else loss, retrieval and attention analysis on held-out text. A generator: it yields what it measures next
-    (for a progress display) and returns the RunResult. A warm-started run's variant is named with its origin and
-    its steps since (`ssmax from softmax@450 +150`), so that it is not pooled with runs from scratch."""
+    run, else loss, retrieval and attention analysis on held-out text; the cells done already (in `store`) are read back,
+    the others measured and saved there. A generator: it yields what it measures next (for a progress display) and
+    returns the RunResult. A warm-started run's variant is named with its origin and its steps since
+    (`ssmax from softmax@450 +150`), so that it is not pooled with runs from scratch."""
     mesh = _context_mesh(settings.context)
     workdir, step = warm_start.split_step(checkpoint_at)
     loaded = load_run(workdir, step=step, mesh=mesh)
@@ -173,30 +170,34 @@ def measure(checkpoint_at: str, switch: switches.Switch, settings: Settings, spl
         rope_theta=float(model.attention_layers[0].rope_theta),
     )
     if cfg.data.source == "mqar":
-        yield "MQAR accuracy by length"
-        run.mqar = mqar.accuracy_by_length(
-            model,
-            data.mqar_task(cfg.data),
-            cfg.train.seq_len,
-            sorted(settings.multipliers),
-            settings.mqar_instances,
-            MQAR_SEED,
-            settings.mqar_placements,
-        )
+        run.mqar = []
+        train_len, task = cfg.train.seq_len, data.mqar_task(cfg.data)
+        for placement in settings.mqar_placements:  # as mqar.accuracy_by_length orders its rows
+            for m in sorted(settings.multipliers):
+                score = functools.partial(
+                    mqar.accuracy_by_length, model, task, train_len, [m], settings.mqar_instances, MQAR_SEED, (placement,)
+                )
+                row = yield from _cell(
+                    store,
+                    f"mqar-{placement}-{m * train_len}",
+                    f"MQAR at length {m * train_len} ({placement})",
+                    lambda score=score: dataclasses.asdict(score()[0]),
+                )
+                run.mqar.append(results.MqarLength(**row))
         return run
-    yield from _text_measurements(run, model, cfg, loaded.tokenizer, settings, splits_of(cfg.data), mesh)
+    yield from _text_measurements(run, model, cfg, loaded.tokenizer, settings, splits_of(cfg.data), mesh, store)
     return run
 
 
 def evaluate(checkpoint_at: str, switch: switches.Switch, settings: Settings, splits_of) -> results.RunResult:
-    """`measure`'s result, without a progress display."""
+    """`measure`'s result, without a progress display, nothing saved."""
     with tqdm(disable=True) as progress:
-        return _drive(measure(checkpoint_at, switch, settings, splits_of), progress)
+        return _drive(measure(checkpoint_at, switch, settings, splits_of, Cells(None)), progress)
 
 
-def _drive(measurements, progress) -> results.RunResult:
+def _drive(measurements, progress, before_each=lambda: None) -> results.RunResult:
     """Runs a `measure` generator to its result, showing each step on `progress` (a tqdm bar): a step counts as done
-    when the next one starts."""
+    when the next one starts. `before_each()` is called before each step starts (everything before it is saved)."""
     started = 0
     while True:
         try:
@@ -205,40 +206,55 @@ def _drive(measurements, progress) -> results.RunResult:
             progress.update(started)
             return done.value
         progress.update(started)
+        before_each()
         progress.set_postfix_str(doing)
         started = 1
 
 
 def tasks_per_run(settings: Settings, is_mqar: bool) -> int:
-    """Steps `measure` yields for one run: one per length, the analysis and each retrieval cell (MQAR: one)."""
-    return 1 if is_mqar else len(settings.multipliers) + 1 + 2 * len(settings.multipliers) * len(settings.passkey_depths)
+    """Cells `measure` measures for one run: one per length, the analysis and each retrieval cell (MQAR: one per
+    length and placement)."""
+    if is_mqar:
+        return len(settings.multipliers) * len(settings.mqar_placements)
+    return len(settings.multipliers) + 1 + 2 * len(settings.multipliers) * len(settings.passkey_depths)
 
 
-def _text_measurements(run: results.RunResult, model, cfg, tokenizer, settings: Settings, splits: data.Splits, mesh):
+def _loss_cell(model, cfg, splits: data.Splits, span: int, m: int, settings: Settings, mesh, longest: bool) -> dict:
+    """Loss at m training lengths over the span: {"loss": its LengthLoss, "per_position": the mean over windows at each
+    position, at the longest length only}."""
+    length = m * cfg.train.seq_len
+    windows_WL = _windows(splits, length, span, m)
+    _check_context(length, settings.context)
+    with sharding.use_mesh(mesh, sharding.DEFAULT_RULES):  # the sequence over 'context' when it is > 1
+        losses_WT = loss.token_losses(model, windows_WL, eos_id=data.document_eos(cfg.data))
+    row = results.LengthLoss(length, m, **loss.summarise(losses_WT, cfg.train.seq_len, settings.seed))
+    return {"loss": dataclasses.asdict(row), "per_position": losses_WT.mean(0).tolist() if longest else None}
+
+
+def _analysis_cell(model, splits: data.Splits, span: int, m: int, length: int, settings: Settings) -> dict:
+    """Attention entropy and max weight over the first windows of the longest length."""
+    tokens_BT = jnp.asarray(_windows(splits, length, span, m)[: settings.analysis_windows, :-1])
+    entropy, max_weight, n_from = attention_stats.entropy_and_max(model, tokens_BT)
+    return dataclasses.asdict(results.AttentionStats(entropy.tolist(), max_weight.tolist(), n_from.tolist()))
+
+
+def _text_measurements(run: results.RunResult, model, cfg, tokenizer, settings: Settings, splits: data.Splits, mesh, store):
     """Loss by length on the held-out span, attention analysis, passkey and training-format retrieval, into `run`."""
     train_len = cfg.train.seq_len
     run.span_tokens = min(span_tokens(settings, train_len), sum(len(s) for s in splits.val))
-    longest = None
-    for m in sorted(settings.multipliers):  # the last one is the longest: per-position loss and analysis
-        yield f"loss at length {m * train_len}"
-        windows_WL = _windows(splits, m * train_len, run.span_tokens, m)
-        _check_context(m * train_len, settings.context)
-        with sharding.use_mesh(mesh, sharding.DEFAULT_RULES):  # the sequence over 'context' when it is > 1
-            losses_WT = loss.token_losses(model, windows_WL, eos_id=data.document_eos(cfg.data))
-        run.lengths.append(results.LengthLoss(m * train_len, m, **loss.summarise(losses_WT, train_len, settings.seed)))
-        run.per_position = losses_WT.mean(0).tolist()
-        longest = windows_WL
-    yield "attention analysis"
-    tokens_BT = jnp.asarray(longest[: settings.analysis_windows, :-1])
-    entropy, max_weight, n_from = attention_stats.entropy_and_max(model, tokens_BT)
-    run.attention = results.AttentionStats(entropy.tolist(), max_weight.tolist(), n_from.tolist())
+    multipliers = sorted(settings.multipliers)  # the last one is the longest: per-position loss and analysis
+    for m in multipliers:
+        score = functools.partial(_loss_cell, model, cfg, splits, run.span_tokens, m, settings, mesh, m == multipliers[-1])
+        saved = yield from _cell(store, f"loss-{m * train_len}", f"loss at length {m * train_len}", score)
+        run.lengths.append(results.length_loss(saved["loss"]))
+        if m == multipliers[-1]:
+            run.per_position = saved["per_position"]
+    longest = multipliers[-1] * train_len
+    analyse = functools.partial(_analysis_cell, model, splits, run.span_tokens, multipliers[-1], longest, settings)
+    run.attention = results.AttentionStats(**(yield from _cell(store, "attention", "attention analysis", analyse)))
     lengths = [x.length for x in run.lengths]
-    run.passkey, masses = yield from _retrieval(
-        model, tokenizer, "passkey", passkey.build_prompt, lengths, settings, np.random.default_rng(settings.seed)
-    )
-    run.retrieval, _ = yield from _retrieval(
-        model, tokenizer, "retrieval", retrieval.build_prompt, lengths, settings, np.random.default_rng(settings.seed)
-    )
+    run.passkey, masses = yield from _retrieval(model, tokenizer, "passkey", passkey.build_prompt, lengths, settings, store)
+    run.retrieval, _ = yield from _retrieval(model, tokenizer, "retrieval", retrieval.build_prompt, lengths, settings, store)
     run.needle_mass = np.mean(masses, axis=0).tolist() if masses else []
     s = attention_stats.ssmax_s(model)
     run.ssmax_s = None if s is None else s.tolist()
@@ -259,14 +275,16 @@ def _check_context(length: int, context: int) -> None:
         )
 
 
-def _saved_config(checkpoint_at: str) -> config.Config:
-    """The typed config saved with checkpoint WORKDIR[@STEP] (the latest without @STEP); a UserError if it is not there."""
+def _saved_config(checkpoint_at: str) -> tuple[int, config.Config]:
+    """(step, the typed config saved with it) of checkpoint WORKDIR[@STEP] (the latest without @STEP); a UserError if it
+    is not there."""
     workdir, step = warm_start.split_step(checkpoint_at)
     ckpt = checkpoint.Checkpointer(workdir, read_only=True)
     try:
         if step is not None and step not in ckpt.all_steps():
             raise UserError(f"--workdir={checkpoint_at}: no checkpoint step {step}; it has: {ckpt.all_steps() or 'none'}")
-        return ckpt.run_config(ckpt.require_latest() if step is None else step)
+        step = ckpt.require_latest() if step is None else step
+        return step, ckpt.run_config(step)
     finally:
         ckpt.close()
 
@@ -279,20 +297,40 @@ def estimate(first_s: float, jobs: int) -> str:
     return f"first of {jobs} runs took {first_s:.0f} s: the whole evaluation will take about {total_min:.0f} min{hint}"
 
 
+class Stopped(Exception):
+    """SIGTERM or SIGINT stopped the evaluation between two cells, every finished one saved: rerun the same command
+    to resume (exit 75)."""
+
+
+def _resumable(out: pathlib.Path, settings: Settings, mqar: bool) -> None:
+    """Refuses an output folder holding cells measured under other settings; records them in a fresh one."""
+    ours = dataclasses.asdict(settings)
+    theirs = cells.saved_settings(out)
+    if theirs is None:
+        cells.save_settings(out, ours)
+        return
+    keys = compared(type(settings), mqar)
+    results.check_alike(f"--out={out}", theirs, ours, keys, "rerun with those settings to resume, or use another --out")
+
+
 def run_suite(
     workdirs: list[str], switch_texts: list[str], settings: Settings, out: str, merge: tuple[str, ...] = ()
 ) -> list[results.RunResult]:
     """Evaluates each checkpoint as trained and under each applicable switch; writes the report of these runs and of
-    those in the results files `merge` to `out`. Returns the runs measured here."""
+    those in the results files `merge` to `out`. Returns the runs measured here.
+
+    Each cell is saved in OUT/cells as it is done, and a rerun skips those done; one process at a time owns `out`.
+    SIGTERM or SIGINT stops it after the cell in progress: `Stopped`."""
     parsed = [switches.parse(t) for t in switch_texts]
-    configs = {w: _saved_config(w) for w in workdirs}
+    saved = {w: _saved_config(w) for w in workdirs}
+    configs = {w: cfg for w, (_, cfg) in saved.items()}
     jobs = [(w, s) for w in workdirs for s in [switches.NONE, *parsed] if switches.applicable(configs[w], s)]
     if not jobs:
         raise UserError("nothing to evaluate: no switch applies to these checkpoints")
     is_mqar = {w: configs[w].data.source == "mqar" for w in workdirs}
     described = {**dataclasses.asdict(settings), "switches": switch_texts, "workdirs": list(workdirs)}
-    earlier, described = results.earlier(list(merge), described, {pathlib.Path(w).name for w in workdirs}, any(is_mqar.values()))
-    runs, splits_of = [], SplitCache()
+    names = {pathlib.Path(w).name for w in workdirs}
+    earlier, described = results.earlier(list(merge), described, names, any(is_mqar.values()), type(settings))
     mqar_runs = sum(is_mqar[w] for w, _ in jobs)
     what = [f"{len(settings.passkey_depths)} passkey depth(s) x {settings.passkey_keys} key(s)"] * (mqar_runs < len(jobs))
     what += [f"MQAR: {settings.mqar_instances} instances per length"] * (mqar_runs > 0)
@@ -302,12 +340,51 @@ def run_suite(
         "estimate of the whole",
         file=sys.stderr,
     )
-    start = time.perf_counter()
-    with tqdm(total=sum(tasks_per_run(settings, is_mqar[w]) for w, _ in jobs), desc="eval", unit="task") as progress:
-        for i, (workdir, switch) in enumerate(jobs):
-            progress.set_description(f"{pathlib.Path(workdir).name} ({configs[workdir].model.variant_name}) [{switch.label}]")
-            runs.append(_drive(measure(workdir, switch, settings, splits_of), progress))
-            if i == 0 and len(jobs) > 1:
-                progress.write(estimate(time.perf_counter() - start, len(jobs)), file=sys.stderr)
-    report.write(pathlib.Path(out), [*earlier, *runs], described)
+    folder = pathlib.Path(out)
+    with lock.hold(folder, flag="--out"):
+        _resumable(folder, settings, mqar_runs > 0)
+        cells.drop_partial_writes(folder)
+        stores = {
+            (w, s): Cells(folder / cells.FOLDER / cells.job_name(warm_start.split_step(w)[0], saved[w][0], s.label))
+            for w, s in jobs
+        }
+        runs = _measure_all(jobs, configs, settings, stores, folder)
+        report.write(folder, [*earlier, *runs], described)
+    return runs
+
+
+def _measure_all(jobs, configs, settings: Settings, stores: dict, out: pathlib.Path) -> list[results.RunResult]:
+    """The jobs' results, each read back if it is done, else measured cell by cell on a progress bar of cells done,
+    total and time left; stops between cells at SIGTERM or SIGINT."""
+    splits_of, runs = SplitCache(), []
+    per_job = {job: tasks_per_run(settings, configs[job[0]].data.source == "mqar") for job in jobs}
+    before = sum(per_job[job] if store.get(cells.RUN) else store.done() for job, store in stores.items())
+    total = sum(per_job.values())
+    stop = signals.StopSignal()
+
+    def check_stop():
+        if stop.requested:
+            raise Stopped(
+                f"{stop.name}: stopped with {progress.n} of {total} cells done, each saved in {out / cells.FOLDER}; "
+                "rerun the same command to resume"
+            )
+
+    try:
+        with tqdm(total=total, initial=before, desc="eval", unit="cell") as progress:
+            if before:
+                progress.write(f"resuming: {before} of {total} cells done already in {out / cells.FOLDER}", file=sys.stderr)
+            start = time.perf_counter()
+            for i, (workdir, switch) in enumerate(jobs):
+                store = stores[workdir, switch]
+                if done := store.get(cells.RUN):
+                    runs.append(results.from_dict(done))
+                    continue
+                check_stop()  # before loading the next checkpoint; after the last job, the report is written
+                progress.set_description(f"{pathlib.Path(workdir).name} ({configs[workdir].model.variant_name}) [{switch.label}]")
+                run = _drive(measure(workdir, switch, settings, splits_of, store), progress, check_stop)
+                runs.append(results.from_dict(store.put(cells.RUN, dataclasses.asdict(run))))
+                if i == 0 and len(jobs) > 1 and not before:
+                    progress.write(estimate(time.perf_counter() - start, len(jobs)), file=sys.stderr)
+    finally:
+        stop.restore()
     return runs

@@ -22,8 +22,9 @@ class WorkdirBusyError(UserError, RuntimeError):
 
 
 @contextlib.contextmanager
-def hold(workdir):
-    """Holds WORKDIR/lock for the body; raises WorkdirBusyError naming the holder's pid and host if it is taken."""
+def hold(workdir, flag: str = "--workdir"):
+    """Holds WORKDIR/lock for the body; raises WorkdirBusyError naming the holder's pid and host if it is taken (and
+    `flag`, the command's option naming the folder)."""
     path = storage.path(workdir)
     if jax.process_index() != 0:
         yield
@@ -33,7 +34,7 @@ def hold(workdir):
         yield
         return
     path.mkdir(parents=True, exist_ok=True)
-    fd = _locked(path / "lock", path)
+    fd = _locked(path / "lock", path, flag)
     try:
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"pid {os.getpid()} on host {socket.gethostname()}\n".encode(), 0)
@@ -44,7 +45,7 @@ def hold(workdir):
         os.close(fd)  # releases the lock
 
 
-def _locked(lock_path, workdir) -> int:
+def _locked(lock_path, workdir, flag: str) -> int:
     """An open fd of `lock_path` holding its exclusive flock: of the file there now, not one its holder removed while
     this process opened it."""
     while True:
@@ -54,7 +55,7 @@ def _locked(lock_path, workdir) -> int:
         except BlockingIOError:
             holder = os.pread(fd, 200, 0).decode(errors="replace").strip() or "another process"
             os.close(fd)
-            raise WorkdirBusyError(f"{workdir} is in use by {holder}; wait for it, stop it, or use another --workdir") from None
+            raise WorkdirBusyError(f"{workdir} is in use by {holder}; wait for it, stop it, or use another {flag}") from None
         with contextlib.suppress(FileNotFoundError):
             if os.stat(lock_path).st_ino == os.fstat(fd).st_ino:
                 return fd
