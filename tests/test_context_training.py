@@ -83,6 +83,8 @@ def test_eval_at_16x_over_context_8_equals_single_device_eval(text_glob, tmp_pat
     settings = dataclasses.replace(SETTINGS, context=8)
     single = suite.evaluate(workdir, switches.NONE, SETTINGS, suite.SplitCache())
     assert not ring_calls
+    with pytest.raises(UserError, match=r"evaluation length 16 must be a multiple of 2 x --context \(6\) for context"):
+        suite.evaluate(workdir, switches.NONE, dataclasses.replace(SETTINGS, context=3), suite.SplitCache())
     sharded = suite.evaluate(workdir, switches.NONE, settings, suite.SplitCache())
     assert {(c["axis_name"], c["q_len"]) for c in ring_calls} == {("context", 16), ("context", 256)}
     assert [x.length for x in sharded.lengths] == [16, 256]  # 16 and 16x the training length
@@ -92,12 +94,9 @@ def test_eval_at_16x_over_context_8_equals_single_device_eval(text_glob, tmp_pat
     np.testing.assert_allclose(sharded.per_position, single.per_position, rtol=1e-5, atol=1e-6)
 
 
-def test_eval_refuses_lengths_and_context_sizes_it_cannot_split():
-    with pytest.raises(UserError, match="evaluation length 16 must be a multiple of 2 x --context \\(32\\)"):
-        suite._check_context(16, 16)
-    suite._check_context(16, 1)
+def test_eval_refuses_more_context_devices_than_there_are_before_it_reads_the_run(tmp_path):
     with pytest.raises(UserError, match="--context=9 is invalid; allowed: 1 to the 8 devices"):
-        suite._context_mesh(9)
+        suite.evaluate(str(tmp_path / "no run"), switches.NONE, dataclasses.replace(SETTINGS, context=9), suite.SplitCache())
 
 
 def test_kv_cache_decoding_under_a_data_tensor_context_mesh_attends_gathered(ring_calls):

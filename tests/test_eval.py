@@ -241,7 +241,7 @@ def test_plots_draw_one_line_per_variant_and_switch_with_seed_bands(tmp_path):
         (("softmax", "rope_theta=50x"), 2),
         (("lssar", "none"), 2),
     ]
-    style = plots._style(runs)
+    style = plots.styles(runs)
     assert style("softmax", "none")["color"] == style("softmax", "rope_theta=50x")["color"] != style("lssar", "none")["color"]
     assert (
         style("softmax", "none")["linestyle"]

@@ -37,7 +37,7 @@ def test_a_second_run_of_the_same_config_in_one_process_reuses_the_traced_steps(
         return traced
 
     monkeypatch.setattr(train_step, "train_step", counting("train_step", train_step.train_step))
-    monkeypatch.setattr(integrity, "_bits_sums", counting("fingerprints", integrity._bits_sums))
+    monkeypatch.setattr(integrity, "bits_sums", counting("fingerprints", integrity.bits_sums))
     shapes_of_its_own = {"model.mlp_dim": 48}  # no other test's state has these shapes, so nothing is traced yet
     cfg = tiny_config(
         "lssa", text_glob, **{"train.steps": 2, "train.checkpoint_every": 2, "train.eval_every": 0, **shapes_of_its_own}

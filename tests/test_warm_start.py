@@ -41,7 +41,7 @@ def _warm(variant, text_glob, source, **overrides):
 
 
 def _params(model) -> dict:
-    return {name: np.asarray(a) for name, a in warm_start._flat_params(model).items()}
+    return {name: np.asarray(a) for name, a in warm_start.flat_params(model).items()}
 
 
 def _switched(model, variant: str, s: float | None):

@@ -86,7 +86,8 @@ def param_shapes(model_cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
     return {_path_name(path): tuple(leaf.shape) for path, leaf in jax.tree_util.tree_leaves_with_path(params)}
 
 
-def _flat_params(model) -> dict[str, np.ndarray]:
+def flat_params(model) -> dict[str, np.ndarray]:
+    """{parameter path: array} of a model's parameters, in the layout a Source loads."""
     return {_path_name(path): np.asarray(leaf) for path, leaf in jax.tree_util.tree_leaves_with_path(nnx.state(model, nnx.Param))}
 
 
@@ -110,7 +111,7 @@ def _from_run(workdir: str, step: int | None) -> Source:
         cfg = ckpt.run_config(step)
     finally:
         ckpt.close()
-    load = lambda: _flat_params(checkpoint.load_params(workdir, step)[0])
+    load = lambda: flat_params(checkpoint.load_params(workdir, step)[0])
     data_settings = {f"data.{name}": value for name, value in dataclasses.asdict(cfg.data).items()}
     return Source(f"{workdir}@{step}", cfg.model, cfg.train.seq_len, data.run_tokenizer(workdir, cfg.data), data_settings, load)
 
