@@ -156,7 +156,7 @@ MUTANTS = [
         "jax.nn.softmax(scores, axis=-1) * visible",
         oracle("softmax"),
     ),
-    # --- attention/rules.py: the row rules every implementation runs (issue 20 item 4); each must fail each one's tests
+    # --- attention/rules.py: the row rules every implementation runs; each must fail each one's tests
     *every_implementation(
         "rules: online softmax does not rescale the accumulator", "ctx.pv(w, v, acc * scale)", "ctx.pv(w, v, acc)", "softmax"
     ),
@@ -186,7 +186,7 @@ MUTANTS = [
         "jnp.arange(1, t + 1)[None, None]",
         ("tests/test_blockwise.py", "-k", "fused_path_matches_reference"),
     ),
-    # --- rare inputs and bfloat16 (issue 32)
+    # --- rare inputs and bfloat16
     Mutant(
         "lssar: a row within rounding of uniform re-weighted (no margin)",
         RULES_PY,
@@ -318,7 +318,7 @@ MUTANTS = [
         "return k * g",
         ("tests/test_pallas.py", "-k", "reference and tpu"),
     ),
-    # --- LSSAR's p differentiable on every path (issue 20)
+    # --- LSSAR's p differentiable on every path
     *every_p_path(
         "rules: dL/dp without the -D_i term",
         'jnp.log(rho) * (dp - rows["d"])',
@@ -336,7 +336,7 @@ MUTANTS = [
         "dp_1 = None",
         ("tests/test_pallas.py", "-k", "finite_differences and pallas"),
     ),
-    # --- block_plan.py: the mask-free interior blocks (issue 20; the Pallas kernels take them)
+    # --- block_plan.py: the mask-free interior blocks (the Pallas kernels take them)
     Mutant(
         "pallas: diagonal blocks taken as interior (k_hi <= q_hi)",
         BLOCK_PLAN_PY,
@@ -358,7 +358,7 @@ MUTANTS = [
         "full = jnp.any(kvalid_BJC, axis=2)",
         (*BLOCK_EDGES, "-k", "pallas"),
     ),
-    # --- compile/: without the chips (issue 20)
+    # --- compile/: without the chips
     Mutant(
         "freeatten-compile: a shared-memory overflow not recognised",
         "freeatten_jax/compile/run.py",
@@ -445,7 +445,7 @@ MUTANTS = [
         '"train.batch_size", "init.")',
         ("tests/test_train.py::test_resume_check_refuses_each_fixed_field_and_allows_the_others",),
     ),
-    # --- reliability (issue 21): restore, fingerprints, divergence, rotation, atomic files, storage, exit codes, multi-process
+    # --- reliability: restore, fingerprints, divergence, rotation, atomic files, storage, exit codes, multi-process
     Mutant(
         "restore: files not probed before restoring (EIO reaches orbax)",
         "freeatten_jax/training/resume.py",
@@ -586,7 +586,7 @@ MUTANTS = [
         "    pass",
         (FAULTS, "-k", "changes_while_training"),
     ),
-    # --- rollback (issue 53): rollback.py's rules, each caught by tests/training/test_rollback.py
+    # --- rollback: rollback.py's rules, each caught by tests/training/test_rollback.py
     Mutant(
         "rollback: a non-finite loss not stopped",
         ROLLBACK_PY,
@@ -1259,7 +1259,7 @@ MUTANTS = [
         "keys = block_k",
         ("tests/test_kernel_budget.py::test_gpu_budget_of_a_smaller_dkv_key_block",),
     ),
-    # --- Hugging Face import: RoPE in transformers 4's and 5's layouts, linear and llama3 scaling (issue 51)
+    # --- Hugging Face import: RoPE in transformers 4's and 5's layouts, linear and llama3 scaling
     Mutant(
         "hf import: transformers 5's rope_parameters ignored (its base read as 10,000)",
         HF_LLAMA_PY,
