@@ -37,7 +37,7 @@ def oracle(variant: str) -> tuple[str, ...]:
 
 
 BLOCK_EDGES = ("tests/test_block_edges.py",)
-HF_LLAMA_PY = "freeatten_jax/training/hf_llama.py"
+HF_LLAMA_PY = "freeatten_jax/formats/hf_llama.py"
 HF_IMPORT = "tests/test_hf_import.py"
 ROPE_READINGS = f"{HF_IMPORT}::test_config_jsons_rope_is_read_as_transformers_5_reads_it"
 BROKEN_HUB = f"{HF_IMPORT}::test_an_unsupported_or_broken_folder_is_one_error_line_and_writes_nothing"
@@ -905,7 +905,7 @@ MUTANTS = [
     ),
     Mutant(
         "load_run: orbax's restore warnings on the console",
-        "freeatten_jax/training/run.py",
+        "freeatten_jax/training/run_dir.py",
         "    logger.setLevel(logging.ERROR)\n",
         "    logger.setLevel(level)\n",
         ("tests/test_eval.py::test_load_run_is_the_public_way_to_use_a_trained_model",),

@@ -30,7 +30,7 @@ from freeatten_jax.cli import generate as generate_cli
 from freeatten_jax.cli import train as train_cli
 from freeatten_jax.data import DataError, shards
 from freeatten_jax.errors import EXIT_PREEMPTED
-from freeatten_jax.training import checkpoint, distributed, lock, loop, resume, rollback, storage
+from freeatten_jax.training import checkpoint, distributed, lock, loop, resume, rollback, run_dir, storage
 
 STEPS = {"train.checkpoint_every": 2, "optim.schedule": "constant", "train.eval_every": 100}
 
@@ -83,7 +83,7 @@ def test_a_blow_up_stops_in_one_line_quarantines_unconfirmed_checkpoints_and_a_s
     restart = 6
     assert checkpoint.Checkpointer(run6, read_only=True).all_steps() == [4, 6]  # saving 7 dropped 2 (max_to_keep 3)
     assert [p.name for p in (run6 / "quarantine").iterdir()] == ["step_7-non-finite"]
-    model, _, _ = checkpoint.load_params(run6)
+    model, _, _ = run_dir.load_params(run6)
     assert all(np.isfinite(x).all() for x in jax.tree.leaves(nnx.state(model, nnx.Param)))
     sane = loop.train_and_evaluate(_cfg(text_glob, restart + 4), run6)
     assert f"resumed from step 6 (checkpoint in {run6}; confirmed good)" in capsys.readouterr().out
@@ -147,7 +147,7 @@ def test_an_unwritable_checkpoint_folder_fails_at_start_up_and_keeps_every_check
     assert [m["step"] for m in read_metrics(run6)] == list(range(1, 7))
     monkeypatch.undo()
     assert checkpoint.Checkpointer(run6, read_only=True).all_steps() == [2, 4, 6]
-    assert checkpoint.load_params(run6)[2] == 6
+    assert run_dir.load_params(run6)[2] == 6
 
 
 def _files(folder: pathlib.Path) -> dict:

@@ -17,7 +17,7 @@ from freeatten_jax import data
 from freeatten_jax.cli import train as train_cli
 from freeatten_jax.errors import ConfigError
 from freeatten_jax.nn import sharding
-from freeatten_jax.training import checkpoint, config, distributed, loop, optim, resume, rollback
+from freeatten_jax.training import checkpoint, config, distributed, loop, optim, resume, rollback, run_dir
 from freeatten_jax.training import state as train_state
 from freeatten_jax.training import step as train_step
 
@@ -85,7 +85,7 @@ def test_nan_stops_with_a_clear_message_and_keeps_the_last_good_checkpoint(text_
     ):
         loop.train_and_evaluate(cfg, tmp_path)
     assert checkpoint.Checkpointer(tmp_path).latest_step() == 4
-    model, _, step = checkpoint.load_params(tmp_path)
+    model, _, step = run_dir.load_params(tmp_path)
     assert step == 4 and all(np.isfinite(x).all() for x in jax.tree.leaves(nnx.state(model, nnx.Param)))
 
 

@@ -23,8 +23,8 @@ from freeatten_jax.cli import train as train_cli
 from freeatten_jax.configs import base
 from freeatten_jax.errors import ConfigError, UserError
 from freeatten_jax.evaluation import loss, suite
-from freeatten_jax.training import loop, optim, warm_start
-from freeatten_jax.training.run import load_run
+from freeatten_jax.training import loop, optim, run_dir, warm_start
+from freeatten_jax.training.run_dir import load_run
 
 SOURCE_STEPS = {"train.steps": 6, "train.checkpoint_every": 3, "optim.schedule": "constant", "train.eval_every": 100}
 WARM_STEPS = {"train.steps": 4, "train.checkpoint_every": 2, "optim.schedule": "constant", "train.eval_every": 100}
@@ -69,7 +69,7 @@ def test_a_warm_start_holds_the_sources_weights_at_step_0_and_scores_as_the_swit
     assert sorted(new) == (["blocks.0.attn.s_H"] if variant == "ssmax" else [])
     for value in new.values():
         np.testing.assert_allclose(value, s0, rtol=1e-6)
-    record = json.loads((workdir / warm_start.INIT_FILE).read_text())
+    record = json.loads((workdir / run_dir.INIT_FILE).read_text())
     assert record["source"] == f"{source}@6" and record["training_length"] == 16 and record["copied"] == 13
 
     splits = data.load_splits(src.config.data)

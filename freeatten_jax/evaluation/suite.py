@@ -22,9 +22,9 @@ from freeatten_jax.errors import UserError
 from freeatten_jax.evaluation import attention_stats, loss, mqar, passkey, report, results, switches
 from freeatten_jax.nn import sharding
 from freeatten_jax.nn.decoding import generate
-from freeatten_jax.training import checkpoint, config, warm_start
+from freeatten_jax.training import checkpoint, config, run_dir
 from freeatten_jax.training.loss import next_token_losses
-from freeatten_jax.training.run import load_run
+from freeatten_jax.training.run_dir import load_run
 
 
 @dataclasses.dataclass(frozen=True)
@@ -156,12 +156,12 @@ def measure(checkpoint_at: str, switch: switches.Switch, settings: Settings, spl
     (for a progress display) and returns the RunResult. A warm-started run's variant is named with its origin and
     its steps since (`ssmax from softmax@450 +150`), so that it is not pooled with runs from scratch."""
     mesh = _context_mesh(settings.context)
-    workdir, step = warm_start.split_step(checkpoint_at)
+    workdir, step = run_dir.split_step(checkpoint_at)
     loaded = load_run(workdir, step=step, mesh=mesh)
     model, cfg = loaded.model, loaded.config
     switches.apply(model, cfg, switch)
     model.set_implementation(settings.implementation)
-    origin = warm_start.origin(workdir)
+    origin = run_dir.origin(workdir)
     run = results.RunResult(
         name=pathlib.Path(workdir).name + ("" if step is None else f"@{step}"),
         workdir=str(workdir),
@@ -261,7 +261,7 @@ def _check_context(length: int, context: int) -> None:
 
 def _saved_config(checkpoint_at: str) -> config.Config:
     """The typed config saved with checkpoint WORKDIR[@STEP] (the latest without @STEP); a UserError if it is not there."""
-    workdir, step = warm_start.split_step(checkpoint_at)
+    workdir, step = run_dir.split_step(checkpoint_at)
     ckpt = checkpoint.Checkpointer(workdir, read_only=True)
     try:
         if step is not None and step not in ckpt.all_steps():
