@@ -443,7 +443,7 @@ MUTANTS = [
         "freeatten_jax/training/resume.py",
         '"train.batch_size", "train.seed", "init.")',
         '"train.batch_size", "init.")',
-        ("tests/test_train.py::test_resume_check_refuses_each_fixed_field_and_allows_the_others",),
+        ("tests/training/test_resume.py::test_resume_check_refuses_each_fixed_field_and_allows_the_others",),
     ),
     # --- reliability: restore, fingerprints, divergence, rotation, atomic files, storage, exit codes, multi-process
     Mutant(
@@ -451,7 +451,7 @@ MUTANTS = [
         "freeatten_jax/training/resume.py",
         "        ckpt.check_readable(step)\n",
         "",
-        (FAULTS, "-k", "unreadable_checkpoints_stop"),
+        ("tests/training/test_resume.py", "-k", "unreadable_checkpoints_stop"),
     ),
     Mutant(
         "lock: the file stays after a clean exit",
@@ -486,21 +486,21 @@ MUTANTS = [
         "freeatten_jax/training/resume.py",
         "if bad or (quarantined.exists() and any(quarantined.iterdir())):",
         "if bad:",
-        (FAULTS, "-k", "every_checkpoint_is_bad"),
+        ("tests/training/test_resume.py", "-k", "every_checkpoint_is_bad"),
     ),
     Mutant(
         "fingerprint: restored arrays not compared",
         "freeatten_jax/training/checkpoint.py",
         'if bad := [k for k in sorted(arrays) if arrays[k] != fingerprints["state"].get(k)]:',
         "if bad := []:",
-        (FAULTS, "-k", "damaged_latest_checkpoint"),
+        ("tests/training/test_resume.py", "-k", "damaged_latest_checkpoint"),
     ),
     Mutant(
         "fingerprint: iterator state not compared",
         "freeatten_jax/training/checkpoint.py",
         'if integrity.iterator(data_iterator) != fingerprints["data_iterator"]:',
         "if False:",
-        (FAULTS, "-k", "damaged_latest_checkpoint and next_index"),
+        ("tests/training/test_resume.py", "-k", "damaged_latest_checkpoint and next_index"),
     ),
     Mutant(
         "fingerprint: blind to where a value sits",
@@ -514,7 +514,7 @@ MUTANTS = [
         "freeatten_jax/training/resume.py",
         "if (change := integrity.files_changed(saved, now)) is None:",
         "if True:",
-        (FAULTS, "-k", "changed_data"),
+        ("tests/training/test_resume.py", "-k", "changed_data"),
     ),
     Mutant(
         "divergence: one step short of spike_steps",
@@ -535,7 +535,7 @@ MUTANTS = [
         "freeatten_jax/training/checkpoint.py",
         "c.step in newest or c.step == self.confirmed[0]",
         "c.step in newest",
-        (FAULTS, "-k", "finite_blow_up"),
+        ("tests/training/test_rollback.py",),
     ),
     Mutant(
         "metrics: rewritten, not appended",
@@ -577,7 +577,7 @@ MUTANTS = [
         "freeatten_jax/training/checkpoint.py",
         "self._reporting(lambda: self.manager.save(step, args=args, force=True))",
         "self.manager.save(step, args=args, force=True)",
-        (FAULTS, "-k", "full_disk_stops or next_save_re_raises"),
+        (FAULTS, "-k", "failed_save_stops or next_save_re_raises"),
     ),
     Mutant(
         "data: a training file that changed is not checked before a checkpoint",
@@ -732,7 +732,7 @@ MUTANTS = [
         "freeatten_jax/data/watch.py",
         "            if now_mtime != mtime:",
         "            if False:",
-        (FAULTS, "-k", "changes_while_training and text"),
+        (FAULTS, "tests/test_integrity.py", "-k", "changes_while_training or file_watch"),
     ),
     Mutant(
         "multi-host: a process that stops on an error says done, its peers wait for it in a collective",
