@@ -11,7 +11,7 @@ from flax import nnx
 from helpers import tiny_config
 
 from freeatten_jax import attention
-from freeatten_jax.errors import ConfigError, UserError
+from freeatten_jax.errors import UserError
 from freeatten_jax.evaluation import suite, switches
 from freeatten_jax.nn import Transformer, preset, sharding
 from freeatten_jax.training import loop
@@ -68,12 +68,6 @@ def test_training_over_data_2_context_4_logs_the_losses_of_one_device(text_glob,
     assert sorted(losses[(2, 1, 1, 4)]) == [1, 2, 3, 4, 5]
     np.testing.assert_allclose(losses[(2, 1, 1, 4)][5], losses[(1, 1, 1)][5], rtol=1e-5)
     np.testing.assert_allclose(list(losses[(2, 1, 1, 4)].values()), list(losses[(1, 1, 1)].values()), rtol=1e-5)
-
-
-def test_a_sequence_that_does_not_split_into_zigzag_chunks_is_refused(text_glob, tmp_path):
-    cfg = tiny_config("lssa", text_glob, **{"train.seq_len": 12, "mesh.shape": (2, 1, 1, 4)})
-    with pytest.raises(ConfigError, match=r"config.train.seq_len=12 must be a multiple of 2 x the mesh's context axis \(8\)"):
-        loop.train_and_evaluate(cfg, tmp_path)
 
 
 @pytest.mark.slow
