@@ -1054,14 +1054,18 @@ MUTANTS = [
         "freeatten_jax/evaluation/suite.py",
         'variant=cfg.model.variant_name + (f" from {origin} +{loaded.step}" if origin else ""),',
         "variant=cfg.model.variant_name,",
-        ("tests/training/test_warm_start.py::test_a_warm_start_holds_the_sources_weights_at_step_0_and_scores_as_the_switched_source",),
+        (
+            "tests/training/test_warm_start.py::test_a_warm_start_holds_the_sources_weights_at_step_0_and_scores_as_the_switched_source",
+        ),
     ),
     Mutant(
         "eval: WORKDIR@STEP evaluates the latest checkpoint",
         "freeatten_jax/evaluation/suite.py",
         "    loaded = load_run(workdir, step=step, mesh=mesh)",
         "    loaded = load_run(workdir, mesh=mesh)",
-        ("tests/training/test_warm_start.py::test_a_warm_start_holds_the_sources_weights_at_step_0_and_scores_as_the_switched_source",),
+        (
+            "tests/training/test_warm_start.py::test_a_warm_start_holds_the_sources_weights_at_step_0_and_scores_as_the_switched_source",
+        ),
     ),
     Mutant(
         "results: results.json does not read back what was written",
