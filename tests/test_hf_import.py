@@ -22,9 +22,10 @@ from transformers.models.llama import modeling_flax_llama
 from freeatten_jax.cli import generate as generate_cli
 from freeatten_jax.cli import import_hf as import_cli
 from freeatten_jax.configs import base
+from freeatten_jax.formats import hf_llama
 from freeatten_jax.nn import generate
-from freeatten_jax.training import hf_llama, loop
-from freeatten_jax.training.run import load_run
+from freeatten_jax.training import loop
+from freeatten_jax.training.run_dir import load_run
 
 HUB = dict(
     architectures=["LlamaForCausalLM"],

@@ -156,6 +156,23 @@ def test_a_shard_changing_size_under_the_reader_is_one_error_not_sigbus(tmp_path
         shard[0:16]
 
 
+def test_the_file_watch_names_a_training_file_truncated_rewritten_at_its_size_or_removed(tmp_path):
+    """What a running trainer's watch says of each change (the loop checks it between steps and before each save)."""
+    path = tmp_path / "a.bin"
+    changes = {
+        r"it was 1000 bytes, now 300": lambda: os.truncate(path, 300),
+        r"rewritten: same size, 1000 bytes, another modification time": lambda: os.utime(path, ns=(1, 1)),
+        r"it is gone": path.unlink,
+    }
+    for what, change in changes.items():
+        path.write_bytes(b"x" * 1000)
+        watch = data.FileWatch([path])
+        watch.check(force=True)
+        change()
+        with pytest.raises(data.DataChangedError, match=rf"^{path} changed while training \({what}\); stopped without saving"):
+            watch.check(force=True)
+
+
 @pytest.mark.parametrize("where", ["a file", "under /dev/null"])
 def test_a_workdir_that_cannot_be_a_folder_is_refused(where, tmp_path):
     (tmp_path / "f").write_text("")

@@ -51,7 +51,7 @@ def test_chunked_loss_equals_the_whole_logits_loss_and_never_holds_them(max_logi
 
 
 def test_chunk_count_is_the_fewest_divisor_within_the_bound():
-    assert loss._chunks(24, 100, 100) == 1
-    assert loss._chunks(24, 101, 100) == 2
-    assert loss._chunks(24, 500, 100) == 6  # 5 does not divide 24
-    assert loss._chunks(7, 10**9, 1) == 7  # at most one position per chunk
+    assert loss.chunk_count(24, 100, 100) == 1
+    assert loss.chunk_count(24, 101, 100) == 2
+    assert loss.chunk_count(24, 500, 100) == 6  # 5 does not divide 24
+    assert loss.chunk_count(7, 10**9, 1) == 7  # at most one position per chunk

@@ -75,7 +75,7 @@ def test_at_the_end_the_training_window_sits_last_so_each_query_reaches_back_as_
         queries = np.arange(length + 1 - task.query_tokens, length + 1, 2)
         pair_tokens = end_BL[b, queries - distance_end[b]]
         assert (pair_tokens // task.num_values == end_BL[b, queries] - task.num_keys * task.num_values).all()
-    queried = np.stack([inst.queried_P for inst in mqar._draws(task, train_len, 5, 3)])
+    queried = np.stack([inst.queried_P for inst in mqar.draws(task, train_len, 5, 3)])
     expected = [[q in row[:j] for j, q in enumerate(row)] for row in queried]
     assert (repeated_1x == expected).all() and (repeated_end == repeated_1x).all() and repeated_1x.any()
     with pytest.raises(ValueError, match="placement 'middle' is unknown; valid placements: start, end"):

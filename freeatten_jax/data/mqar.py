@@ -157,7 +157,8 @@ def query_facts(task: Task, instance: Instance, length: int, placement: str = "s
     return repeated_P, query_positions_P - (instance.offsets_P[queried_P] + shift)
 
 
-def _draws(task: Task, train_len: int, count: int, seed: int) -> list[Instance]:
+def draws(task: Task, train_len: int, count: int, seed: int) -> list[Instance]:
+    """The first `count` instances drawn with `seed`: a batch's, the same at every length and placement."""
     rng = np.random.default_rng(seed)
     return [draw(task, train_len, rng) for _ in range(count)]
 
@@ -167,7 +168,7 @@ def batch(
 ) -> tuple[np.ndarray, np.ndarray]:
     """`count` instances drawn for train_len from `seed`, rendered at `length`: tokens [count, length + 1] and
     answer masks [count, length]. The same seed gives the same pairs at every length (paired across lengths)."""
-    rendered = [render(task, instance, length, placement) for instance in _draws(task, train_len, count, seed)]
+    rendered = [render(task, instance, length, placement) for instance in draws(task, train_len, count, seed)]
     return np.stack([t for t, _ in rendered]), np.stack([m for _, m in rendered])
 
 
@@ -175,7 +176,7 @@ def batch_query_facts(
     task: Task, train_len: int, length: int, count: int, seed: int, placement: str = "start"
 ) -> tuple[np.ndarray, np.ndarray]:
     """`query_facts` of `batch`'s instances: repeated [count, P] bool, distance [count, P]."""
-    facts = [query_facts(task, instance, length, placement) for instance in _draws(task, train_len, count, seed)]
+    facts = [query_facts(task, instance, length, placement) for instance in draws(task, train_len, count, seed)]
     return np.stack([r for r, _ in facts]), np.stack([d for _, d in facts])
 
 

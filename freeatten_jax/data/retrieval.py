@@ -1,5 +1,5 @@
 """Synthetic retrieval sequences mixed into the training stream, meant to teach retrieval at 1x so that
-a length-extrapolation test of retrieval can tell variants apart (issue 14; the `tiny` model does not
+a length-extrapolation test of retrieval can tell variants apart (the `tiny` model does not
 learn it in 600 steps: docs/results.md).
 
 A sequence is Landmark filler (FILLER, also evaluation.passkey's, space-joined) with the needle "The pass key is

@@ -41,7 +41,7 @@ def groups(runs: list[RunResult]) -> dict[tuple[str, str], list[RunResult]]:
     return out
 
 
-def _style(runs: list[RunResult]):
+def styles(runs: list[RunResult]):
     """(variant, switch) -> plot keywords: colour by variant, line style by switch."""
     switches = list(dict.fromkeys(r.switch for r in runs))
     switches = ["none", *[s for s in switches if s != "none"]]
@@ -105,7 +105,7 @@ def draw_loss_vs_length(runs: list[RunResult]):
     """Mean loss by length per group, its 95% interval (seeds, then windows, resampled) as a band, the training
     length marked."""
     fig, ax = _new("Loss vs length (same held-out span)", "evaluation length (tokens)", "mean next-token loss (nats)")
-    style, lows, highs = _style(runs), [], []
+    style, lows, highs = styles(runs), [], []
     for (variant, switch), rs in groups(runs).items():
         x = [p.length for p in rs[0].lengths]
         summaries = [stats.mean_with_interval([r.lengths[i].per_window for r in rs]) for i in range(len(x))]
@@ -122,7 +122,7 @@ def draw_loss_vs_length(runs: list[RunResult]):
 
 def draw_per_position(runs: list[RunResult]):
     fig, ax = _new("Per-position loss at the longest length", "position", "loss (nats, moving average)")
-    style, lows, highs = _style(runs), [], []
+    style, lows, highs = styles(runs), [], []
     for (variant, switch), rs in groups(runs).items():
         losses_RT = np.asarray([r.per_position for r in rs])
         width = max(1, losses_RT.shape[1] // 64)  # a moving average keeps the curves readable
@@ -167,7 +167,7 @@ def draw_accuracy(runs: list[RunResult], task: str, title: str):
     grids = {key: accuracy_grid(rs, task) for key, rs in grouped.items()}
     if not any(len(lengths) * len(depths) > 1 for lengths, depths, _ in grids.values()):
         fig, ax = _new(title, "prompt length (tokens)", "greedy accuracy")
-        style = _style(runs)
+        style = styles(runs)
         for (variant, switch), (lengths, _, acc_DL) in grids.items():
             if lengths:
                 _line(
@@ -212,7 +212,7 @@ def draw_mqar(runs: list[RunResult]):
     min to max as a band."""
     placements = list(dict.fromkeys(x.placement for r in runs for x in r.mqar))
     fig, axes = plt.subplots(1, len(placements), figsize=(5 * len(placements) + 3, 4.5), squeeze=False, sharey=True)
-    style = _style(runs)
+    style = styles(runs)
     for ax, placement in zip(axes[0], placements):
         ax.set(title=f"MQAR accuracy vs length, pairs at the {placement}", xlabel="sequence length (tokens)")
         for (variant, switch), rs in groups(runs).items():
@@ -234,7 +234,7 @@ def draw_mqar(runs: list[RunResult]):
 
 def draw_entropy_vs_n(runs: list[RunResult]):
     fig, ax = _new("Entropy vs N_i", "visible keys N_i", "attention entropy (nats, mean over layers and heads)")
-    style = _style(runs)
+    style = styles(runs)
     for (variant, switch), rs in groups(runs).items():
         entropy_RU = [np.asarray(r.attention.entropy).mean((0, 1)) for r in rs]
         _line(

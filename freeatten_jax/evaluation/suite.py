@@ -24,9 +24,9 @@ from freeatten_jax.evaluation.cells import Cells
 from freeatten_jax.evaluation.settings import Settings, compared
 from freeatten_jax.nn import sharding
 from freeatten_jax.nn.decoding import generate
-from freeatten_jax.training import checkpoint, config, lock, signals, warm_start
+from freeatten_jax.training import checkpoint, config, lock, run_dir, signals
 from freeatten_jax.training.loss import next_token_losses
-from freeatten_jax.training.run import load_run
+from freeatten_jax.training.run_dir import load_run
 
 
 class SplitCache:
@@ -153,12 +153,12 @@ def measure(checkpoint_at: str, switch: switches.Switch, settings: Settings, spl
     returns the RunResult. A warm-started run's variant is named with its origin and its steps since
     (`ssmax from softmax@450 +150`), so that it is not pooled with runs from scratch."""
     mesh = _context_mesh(settings.context)
-    workdir, step = warm_start.split_step(checkpoint_at)
+    workdir, step = run_dir.split_step(checkpoint_at)
     loaded = load_run(workdir, step=step, mesh=mesh)
     model, cfg = loaded.model, loaded.config
     switches.apply(model, cfg, switch)
     model.set_implementation(settings.implementation)
-    origin = warm_start.origin(workdir)
+    origin = run_dir.origin(workdir)
     run = results.RunResult(
         name=pathlib.Path(workdir).name + ("" if step is None else f"@{step}"),
         workdir=str(workdir),
@@ -278,7 +278,7 @@ def _check_context(length: int, context: int) -> None:
 def _saved_config(checkpoint_at: str) -> tuple[int, config.Config]:
     """(step, the typed config saved with it) of checkpoint WORKDIR[@STEP] (the latest without @STEP); a UserError if it
     is not there."""
-    workdir, step = warm_start.split_step(checkpoint_at)
+    workdir, step = run_dir.split_step(checkpoint_at)
     ckpt = checkpoint.Checkpointer(workdir, read_only=True)
     try:
         if step is not None and step not in ckpt.all_steps():
@@ -345,8 +345,7 @@ def run_suite(
         _resumable(folder, settings, mqar_runs > 0)
         cells.drop_partial_writes(folder)
         stores = {
-            (w, s): Cells(folder / cells.FOLDER / cells.job_name(warm_start.split_step(w)[0], saved[w][0], s.label))
-            for w, s in jobs
+            (w, s): Cells(folder / cells.FOLDER / cells.job_name(run_dir.split_step(w)[0], saved[w][0], s.label)) for w, s in jobs
         }
         runs = _measure_all(jobs, configs, settings, stores, folder)
         report.write(folder, [*earlier, *runs], described)

@@ -1,6 +1,6 @@
 """Orbax checkpoints in WORKDIR/checkpoints (local or cloud): train state (params, optimizer, step, RNG
-streams), the data iterator's state, the config as JSON, and their fingerprints (training.integrity);
-`load_params` rebuilds a trained model.
+streams), the data iterator's state, the config as JSON, and their fingerprints (training.integrity); a run's
+checkpoints are read without writing in training.run_dir.
 
 A checkpoint whose content is provably bad (garbage, truncated, missing files, a fingerprint mismatch, or
 the state a non-finite or diverging step was computed from) is moved aside to WORKDIR/quarantine/step_N-<reason>,
@@ -23,8 +23,7 @@ from absl import logging
 from jax.experimental import multihost_utils
 
 from freeatten_jax.errors import UserError
-from freeatten_jax.nn import sharding
-from freeatten_jax.training import config, integrity, state, storage
+from freeatten_jax.training import config, integrity, storage
 
 ITEMS = ("state", "data", "config", "integrity")
 
@@ -274,31 +273,3 @@ class Checkpointer:
             with contextlib.suppress(Exception):
                 self.manager.close()
             raise
-
-
-def load_params(workdir, step: int | None = None, mesh=None):
-    """(model in eval mode, its typed Config, step) from a run's checkpoint (the latest by default).
-
-    Reads the parameters and model variables only (no optimizer state); `mesh` defaults to one device.
-    """
-    ckpt = Checkpointer(workdir, read_only=True)
-    try:
-        step = ckpt.require_latest() if step is None else step
-        cfg = ckpt.run_config(step)
-        mesh = mesh or sharding.make_mesh((1, 1, 1), jax.devices()[:1])
-        target, _ = sharding.abstract(lambda: state.model_state(cfg.model, cfg.train.seed), mesh, cfg.mesh.rules)
-        restore = ocp.args.PyTreeRestore(
-            item=target, restore_args=ocp.checkpoint_utils.construct_restore_args(target), partial_restore=True
-        )
-        restored = ckpt.manager.restore(step, args=ocp.args.Composite(state=restore))["state"]
-        saved = (ckpt.fingerprints(step) or {}).get("state")
-        if saved is not None and (bad := [k for k, v in integrity.arrays(restored).items() if saved.get(k) != v]):
-            raise CheckpointMismatchError(f"array {bad[0]} differs from its fingerprint")
-    except UserError:
-        raise
-    except Exception as e:  # missing, truncated or garbage files: orbax, tensorstore and json raise many types
-        raise CheckpointNotFoundError(f"checkpoint step {step} in {ckpt.directory} cannot be read ({describe(e)})") from e
-    finally:
-        ckpt.close()
-    _, eval_def = state.graphdefs(cfg.model)
-    return state.model_of(eval_def, restored), cfg, step

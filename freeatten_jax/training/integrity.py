@@ -15,7 +15,7 @@ _UINT = {1: jnp.uint8, 2: jnp.uint16, 4: jnp.uint32}
 _SAMPLE = 1 << 14  # bytes hashed at the start, middle and end of each data file
 
 
-def _bits_sums(x) -> jax.Array:
+def bits_sums(x) -> jax.Array:
     """uint32[2]: sum(bits * odd(index)) and sum((bits ^ index') * odd), wrapping; changing any element changes the first."""
     if jnp.issubdtype(x.dtype, jax.dtypes.prng_key):
         x = jax.random.key_data(x)
@@ -34,7 +34,7 @@ def _bits_sums(x) -> jax.Array:
 @functools.cache
 def _fingerprint_program(replicated):
     """The jitted map [arrays] -> uint32[n, 2], one per output sharding (traced once per state structure)."""
-    return jax.jit(lambda xs: jnp.stack([_bits_sums(x) for x in xs]), out_shardings=replicated)
+    return jax.jit(lambda xs: jnp.stack([bits_sums(x) for x in xs]), out_shardings=replicated)
 
 
 def arrays(tree) -> dict[str, str]:

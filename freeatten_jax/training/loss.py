@@ -15,7 +15,7 @@ from freeatten_jax.nn.transformer import unembed
 MAX_LOGITS = 2**28
 
 
-def _chunks(t: int, logits: int, max_logits: int) -> int:
+def chunk_count(t: int, logits: int, max_logits: int) -> int:
     """The fewest chunks n, a divisor of t, that keep each chunk's logits within max_logits."""
     return next(n for n in range(min(-(-logits // max_logits), t), t + 1) if t % n == 0)
 
@@ -32,7 +32,7 @@ def next_token_losses(model, tokens_BL, *, eos_id: int | None = None, max_logits
     x_BTE = model.features(inputs_BT, **documents.model_inputs(inputs_BT, eos_id), **model_kwargs)
     w_EV = model.unembedding()
     (b, t), v = inputs_BT.shape, w_EV.shape[1]
-    n = _chunks(t, b * t * v, max_logits or MAX_LOGITS)
+    n = chunk_count(t, b * t * v, max_logits or MAX_LOGITS)
     if n == 1:
         return _losses(unembed(x_BTE, w_EV), targets_BT)
     x_BRnE = x_BTE.reshape(b, t // n, n, -1)

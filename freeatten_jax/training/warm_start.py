@@ -1,5 +1,5 @@
 """Warm start (config.init.path): a new run whose model starts from the weights of a trained run or of a Hugging Face
-Llama-family checkpoint (training.hf_llama), with the attention this run configures.
+Llama-family checkpoint (formats.hf_llama), with the attention this run configures.
 
 Every parameter the two models share is copied, shapes checked. A parameter of this run's attention that the source
 lacks starts at its value in NEW; one the source has and this run's attention does not (SSMax's s when switching to
@@ -19,11 +19,11 @@ import numpy as np
 from flax import nnx
 
 from freeatten_jax.errors import UserError
+from freeatten_jax.formats import hf_llama
 from freeatten_jax.nn.config import ModelConfig
-from freeatten_jax.training import hf_llama, storage
+from freeatten_jax.training import run_dir, storage
 from freeatten_jax.training import state as train_state
 
-INIT_FILE = "init.json"  # in the run folder: where its weights came from
 # The model fields a source fixes (the lm config's init= argument takes them from it); the others are this run's own.
 ARCHITECTURE = (
     "vocab_size",
@@ -86,31 +86,22 @@ def param_shapes(model_cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
     return {_path_name(path): tuple(leaf.shape) for path, leaf in jax.tree_util.tree_leaves_with_path(params)}
 
 
-def _flat_params(model) -> dict[str, np.ndarray]:
+def flat_params(model) -> dict[str, np.ndarray]:
+    """{parameter path: array} of a model's parameters, in the layout a Source loads."""
     return {_path_name(path): np.asarray(leaf) for path, leaf in jax.tree_util.tree_leaves_with_path(nnx.state(model, nnx.Param))}
-
-
-def split_step(text: str) -> tuple[str, int | None]:
-    """(path, STEP or None) of PATH[@STEP]."""
-    path, at, step = text.rpartition("@")
-    return (path, int(step)) if at and step.isdigit() else (text, None)
 
 
 def _from_run(workdir: str, step: int | None) -> Source:
     """A run's checkpoint `step` (its latest for None)."""
     from freeatten_jax import data
-    from freeatten_jax.training import checkpoint
 
-    ckpt = checkpoint.Checkpointer(workdir, read_only=True)
-    try:
+    with run_dir.reading(workdir) as ckpt:
         steps = ckpt.all_steps()
         step = ckpt.require_latest() if step is None else step
         if step not in steps:
             raise WarmStartError(f"{workdir} has no checkpoint step {step}; it has: {', '.join(map(str, steps)) or 'none'}")
         cfg = ckpt.run_config(step)
-    finally:
-        ckpt.close()
-    load = lambda: _flat_params(checkpoint.load_params(workdir, step)[0])
+    load = lambda: flat_params(run_dir.load_params(workdir, step)[0])
     data_settings = {f"data.{name}": value for name, value in dataclasses.asdict(cfg.data).items()}
     return Source(f"{workdir}@{step}", cfg.model, cfg.train.seq_len, data.run_tokenizer(workdir, cfg.data), data_settings, load)
 
@@ -124,7 +115,7 @@ def _from_hub(folder: str) -> Source:
 
 def open_source(text: str) -> Source:
     """The source config.init.path names: a Hub folder (it has config.json or Hub weights), else a run's WORKDIR[@STEP]."""
-    path, step = split_step(text)
+    path, step = run_dir.split_step(text)
     try:
         if any((storage.path(path) / name).exists() for name in hf_llama.MARKERS):
             return _from_hub(path)
@@ -205,24 +196,13 @@ def apply(cfg, state: dict, source: Source, workdir) -> dict:
     }
     if jax.process_index() == 0:
         storage.path(workdir).mkdir(parents=True, exist_ok=True)
-        storage.write_atomic(storage.path(workdir) / INIT_FILE, json.dumps(record, indent=1) + "\n")
+        storage.write_atomic(storage.path(workdir) / run_dir.INIT_FILE, json.dumps(record, indent=1) + "\n")
         print(
             f"warm start from {source.name}: {record['copied']} parameters copied, {len(new)} new "
             f"({', '.join(sorted({n.rpartition('.')[2] for n in new})) or 'none'}), {len(record['dropped'])} dropped",
             flush=True,
         )
     return {**state, "params": params}
-
-
-def origin(workdir) -> str:
-    """Where a warm-started run's weights came from, as reports name it (`softmax@450`: the source's variant and
-    checkpoint step, or its Hub folder's name); empty for a run trained from scratch."""
-    record = storage.path(workdir) / INIT_FILE
-    if not record.exists():
-        return ""
-    record = json.loads(record.read_text())
-    path, step = split_step(record["source"])
-    return f"{record.get('source_variant', 'source')}@{step}" if step is not None else storage.path(path).name
 
 
 def has_checkpoint(workdir) -> bool:

@@ -1,5 +1,6 @@
-"""`load_run`: a trained run as a Python object (model, tokenizer, config, step), the public way to use a
-checkpoint outside the commands:
+"""A run on disk, read only: its checkpoints opened without writing, its model and config (`load_params`), the run
+as a Python object (`load_run`, the public way to use a checkpoint outside the commands), WORKDIR[@STEP] names, and
+where a warm-started run's weights came from (its init.json, written by training.warm_start):
 
     import freeatten_jax
     run = freeatten_jax.load_run("runs/lssar-tiny")          # the latest checkpoint; step=N for another
@@ -9,12 +10,73 @@ checkpoint outside the commands:
 
 import contextlib
 import dataclasses
+import json
 import logging
 import time
 
+import jax
 import numpy as np
+import orbax.checkpoint as ocp
 
 from freeatten_jax.errors import UserError
+from freeatten_jax.nn import sharding
+from freeatten_jax.training import integrity, state, storage
+from freeatten_jax.training.checkpoint import Checkpointer, CheckpointMismatchError, CheckpointNotFoundError, describe
+
+INIT_FILE = "init.json"  # in the run folder: where a warm-started run's weights came from
+
+
+def split_step(text: str) -> tuple[str, int | None]:
+    """(path, STEP or None) of PATH[@STEP]."""
+    path, at, step = text.rpartition("@")
+    return (path, int(step)) if at and step.isdigit() else (text, None)
+
+
+@contextlib.contextmanager
+def reading(workdir):
+    """A read-only Checkpointer of `workdir`'s checkpoints (it writes nothing), closed on leaving."""
+    ckpt = Checkpointer(workdir, read_only=True)
+    try:
+        yield ckpt
+    finally:
+        ckpt.close()
+
+
+def load_params(workdir, step: int | None = None, mesh=None):
+    """(model in eval mode, its typed Config, step) from a run's checkpoint (the latest by default).
+
+    Reads the parameters and model variables only (no optimizer state); `mesh` defaults to one device.
+    """
+    with reading(workdir) as ckpt:
+        try:
+            step = ckpt.require_latest() if step is None else step
+            cfg = ckpt.run_config(step)
+            mesh = mesh or sharding.make_mesh((1, 1, 1), jax.devices()[:1])
+            target, _ = sharding.abstract(lambda: state.model_state(cfg.model, cfg.train.seed), mesh, cfg.mesh.rules)
+            restore = ocp.args.PyTreeRestore(
+                item=target, restore_args=ocp.checkpoint_utils.construct_restore_args(target), partial_restore=True
+            )
+            restored = ckpt.manager.restore(step, args=ocp.args.Composite(state=restore))["state"]
+            saved = (ckpt.fingerprints(step) or {}).get("state")
+            if saved is not None and (bad := [k for k, v in integrity.arrays(restored).items() if saved.get(k) != v]):
+                raise CheckpointMismatchError(f"array {bad[0]} differs from its fingerprint")
+        except UserError:
+            raise
+        except Exception as e:  # missing, truncated or garbage files: orbax, tensorstore and json raise many types
+            raise CheckpointNotFoundError(f"checkpoint step {step} in {ckpt.directory} cannot be read ({describe(e)})") from e
+    _, eval_def = state.graphdefs(cfg.model)
+    return state.model_of(eval_def, restored), cfg, step
+
+
+def origin(workdir) -> str:
+    """Where a warm-started run's weights came from, as reports name it (`softmax@450`: the source's variant and
+    checkpoint step, or its Hub folder's name); empty for a run trained from scratch."""
+    record = storage.path(workdir) / INIT_FILE
+    if not record.exists():
+        return ""
+    record = json.loads(record.read_text())
+    path, step = split_step(record["source"])
+    return f"{record.get('source_variant', 'source')}@{step}" if step is not None else storage.path(path).name
 
 
 @contextlib.contextmanager
@@ -118,8 +180,7 @@ def load_run(workdir, step: int | None = None, mesh=None) -> Run:
     """The run in `workdir` at checkpoint `step` (None: the latest), parameters only (no optimizer state), on one
     device unless `mesh` is given. A missing or unreadable checkpoint is a one-line UserError."""
     from freeatten_jax import data
-    from freeatten_jax.training import checkpoint
 
     with _quiet_orbax():
-        model, cfg, step = checkpoint.load_params(workdir, step=step, mesh=mesh)
+        model, cfg, step = load_params(workdir, step=step, mesh=mesh)
     return Run(str(workdir), model, data.run_tokenizer(workdir, cfg.data), cfg, int(step))

@@ -1,7 +1,7 @@
-"""Warm start (config.init.path): a new run from a trained run's weights with another attention. Its step-0 model holds
-the source's parameters and the documented new ones, scores what the source scores with the new attention switched in
-at eval time, resumes exactly after kill -9 without its source, and bad sources are one error line that writes nothing.
-"""
+"""training/warm_start.py (config.init.path): a new run from a trained run's weights with another attention. Its step-0
+model holds the source's parameters and the documented new ones, scores what the source scores with the new attention
+switched in at eval time, resumes exactly after kill -9 without its source, and bad sources are one error line that
+writes nothing."""
 
 import json
 import math
@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -23,8 +24,10 @@ from freeatten_jax.cli import train as train_cli
 from freeatten_jax.configs import base
 from freeatten_jax.errors import ConfigError, UserError
 from freeatten_jax.evaluation import loss, suite
-from freeatten_jax.training import loop, optim, warm_start
-from freeatten_jax.training.run import load_run
+from freeatten_jax.nn import sharding
+from freeatten_jax.training import config, loop, optim, run_dir, warm_start
+from freeatten_jax.training import state as train_state
+from freeatten_jax.training.run_dir import load_run
 
 SOURCE_STEPS = {"train.steps": 6, "train.checkpoint_every": 3, "optim.schedule": "constant", "train.eval_every": 100}
 WARM_STEPS = {"train.steps": 4, "train.checkpoint_every": 2, "optim.schedule": "constant", "train.eval_every": 100}
@@ -41,7 +44,7 @@ def _warm(variant, text_glob, source, **overrides):
 
 
 def _params(model) -> dict:
-    return {name: np.asarray(a) for name, a in warm_start._flat_params(model).items()}
+    return {name: np.asarray(a) for name, a in warm_start.flat_params(model).items()}
 
 
 def _switched(model, variant: str, s: float | None):
@@ -54,7 +57,7 @@ def _switched(model, variant: str, s: float | None):
     return model
 
 
-@pytest.mark.parametrize("variant", ["ssmax", "lssar"])
+@pytest.mark.parametrize("variant", ["ssmax"])  # through the loop; lssar (no new parameter) below, directly
 def test_a_warm_start_holds_the_sources_weights_at_step_0_and_scores_as_the_switched_source(variant, source, text_glob, tmp_path):
     workdir = tmp_path / "warm"
     rows = loop.train_and_evaluate(_warm(variant, text_glob, source, **{"train.seq_len": 32}), workdir)  # source: 16
@@ -69,7 +72,7 @@ def test_a_warm_start_holds_the_sources_weights_at_step_0_and_scores_as_the_swit
     assert sorted(new) == (["blocks.0.attn.s_H"] if variant == "ssmax" else [])
     for value in new.values():
         np.testing.assert_allclose(value, s0, rtol=1e-6)
-    record = json.loads((workdir / warm_start.INIT_FILE).read_text())
+    record = json.loads((workdir / run_dir.INIT_FILE).read_text())
     assert record["source"] == f"{source}@6" and record["training_length"] == 16 and record["copied"] == 13
 
     splits = data.load_splits(src.config.data)
@@ -93,6 +96,28 @@ def test_a_warm_start_holds_the_sources_weights_at_step_0_and_scores_as_the_swit
     warmup = optim.schedule(start.config.optim, start.config.train.steps)
     assert [r["lr"] for r in rows[:2]] == [float(warmup(0)), float(warmup(1))] and rows[0]["lr"] == 0.0
     assert np.isfinite([r["loss"] for r in rows]).all()
+
+
+def test_a_warm_start_into_lssar_copies_every_source_parameter_and_scores_as_the_switched_source(source, text_glob, tmp_path):
+    """warm_start.apply on a fresh LSSAR state (the loop's step-0 state, without the loop): LSSAR takes no parameter a
+    softmax model lacks, so every parameter is the source's, and the model scores what the source scores with LSSAR."""
+    cfg = config.parse(_warm("lssar", text_glob, source, **{"train.seq_len": 32}))
+    mesh = sharding.make_mesh(cfg.mesh.shape, jax.devices()[:1])
+    tx = optim.make(cfg.optim, cfg.train.steps)
+    state = train_state.create(cfg, mesh, tx, train_state.abstract_state(cfg, mesh, tx)[1])
+    splits = data.load_splits(cfg.data)
+    state = warm_start.apply(cfg, state, warm_start.checked_source(cfg, splits.tokenizer), tmp_path)
+    warm, src = train_state.model_of(train_state.graphdefs(cfg.model)[1], state), load_run(source).model
+    ours, theirs = _params(warm), _params(src)
+    assert sorted(ours) == sorted(theirs) and len(theirs) == 13
+    for name, value in theirs.items():
+        assert np.array_equal(ours[name], value), name
+    record = json.loads((tmp_path / run_dir.INIT_FILE).read_text())
+    assert (record["source"], record["copied"], record["new"], record["dropped"]) == (f"{source}@6", 13, {}, [])
+    windows_WL = data.held_out_windows(cfg.data, splits, 16, 16)
+    np.testing.assert_allclose(
+        loss.token_losses(warm, windows_WL), loss.token_losses(_switched(src, "lssar", None), windows_WL), rtol=1e-5, atol=1e-6
+    )
 
 
 def test_the_lm_config_takes_a_sources_sizes_tokenizer_and_length(source, text_glob):

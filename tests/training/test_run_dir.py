@@ -1,0 +1,33 @@
+"""training/run_dir.py, called directly: WORKDIR[@STEP] names, where a warm-started run's weights came from, and a run
+folder read without writing (a run read through load_run: test_eval.py)."""
+
+import json
+
+import pytest
+
+from freeatten_jax.training import checkpoint, run_dir
+
+
+def test_a_step_is_split_off_a_workdir_name_only_after_an_at_sign_and_digits():
+    assert run_dir.split_step("runs/a@450") == ("runs/a", 450)
+    assert run_dir.split_step("runs/a") == ("runs/a", None)
+    assert run_dir.split_step("gs://b/a@x@12") == ("gs://b/a@x", 12)
+    assert run_dir.split_step("runs/a@latest") == ("runs/a@latest", None)
+
+
+def test_the_origin_names_the_source_variant_and_step_or_the_hub_folder(tmp_path):
+    assert run_dir.origin(tmp_path) == ""  # trained from scratch
+    record = {"source": "runs/softmax-0@450", "source_variant": "softmax"}
+    (tmp_path / run_dir.INIT_FILE).write_text(json.dumps(record))
+    assert run_dir.origin(tmp_path) == "softmax@450"
+    (tmp_path / run_dir.INIT_FILE).write_text(json.dumps({"source": "/hub/SmolLM2-135M", "source_variant": "softmax"}))
+    assert run_dir.origin(tmp_path) == "SmolLM2-135M"
+
+
+def test_a_run_folder_is_read_without_writing_and_a_missing_checkpoint_is_one_user_error(tmp_path):
+    with run_dir.reading(tmp_path) as ckpt:
+        assert ckpt.all_steps() == [] and ckpt.latest_step() is None
+    assert not list(tmp_path.iterdir())
+    missing = f"^no checkpoint in {tmp_path / 'checkpoints'}; train it first$"
+    with pytest.raises(checkpoint.CheckpointNotFoundError, match=missing):
+        run_dir.load_params(tmp_path)
