@@ -77,7 +77,10 @@ def test_eval_at_16x_over_context_8_equals_single_device_eval(text_glob, tmp_pat
     settings = dataclasses.replace(SETTINGS, context=8)
     single = suite.evaluate(workdir, switches.NONE, SETTINGS, suite.SplitCache())
     assert not ring_calls
-    with pytest.raises(UserError, match=r"evaluation length 16 must be a multiple of 2 x --context \(6\) for context"):
+    with pytest.raises(
+        UserError,
+        match=r"evaluation length 16 must be a multiple of 2 x the 'context' axis size \(6\).*change --multipliers or --context",
+    ):
         suite.evaluate(workdir, switches.NONE, dataclasses.replace(SETTINGS, context=3), suite.SplitCache())
     sharded = suite.evaluate(workdir, switches.NONE, settings, suite.SplitCache())
     assert {(c["axis_name"], c["q_len"]) for c in ring_calls} == {("context", 16), ("context", 256)}

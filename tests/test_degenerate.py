@@ -1,4 +1,4 @@
-"""Rare inputs on every path (issue 32): rows where attention is exactly or nearly uniform, one dominant key,
+"""Rare inputs on every path: rows where attention is exactly or nearly uniform, one dominant key,
 a single visible key, rows that see nothing and huge logits, each a batch row of one input. Values are held
 to the float64 oracle (tests/attention_oracle.py) batch row by batch row, gradients to the reference's.
 

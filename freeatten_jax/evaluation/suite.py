@@ -17,6 +17,7 @@ from flax import nnx
 from tqdm import tqdm
 
 from freeatten_jax import data
+from freeatten_jax.attention import mesh_axes
 from freeatten_jax.data import retrieval
 from freeatten_jax.errors import UserError
 from freeatten_jax.evaluation import attention_stats, cells, loss, mqar, passkey, report, results, switches
@@ -268,11 +269,8 @@ def _context_mesh(context: int) -> jax.sharding.Mesh:
 
 
 def _check_context(length: int, context: int) -> None:
-    if context > 1 and length % (2 * context):
-        raise UserError(
-            f"evaluation length {length} must be a multiple of 2 x --context ({2 * context}) "
-            "for context parallelism: change --multipliers or --context"
-        )
+    if error := mesh_axes.context_length_error("evaluation length", length, context):
+        raise UserError(f"{error}: change --multipliers or --context")
 
 
 def _saved_config(checkpoint_at: str) -> tuple[int, config.Config]:

@@ -1,10 +1,13 @@
 """Checks a run makes before it writes anything: the mesh it asks for, a batch that divides over processes and
 devices, a sequence that splits over the context axis, and data that fits the model and fills its windows."""
 
+import math
+
 import jax
 import numpy as np
 
 from freeatten_jax import data
+from freeatten_jax.attention import mesh_axes
 from freeatten_jax.errors import ConfigError
 from freeatten_jax.nn import sharding
 from freeatten_jax.training import config
@@ -25,7 +28,7 @@ def make_mesh(cfg: config.Config):
 
 def check_batch(cfg: config.Config, mesh) -> None:
     hosts, batch = jax.process_count(), cfg.train.batch_size
-    replicas = mesh.shape["data"] * mesh.shape["fsdp"]
+    replicas = math.prod(mesh.shape[axis] for axis in mesh_axes.BATCH)
     micro = batch // cfg.train.grad_accum_steps
     if batch % hosts or micro % replicas:
         raise ConfigError(
@@ -33,11 +36,8 @@ def check_batch(cfg: config.Config, mesh) -> None:
             f"each of its {cfg.train.grad_accum_steps} micro-batches ({micro}) by the "
             f"{replicas} data-parallel devices (mesh data x fsdp)"
         )
-    if (context := mesh.shape["context"]) > 1 and cfg.train.seq_len % (2 * context):
-        raise ConfigError(
-            f"config.train.seq_len={cfg.train.seq_len} must be a multiple of 2 x the mesh's context "
-            f"axis ({2 * context}): context parallelism splits the sequence into 2 chunks per device"
-        )
+    if error := mesh_axes.context_length_error("config.train.seq_len", cfg.train.seq_len, mesh.shape[mesh_axes.CONTEXT]):
+        raise ConfigError(error)
 
 
 def check_data(cfg: config.Config, splits: data.Splits) -> None:

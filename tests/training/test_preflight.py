@@ -37,7 +37,7 @@ def test_a_micro_batch_that_does_not_divide_over_the_data_parallel_devices_is_re
 
 
 def test_a_sequence_that_does_not_split_into_zigzag_chunks_is_refused(text_glob):
-    with pytest.raises(ConfigError, match=r"config.train.seq_len=12 must be a multiple of 2 x the mesh's context axis \(8\)"):
+    with pytest.raises(ConfigError, match=r"config.train.seq_len 12 must be a multiple of 2 x the 'context' axis size \(8\)"):
         preflight.make_mesh(_cfg(text_glob, **{"train.seq_len": 12, "mesh.shape": (2, 1, 1, 4)}))
     preflight.make_mesh(_cfg(text_glob, **{"train.seq_len": 16, "mesh.shape": (2, 1, 1, 4)}))
 
