@@ -389,6 +389,13 @@ MUTANTS = [
         ("tests/test_config.py::test_files_need_a_path_unless_no_data_is_read",),
     ),
     Mutant(
+        "config: a data.path beside a source that reads no files is ignored",
+        "freeatten_jax/training/config.py",
+        "if files and cfg.data.source not in FILE_SOURCES:",
+        "if files and cfg.data.source not in (*FILE_SOURCES, *data.SOURCES):",
+        ("tests/test_config.py", "-k", "data_path_without"),
+    ),
+    Mutant(
         "freeatten-compile: an overflow keeps the compiler's units (95.74G beside 95.00 GiB)",
         "freeatten_jax/compile/run.py",
         'detail = _COMPILER_SIZE.sub(r"\\1 \\2iB", detail)',

@@ -187,6 +187,18 @@ def test_files_need_a_path_unless_no_data_is_read(source):
     assert config.parse(cfg, reads_data=False).model.vocab_size == {"text": 256, "bin": 50257}[source]
 
 
+@pytest.mark.parametrize("name", ["path", "val_path"])
+@pytest.mark.parametrize("source", ["shakespeare", "mqar"])
+def test_a_data_path_without_a_file_source_is_refused(source, name):
+    """data.path (or val_path) with a source that reads no files was ignored: the run trained on Shakespeare."""
+    cfg = base.get_config("softmax", "tiny")
+    cfg.data.source, cfg.data[name] = source, "corpus/*.txt"
+    with pytest.raises(ConfigError, match=f"config.data.{name} is set but data.source='{source}' reads no files"):
+        config.parse(cfg)
+    cfg.data.source = "text"
+    config.parse(cfg, reads_data=False)
+
+
 def test_train_py_reports_a_bad_variant_in_one_line(tmp_path):
     cmd = [sys.executable, "train.py", "--config=softmax:tiny", f"--workdir={tmp_path}", "--config.model.attention=nope"]
     result = subprocess.run(cmd, capture_output=True, text=True, timeout=300)

@@ -39,6 +39,9 @@ _MESH_SHAPE = (
 _PROFILE_STEPS = (_profile_steps, "() for none, or (first, last) steps with 1 <= first <= last, e.g. '(10,12)'")
 
 
+FILE_SOURCES = ("text", "bin")  # the data sources that read data.path (and data.val_path)
+
+
 @dataclasses.dataclass(frozen=True)
 class DataConfig:
     source: str = option(
@@ -256,8 +259,14 @@ def parse(cfg: ml_collections.ConfigDict, *, reads_data: bool = True) -> Config:
             f"config.train.batch_size={cfg.train.batch_size} must be divisible by "
             f"config.train.grad_accum_steps={cfg.train.grad_accum_steps}"
         )
-    if reads_data and cfg.data.source in ("text", "bin") and not cfg.data.path:
+    if reads_data and cfg.data.source in FILE_SOURCES and not cfg.data.path:
         raise ConfigError(f"config.data.path is empty; data.source={cfg.data.source!r} needs a glob of files")
+    files = [f"data.{name}" for name in ("path", "val_path") if cfg.data.get(name)]
+    if files and cfg.data.source not in FILE_SOURCES:
+        raise ConfigError(
+            f"config.{files[0]} is set but data.source={cfg.data.source!r} reads no files; set config.data.source to "
+            "'text' (text files) or 'bin' (.bin token shards)"
+        )
     data_cfg, train = _section(DataConfig, cfg.data), _section(TrainConfig, cfg.train)
     return Config(
         model=_model(cfg.model, data_cfg),
