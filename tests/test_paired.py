@@ -50,3 +50,13 @@ def test_beside_the_bootstrap_each_comparison_has_a_t_interval_over_seeds():
         f"-0.800 [{-0.8 - half(0.4):+.3f}, {-0.8 + half(0.4):+.3f}]",
     ]
     assert relative_seeds == [f"-0.600 [{-0.6 - half(0.3):+.3f}, {-0.6 + half(0.3):+.3f}]"]
+
+
+def test_one_seed_says_it_has_no_t_interval_instead_of_nan():
+    """With one seed the Student t interval does not exist: the cell says so (it printed [+nan, +nan])."""
+    rng = np.random.default_rng(1)
+    base = {1: rng.normal(2.0, 0.2, 32), 8: rng.normal(2.5, 0.2, 4)}
+    text = paired.markdown([_run("softmax", 0, base), _run("lssa", 0, {1: base[1] - 0.1, 8: base[8] - 0.4})], [1, 8])
+    *_, difference_seeds, relative_seeds = _rows(text, "lssa |")
+    assert difference_seeds == ["-0.100 (no interval: one seed)", "-0.400 (no interval: one seed)"]
+    assert relative_seeds == ["-0.300 (no interval: one seed)"] and "nan" not in text

@@ -20,8 +20,10 @@ def per_window(rs: list[RunResult], seeds: list[int], multiplier: int) -> np.nda
 
 
 def _cell(summary: dict) -> str:
+    """The difference and its interval ("no interval" where one seed gives none)."""
     low, high = summary["ci"]
-    return f"{summary['difference']:+.3f} [{low:+.3f}, {high:+.3f}]"
+    interval = f"[{low:+.3f}, {high:+.3f}]" if np.isfinite([low, high]).all() else "(no interval: one seed)"
+    return f"{summary['difference']:+.3f} {interval}"
 
 
 def _md(header: list[str], rows: list[list[str]]) -> str:
