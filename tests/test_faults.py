@@ -539,6 +539,10 @@ BAD_TRAIN = {  # arguments after TRAIN and --workdir -> what the one line must c
         ["--config.train.stpes=3"],
         "--config.train.stpes: no such config field; did you mean --config.train.steps?",
     ),
+    "misspelt section": (
+        ["--config.trian.steps=3"],
+        "--config.trian.steps: no such config field; did you mean --config.train.steps?",
+    ),
     "bad integer": (["--config.train.steps=abc"], "--config.train.steps=abc: invalid literal"),
     "zero steps": (["--config.train.steps=0"], "config.train.steps=0 is invalid; allowed: an integer >= 1"),
     "lr inf": (["--config.optim.lr=inf"], "config.optim.lr=inf is invalid; allowed: a finite number > 0"),

@@ -35,10 +35,11 @@ def _traceback_wanted(argv: list[str]) -> bool:
 
 def _one_line(error: BaseException, argv: list[str]) -> str:
     """The error's last meaningful line (config_flags wraps tracebacks into its messages), naming the flag at fault."""
-    if isinstance(error, AttributeError) and (name := re.search(r"'(\w+)", str(error))):  # a misspelt config field
-        flag = next((a.split("=")[0] for a in argv if a.split("=")[0].endswith("." + name[1])), name[1])
+    name = re.search(r"'(\w+)", str(error)) if isinstance(error, (AttributeError, KeyError)) else None
+    at = re.compile(rf"\.{name[1]}(?=\.|$)") if name else None  # a misspelt config field or section, in its flag
+    if flag := next((a.split("=")[0] for a in argv if at and a.startswith("--config.") and at.search(a.split("=")[0])), None):
         close = re.search(r'Did you mean "(\w+)"', str(error))
-        return f"{flag}: no such config field" + (f"; did you mean {flag.rpartition('.')[0]}.{close[1]}?" if close else "")
+        return f"{flag}: no such config field" + (f"; did you mean {at.sub('.' + close[1], flag, count=1)}?" if close else "")
     lines = [line.strip() for line in str(error).splitlines() if line.strip()]
     text = re.sub(r"^[\w.]+(Error|Exception): ", "", lines[-1] if lines else type(error).__name__)
     text = re.sub(r"^flag (--\S+): is invalid", r"\1 is invalid", text)  # absl's wording of a fields.FieldParser's error
