@@ -2,6 +2,7 @@
 
 EXIT_ERROR = 1  # a user error (one `error:` line) or a failure; rerunning as is will not help
 EXIT_PREEMPTED = 75  # stopped by SIGTERM/SIGINT after saving a checkpoint: rerun the same command to resume (EX_TEMPFAIL)
+EXIT_INTERRUPTED = 130  # a second Ctrl-C: stopped at once, without saving the step in progress (128 + SIGINT)
 EXIT_PEER_LOST = 76  # another process of a multi-process run died or hung: restart them all to resume
 
 

@@ -389,6 +389,20 @@ MUTANTS = [
         ("tests/test_config.py::test_files_need_a_path_unless_no_data_is_read",),
     ),
     Mutant(
+        "signals: the first Ctrl-C is silent until the step ends",
+        "freeatten_jax/training/signals.py",
+        "        if not self.requested:\n            os.write(",
+        "        if False:\n            os.write(",
+        ("tests/training/test_signals.py",),
+    ),
+    Mutant(
+        "cli: a second Ctrl-C prints KeyboardInterrupt's traceback",
+        "freeatten_jax/cli/shared.py",
+        "        except KeyboardInterrupt:\n            if flags",
+        "        except ZeroDivisionError:\n            if flags",
+        ("tests/training/test_signals.py",),
+    ),
+    Mutant(
         "config: a data.path beside a source that reads no files is ignored",
         "freeatten_jax/training/config.py",
         "if files and cfg.data.source not in FILE_SOURCES:",

@@ -14,7 +14,7 @@ from absl import app, flags, logging
 
 from freeatten_jax import configs
 from freeatten_jax.cli import usage
-from freeatten_jax.errors import EXIT_ERROR, UserError
+from freeatten_jax.errors import EXIT_ERROR, EXIT_INTERRUPTED, UserError
 
 # Raised while parsing the command line (bad flag values, config files that fail to load, unknown fields).
 _ARGV_ERRORS = (flags.Error, AttributeError, KeyError, TypeError, ValueError, OSError)
@@ -100,17 +100,18 @@ def _unraisable(report) -> None:
         sys.__unraisablehook__(report)
 
 
-def _exit_last(line: str) -> NoReturn:
-    """Exit 1 with `line` as the last line on stderr, a whole line. Threads that outlive a failed save (tensorstore's,
+def _exit_last(line: str, code: int = EXIT_ERROR) -> NoReturn:
+    """Exit `code` with `line` as the last line on stderr, a whole line. Threads that outlive a failed save (tensorstore's,
     which report asyncio errors as they shut down) write to /dev/null after it. A caller's own stderr (an in-process
     runner) is left as it is."""
     if not _console():
-        sys.exit(line)
+        print(line, file=sys.stderr)
+        sys.exit(code)
     with _STDERR_LOCK:
         sys.stderr.write(line + "\n")
         sys.stderr.flush()
         os.dup2(os.open(os.devnull, os.O_WRONLY), 2)
-    sys.exit(EXIT_ERROR)
+    sys.exit(code)
 
 
 def run(main: Callable[[list[str]], None], argv: list[str], verbosity=logging.WARNING) -> None:
@@ -147,6 +148,10 @@ def run(main: Callable[[list[str]], None], argv: list[str], verbosity=logging.WA
             warnings.filterwarnings("ignore", r"coroutine .* was never awaited", RuntimeWarning)
             logging.get_absl_handler().addFilter(lambda record: record.name != "asyncio")
             _exit_last(f"error: {e}")
+        except KeyboardInterrupt:
+            if flags.FLAGS["verbosity"].present:
+                raise
+            _exit_last("interrupted: the step in progress was not saved (rerun the same command to resume)", EXIT_INTERRUPTED)
 
     if _console():
         sys.unraisablehook, threading.excepthook = _locked(_unraisable), _locked(threading.__excepthook__)

@@ -1,6 +1,8 @@
 """Preemption: SIGTERM or SIGINT asks the run to save and stop at the end of its step (every process, if any got
-it); a second SIGINT interrupts at once. The handler only records: a handler that prints could interrupt a print."""
+it); a second SIGINT interrupts at once. The handler records, and says so with one os.write (a handler that prints
+through sys.stderr could interrupt a print)."""
 
+import os
 import signal
 
 import jax
@@ -16,6 +18,8 @@ class StopSignal:
     def _handle(self, signum, frame):
         if self.requested and signum == signal.SIGINT:
             raise KeyboardInterrupt
+        if not self.requested:
+            os.write(2, f"\n{signal.Signals(signum).name}: stopping after this step (Ctrl-C again: at once, unsaved)\n".encode())
         self.requested, self.name = True, signal.Signals(signum).name
 
     def any_process(self) -> bool:
