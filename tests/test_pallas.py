@@ -33,6 +33,7 @@ from helpers import (
 from freeatten_jax import attention
 from freeatten_jax.attention import rules
 from freeatten_jax.attention.pallas import plan as pallas_plan
+from freeatten_jax.attention.pallas.common import BlockSizes, Static, kernel_ctx
 
 TOLERANCE = {jnp.float32: 1e-4, jnp.bfloat16: 5e-2}
 PALLAS = dict(implementation="pallas", interpret=INTERPRET, block_q=16, block_k=8)  # several blocks, ragged tails
@@ -397,3 +398,20 @@ def test_layer_runs_kernels_per_shard_under_use_mesh():
         out = jax.jit(lambda x: layer(x))(x_BTE)
     layer.set_implementation("reference")
     assert_close(out, layer(x_BTE), 1e-4, "output")
+
+
+@pytest.mark.parametrize("split", [False, True])
+def test_split_matmuls_split_the_weights_but_never_lssars_y(split):
+    """With split_matmuls the weights enter their matmul as two bfloat16 halves (exact to ~2^-17); LSSAR's y
+    (pv_once) is always rounded once, as the reference's is, whatever the option."""
+    rng = np.random.default_rng(0)
+    w, x = jnp.asarray(rng.random((16, 32)), jnp.float32), jnp.asarray(rng.normal(size=(32, 16)), jnp.bfloat16)
+    acc = jnp.zeros((16, 16), jnp.float32)
+    ctx = kernel_ctx(
+        Static("reweight", True, None, BlockSizes(16, 16), 1, None, None, jnp.bfloat16, False, True, split), 1.0, 2.0
+    )
+    once = np.asarray(jnp.dot(w.astype(jnp.bfloat16), x, preferred_element_type=jnp.float32))
+    exact = np.asarray(w) @ np.asarray(x, np.float32)
+    np.testing.assert_array_equal(np.asarray(ctx.pv_once(w, x, acc)), once)
+    error = np.abs(np.asarray(ctx.pv(w, x, acc)) - exact).max()
+    assert (error < 1e-4 * np.abs(exact).max()) if split else np.array_equal(np.asarray(ctx.pv(w, x, acc)), once)
