@@ -176,6 +176,26 @@ def carry_widths(cfg: Static, which: int, d: int) -> list[int]:
     return [x.shape[-1] for x in jax.tree.leaves(one.init(jnp.zeros((1, 1)), jnp.zeros((1, d))))]
 
 
+def forward_outputs(cfg: Static, shapes, block_spec, row_spec) -> tuple[list, list]:
+    """The forward kernel's (out_specs, out_shape): the output [B, H, Tp, D] in the input dtype, the family's row
+    statistics as lane-dense rows [B, H, I, 1, Q], its float32 extras and (low_half) the output's low half."""
+    (b, h, tp, d), _ = shapes
+    family, f32 = kernel_family(cfg), jnp.float32
+    out = jax.ShapeDtypeStruct((b, h, tp, d), cfg.dtype)
+    stats = [jax.ShapeDtypeStruct((b, h, tp // cfg.blocks.q, 1, cfg.blocks.q), f32)] * len(family.stats)
+    extras = [jax.ShapeDtypeStruct((b, h, tp, d), f32)] * len(family.extras) + [out] * low_half(cfg)
+    return [block_spec] + [row_spec] * len(stats) + [block_spec] * len(extras), [out, *stats, *extras]
+
+
+def dq_outputs(cfg: Static, shapes, block_spec, row_spec) -> tuple[list, list]:
+    """The dq kernel's (out_specs, out_shape): Σ_j ds_ij b_j k_j [B, H, Tp, D] float32 and, with cfg.p_grad, the
+    rows' shares of dL/dp as lane-dense rows [B, H, I, 1, Q]."""
+    (b, h, tp, d), _ = shapes
+    sums = jax.ShapeDtypeStruct((b, h, tp, d), jnp.float32)
+    powers = jax.ShapeDtypeStruct((b, h, tp // cfg.blocks.q, 1, cfg.blocks.q), jnp.float32)
+    return [block_spec, row_spec][: 1 + cfg.p_grad], [sums, powers][: 1 + cfg.p_grad]
+
+
 def first_carry(args) -> int:
     """The flat input index of a pass call's first carry leaf (its `input_output_aliases`): the carry comes last."""
     *_, x = args

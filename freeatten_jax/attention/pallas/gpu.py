@@ -25,12 +25,13 @@ from freeatten_jax.attention.pallas.common import (
     carry_widths,
     column,
     dot,
+    dq_outputs,
     first_carry,
+    forward_outputs,
     kernel_ctx,
     kernel_family,
     key_block,
     key_factor,
-    low_half,
     row,
     scaled_scores,
     visible,
@@ -282,32 +283,29 @@ def calls(cfg: Static, shapes, ptx: bool, interpret: bool):
     (b, h, tp, d), (kv_heads, sp) = shapes
     (block_q, block_k, _), g = cfg.blocks, cfg.kv_groups
     q_blocks, k_blocks = tp // block_q, sp // block_k
-    family, forward_family, f32 = FAMILIES[cfg.family], kernel_family(cfg), jnp.float32
+    family, f32 = FAMILIES[cfg.family], jnp.float32
     common = _common(interpret)
 
     # forward and dq: grid (b, h, i); row statistics and rows lane-dense, one [1, Q] row per block
     specs, q_spec = _query_major_specs(cfg, shapes)
     row_spec = pl.BlockSpec((None, None, None, 1, block_q), lambda b, h, i: (b, h, i, 0, 0))
-    stat_shapes = [jax.ShapeDtypeStruct((b, h, q_blocks, 1, block_q), f32)] * len(forward_family.stats)
-    out_shape = jax.ShapeDtypeStruct((b, h, tp, d), cfg.dtype)
-    extra_shapes = [jax.ShapeDtypeStruct((b, h, tp, d), f32)] * len(forward_family.extras)
+    out_specs, out_shape = forward_outputs(cfg, shapes, q_spec, row_spec)
     forward = pl.pallas_call(
         functools.partial(forward_kernel, cfg, ptx),
         grid=(b, h, q_blocks),
         in_specs=(WHOLE_SPANS, specs),
-        out_specs=[q_spec] + [row_spec] * len(stat_shapes) + [q_spec] * (len(extra_shapes) + low_half(cfg)),
-        out_shape=[out_shape] + stat_shapes + extra_shapes + [out_shape] * low_half(cfg),
+        out_specs=out_specs,
+        out_shape=out_shape,
         name=f"freeatten_{cfg.family}_fwd",
         **common,
     )
+    dq_specs, dq_shape = dq_outputs(cfg, shapes, q_spec, row_spec)
     dq = pl.pallas_call(
         functools.partial(dq_kernel, cfg, ptx),
         grid=(b, h, q_blocks),
         in_specs=(WHOLE_SPANS, specs._replace(dout=q_spec, rows=(row_spec,) * len(family.rows))),
-        out_specs=[q_spec, row_spec][: 1 + cfg.p_grad],
-        out_shape=[jax.ShapeDtypeStruct((b, h, tp, d), f32), jax.ShapeDtypeStruct((b, h, q_blocks, 1, block_q), f32)][
-            : 1 + cfg.p_grad
-        ],
+        out_specs=dq_specs,
+        out_shape=dq_shape,
         name=f"freeatten_{cfg.family}_dq",
         **common,
     )

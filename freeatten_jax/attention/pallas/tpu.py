@@ -29,7 +29,9 @@ from freeatten_jax.attention.pallas.common import (
     carry_widths,
     column,
     dot,
+    dq_outputs,
     first_carry,
+    forward_outputs,
     kernel_ctx,
     kernel_family,
     key_block,
@@ -351,39 +353,36 @@ def calls(cfg: Static, shapes, interpret: bool):
     first_valued = [one.with_values for one in forward_family.passes].index(True)  # LSSAR's first pass reads no V
     forward_specs, forward_q, _, forward_rows = _query_major_specs(cfg, shapes, forward_plan, first_valued)
     carries = [[(block_q, w) for w in carry_widths(cfg, which, d)] for which in range(passes)]
-    stat_shapes = [jax.ShapeDtypeStruct((b, h, q_blocks, 1, block_q), f32)] * len(forward_family.stats)
-    out_shape = jax.ShapeDtypeStruct((b, h, tp, d), cfg.dtype)
-    extra_shapes = [jax.ShapeDtypeStruct((b, h, tp, d), f32)] * len(forward_family.extras)
+    out_specs, out_shape = forward_outputs(cfg, shapes, forward_q, forward_rows)
     forward = pl.pallas_call(
         functools.partial(forward_kernel, cfg, forward_plan),
         grid_spec=_grid_spec(
             (b, h),
             forward_plan,
             forward_specs,
-            out_specs=[forward_q] + [forward_rows] * len(stat_shapes) + [forward_q] * (len(extra_shapes) + low_half(cfg)),
+            out_specs=out_specs,
             scratch_shapes=[
                 pltpu.VMEM(shape, f32)
                 for which, one in enumerate(carries)
                 for shape in one + (list(finished_rows(cfg, which, d).values()) if which < passes - 1 else [])
             ],
         ),
-        out_shape=[out_shape] + stat_shapes + extra_shapes + [out_shape] * low_half(cfg),
+        out_shape=out_shape,
         name=f"freeatten_{cfg.family}_fwd",
         **common,
     )
+    dq_specs, dq_shape = dq_outputs(cfg, shapes, q_spec, lane_dense)
     dq = pl.pallas_call(
         functools.partial(dq_kernel, cfg, dq_plan),
         grid_spec=_grid_spec(
             (b, h),
             dq_plan,
             specs._replace(dout=q_spec, rows=(lane_dense,) * len(family.rows)),
-            out_specs=[q_spec, lane_dense][: 1 + cfg.p_grad],
+            out_specs=dq_specs,
             scratch_shapes=[pltpu.VMEM((block_q, d), f32), pltpu.VMEM((block_q, 1), f32)][: 1 + cfg.p_grad]
             + [pltpu.VMEM((block_q, 1), f32)] * len(family.rows),
         ),
-        out_shape=[jax.ShapeDtypeStruct((b, h, tp, d), f32), jax.ShapeDtypeStruct((b, h, q_blocks, 1, block_q), f32)][
-            : 1 + cfg.p_grad
-        ],
+        out_shape=dq_shape,
         name=f"freeatten_{cfg.family}_dq",
         **common,
     )
