@@ -109,14 +109,14 @@ def test_degenerate_rows_match_the_oracle(variant, path):
 
 
 def test_base_2_softplus_and_sigmoid_are_exact_over_the_float32_range():
-    """The kernels' log2(1 + t), a polynomial, within 2.5e-7 relative of float64 for t in [0, 1] (tiny t
+    """The kernels' log2(1 + t), a polynomial, within 4e-7 relative of float64 for t in [0, 1] (tiny t
     included; the TPU kernels' hardware log with a series for small t within 4e-6); softplus in base 2 and
     sigmoid within 1e-5 from scores where 2^s2 underflows to far above (the rest is exp2's own error, a few ulp
     of its argument at the extremes on the CPU), also with an exp2 that flushes results below 2^-126 to 0 (the GPU
     kernels')."""
     t = np.concatenate([np.geomspace(1e-37, 1.0, 4000), np.linspace(0.0, 1.0, 4001)]).astype(np.float32)
     log2_1p = np.asarray(jax.jit(rules.log2_1p)(t), np.float64)
-    np.testing.assert_allclose(log2_1p, np.log1p(np.float64(t)) / np.log(2), rtol=2.5e-7, atol=0)
+    np.testing.assert_allclose(log2_1p, np.log1p(np.float64(t)) / np.log(2), rtol=4e-7, atol=0)
     eup = np.asarray(jax.jit(rules.log2_1p_eup)(t), np.float64)  # the TPU kernels': the hardware log and a series
     np.testing.assert_allclose(eup, np.log1p(np.float64(t)) / np.log(2), rtol=4e-6, atol=0)
     s2 = np.concatenate([-np.geomspace(1e-8, 125, 4000), [0.0], np.geomspace(1e-8, 1e4, 4000)]).astype(np.float32)

@@ -32,6 +32,7 @@ from helpers import (
 
 from freeatten_jax import attention
 from freeatten_jax.attention import rules
+from freeatten_jax.attention.pallas import gpu
 from freeatten_jax.attention.pallas import plan as pallas_plan
 from freeatten_jax.attention.pallas.common import BlockSizes, Static, kernel_ctx
 
@@ -128,6 +129,36 @@ def test_bfloat16_within_twice_the_reference_error(variant):
             value_and_grads(q, k, v, g, params, dict(options, block_q=64, block_k=64), variant=variant), truth
         )
         assert np.all(errors <= BF16_CONTRACT * reference), f"{name}: ratios {errors / reference} (out, dq, dk, dv)"
+
+
+@pytest.mark.parametrize("split, dtype", [(False, jnp.bfloat16), (True, jnp.bfloat16), (False, jnp.float32)])
+def test_gpu_kernels_sum_the_weights_as_their_weighted_sum_rounds_them(split, dtype):
+    """The GPU kernels' row sums of weights (LSSA's Z, LSSAR's l and Σ ρ^(p-1)) add the weights rounded to the inputs'
+    dtype, as the unsplit weighted sum multiplies them (gpu.rounded_row_sum, on the tensor cores); with split matmuls
+    or float32 inputs, the float32 weights."""
+    cfg = Static("sum", True, None, BlockSizes(16, 32), 1, None, None, dtype, False, True, split)
+    ctx = kernel_ctx(cfg, 1.0, 1.0, gpu.family_math(cfg, ptx=False))
+    w = jnp.asarray(1 + 2.0**-9 * (1 + np.random.default_rng(1).random((16, 32))), jnp.float32)  # bfloat16 rounds to 1
+    sums = np.asarray(ctx.row_sum(w), np.float64)[:, 0]
+    rounded = np.asarray(w.astype(jnp.bfloat16), np.float64).sum(axis=1)
+    exact = np.asarray(w, np.float64).sum(axis=1)
+    np.testing.assert_allclose(sums, rounded if dtype == jnp.bfloat16 and not split else exact, rtol=1e-6)
+    assert np.all(rounded == 32) and np.all(exact > 32.06)  # the two differ on every row: the check can fail
+
+
+def test_gpu_kernels_normalise_lssa_by_the_weights_they_multiply():
+    """LSSA's bfloat16 output through the GPU kernels: dividing Σ_j u_ij v_j (u rounded as the matmul takes it) by
+    Σ_j of the same rounded u takes its error from 1.85x to 1.46x the reference's own (T = 128, the inputs of
+    test_bfloat16_within_twice_the_reference_error)."""
+    q, k, v, g = inputs(key("bf16-error", "lssa"), 1, 128, 128, 2, 1, 128, jnp.bfloat16)
+    params = variant_params("lssa", 2)
+    truth = value_and_grads(
+        *(x.astype(jnp.float32) for x in (q, k, v, g)), params, dict(implementation="reference"), variant="lssa"
+    )
+    reference = _relative_errors(value_and_grads(q, k, v, g, params, dict(implementation="reference"), variant="lssa"), truth)
+    kernels = dict(KERNELS["gpu"], block_q=64, block_k=64)
+    errors = _relative_errors(value_and_grads(q, k, v, g, params, kernels, variant="lssa"), truth)
+    assert errors[0] <= 1.6 * reference[0], errors / reference
 
 
 OUTPUT_ONLY_PATHS = {
