@@ -64,7 +64,7 @@ IMPLEMENTATIONS = {  # name: the values-and-gradients-vs-reference tests of that
     "pallas TPU kernels": ("tests/test_pallas.py::test_pallas_matches_reference", "-k", "tpu and "),
     "ring": ("tests/test_context_parallel.py::test_matches_reference",),
 }
-P_PATHS = ("blockwise", "pallas", "pallas_tpu_kernels", "context_parallel")  # test_pallas's dL/dp test ids
+P_PATHS = ("blockwise", "pallas", "pallas_tpu_kernels", "context_parallel", "kernel_ring")  # test_pallas's dL/dp test ids
 
 
 def every_implementation(name: str, original: str, replacement: str, variant: str) -> list[Mutant]:
@@ -271,6 +271,13 @@ MUTANTS = [
         "    return fma(acc, t, plus)",
         "    return fma(acc, t, 0.0)",
         ("tests/test_degenerate.py", "-k", "base_2"),
+    ),
+    Mutant(
+        "kernel ring: LSSAR's dL/dp summed over the first ring step only",
+        "freeatten_jax/attention/pallas/ring.py",
+        "dpow + (0.0 if dp_r is None else jnp.sum(dp_r))",
+        "(0.0 if dp_r is None else jnp.sum(dp_r))",
+        ("tests/test_pallas.py", "-k", "power_gradient and kernel_ring"),
     ),
     # --- attention/block_plan.py: block skipping at the exact boundary (issues 15, 20), one planner for every implementation
     *every_skipping("plan: causal skip k_lo < q_hi", "maybe &= k_lo <= q_hi", "maybe &= k_lo < q_hi"),

@@ -203,7 +203,7 @@ def test_lssar_traced_fractional_power(kernels):
 
 
 def _context_parallel(q, k, v, **options):
-    """context_parallel_attend over 2 host devices (the ring; blockwise on each device)."""
+    """context_parallel_attend over 2 host devices (the ring; blockwise on each device unless options say kernels)."""
     mesh = jax.make_mesh((2,), ("context",), devices=jax.devices()[:2], axis_types=(jax.sharding.AxisType.Auto,))
     return attention.context_parallel_attend(q, k, v, mesh=mesh, axis_name="context", block_q=8, block_k=8, **options)
 
@@ -215,6 +215,7 @@ P_PATHS = {  # name: (attend, implementation options)
     "pallas": (attention.attend, KERNELS["gpu"]),
     "pallas_tpu_kernels": (attention.attend, KERNELS["tpu"]),
     "context_parallel": (_context_parallel, {}),
+    "kernel_ring": (_context_parallel, dict(implementation="pallas", interpret=True)),  # the GPU kernels in each ring step
 }
 
 
