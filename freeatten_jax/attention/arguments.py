@@ -8,12 +8,16 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
-from freeatten_jax.attention.variants import Mask, Variant, check_positive_int, get_variant, variant_options
+from freeatten_jax.attention.variants import Mask, Variant, check_positive_int, get_variant, is_concrete, variant_options
 
 
 def _batch_rows(x, batch: int, length: int, name: str, dtype) -> jax.Array:
-    """Broadcast an optional [L] or [B, L] array to [B, L]."""
+    """Broadcast an optional [L] or [B, L] array to [B, L]; ids and positions must be integers (a float is not cast)."""
+    kinds = (jnp.bool_, jnp.integer) if dtype is bool else (jnp.integer,)
+    if not any(jnp.issubdtype(jnp.result_type(x), kind) for kind in kinds):
+        raise ValueError(f"{name} must be {'boolean' if dtype is bool else 'integers'}, got {jnp.result_type(x)}")
     x = jnp.asarray(x, dtype)
     if x.ndim not in (1, 2) or x.shape[-1] != length:
         raise ValueError(f"{name} must have shape [{length}] or [batch, {length}], got {x.shape}")
@@ -40,6 +44,9 @@ def make_mask(
     mask: an explicit boolean [batch or 1, heads or 1, q_len, kv_len] mask, ANDed with the rest."""
     if q_positions is not None and q_offset is not None:
         raise ValueError("pass q_positions or q_offset, not both")
+    if not isinstance(causal, (bool, np.bool_)):
+        raise TypeError(f"causal must be True or False, got {causal!r}")
+    _check_offset(q_offset, q_len, kv_len)
     check_positive_int("window", window)
     if mask is not None:
         mask = _dense_mask(mask, batch, q_len, kv_len)
@@ -72,6 +79,20 @@ def make_mask(
     )
 
 
+def _check_offset(q_offset, q_len: int, kv_len: int) -> None:
+    """A known q_offset (scalar or per row) must put every query inside the cache: 0 <= offset <= kv_len - q_len."""
+    if q_offset is None or not is_concrete(q_offset):
+        return
+    offsets = np.asarray(q_offset)
+    if not np.issubdtype(offsets.dtype, np.integer):
+        raise ValueError(f"q_offset must be an integer (or one per batch row), got {offsets.dtype}")
+    if offsets.size and (offsets.min() < 0 or offsets.max() > kv_len - q_len):
+        raise ValueError(
+            f"q_offset must be in [0, kv_len - q_len] = [0, {kv_len - q_len}] (the queries inside the {kv_len}-key cache), "
+            f"got {offsets.tolist()}"
+        )
+
+
 def _dense_mask(mask, batch: int, q_len: int, kv_len: int) -> jax.Array:
     """The explicit mask as a [batch or 1, heads or 1, q_len, kv_len] bool array."""
     if not jnp.issubdtype(jnp.result_type(mask), jnp.bool_):
@@ -91,6 +112,8 @@ def _check_shapes(q, k, v):
         raise ValueError(f"q, k, v must be [batch, len, heads, head_dim]; got {q.shape}, {k.shape}, {v.shape}")
     if not all(jnp.issubdtype(x.dtype, jnp.floating) for x in (q, k, v)):
         raise ValueError(f"q, k, v must be floating point, got {q.dtype}, {k.dtype}, {v.dtype}")
+    if len({jax.dtypes.canonicalize_dtype(x.dtype) for x in (q, k, v)}) > 1:  # numpy's float64 is float32 without x64
+        raise ValueError(f"q, k, v must share one dtype, got {q.dtype}, {k.dtype}, {v.dtype} (cast them: nothing is promoted)")
     if q.shape[1] == 0 or k.shape[1] == 0:
         raise ValueError(f"q_len and kv_len must be > 0, got {q.shape[1]} and {k.shape[1]}")
     if k.shape != v.shape:

@@ -49,14 +49,20 @@ class KVCache:
         return cls(kv(), kv(), ids(), ids(), jnp.zeros((), jnp.int32))  # distinct buffers: donatable
 
     def append(self, k_BTKD, v_BTKD, positions_BT, segment_ids_BT) -> "KVCache":
-        """Writes T new entries at slot `length` (the caller keeps length + T <= S)."""
-        at = self.length
+        """Writes T new entries at slot `length`; ValueError where they cannot fit (length known, or T > S): a
+        dynamic_update_slice would silently shift them onto the last slots."""
+        at, t, slots = self.length, k_BTKD.shape[1], self.k_BSKD.shape[1]
+        free = slots - (int(at) if not isinstance(at, jax.core.Tracer) else 0)
+        if t > free:
+            raise ValueError(
+                f"{t} new tokens do not fit the KV cache: {free} of its {slots} slots are free (init_cache: a larger max_len)"
+            )
         return KVCache(
             jax.lax.dynamic_update_slice(self.k_BSKD, k_BTKD.astype(self.k_BSKD.dtype), (0, at, 0, 0)),
             jax.lax.dynamic_update_slice(self.v_BSKD, v_BTKD.astype(self.v_BSKD.dtype), (0, at, 0, 0)),
             jax.lax.dynamic_update_slice(self.positions_BS, positions_BT.astype(jnp.int32), (0, at)),
             jax.lax.dynamic_update_slice(self.segment_ids_BS, segment_ids_BT.astype(jnp.int32), (0, at)),
-            at + k_BTKD.shape[1],
+            at + t,
         )
 
     def next_positions(self, batch: int, t: int, positions_BT=None, segment_ids_BT=None) -> tuple[jax.Array, jax.Array]:
