@@ -25,18 +25,26 @@ FIELDS = ("target", "T", "context", "variant", "implementation", "loss_chunking"
           "headroom", "kernels", "kernel_length", "compile_s")  # fmt: skip
 
 
-def _case(target: str, t: int, context: int, variant: str, implementation: str, chunking: str) -> dict:
-    """One compile's row."""
-    from freeatten_jax.compile import DoesNotFit, compile_train_step, targets
+def step_config(target: str, t: int, context: int, variant: str, implementation: str):
+    """The case's training config: gpt2_small, full remat, bf16, batch 1 per data replica, T split over `context`."""
+    from freeatten_jax.compile import targets
     from freeatten_jax.configs import base
-    from freeatten_jax.training import loss
 
-    loss.MAX_LOGITS = loss.MAX_LOGITS if chunking == "on" else 2**62
     cfg = base.get_config(variant, "gpt2_small")
     replicas = len(targets.devices(target)) // context
     cfg.model.implementation, cfg.model.remat, cfg.model.dtype = implementation, "full", "bfloat16"
     cfg.mesh.shape = (replicas, 1, 1, context)
     cfg.train.seq_len, cfg.train.batch_size, cfg.train.grad_accum_steps = t, replicas, 1
+    return cfg
+
+
+def _case(target: str, t: int, context: int, variant: str, implementation: str, chunking: str) -> dict:
+    """One compile's row."""
+    from freeatten_jax.compile import DoesNotFit, compile_train_step
+    from freeatten_jax.training import loss
+
+    loss.MAX_LOGITS = loss.MAX_LOGITS if chunking == "on" else 2**62
+    cfg = step_config(target, t, context, variant, implementation)
     row = dict(target=target, T=t, context=context, variant=variant, implementation=implementation, loss_chunking=chunking)
     start = time.time()
     try:

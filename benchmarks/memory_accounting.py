@@ -1,0 +1,140 @@
+"""Where a long-context training step's memory goes: the buffers XLA keeps live at the step's peak, compiled
+without the chips, against the floor computed from the model's shapes.
+
+    python benchmarks/memory_accounting.py [--case v5p-32:1048576:16] [--variant lssar] [--implementation pallas]
+                                           [--layers 12] [--top 20]
+
+The step is benchmarks/long_context.py's (gpt2_small, batch 1 per data replica, full remat, bf16, loss chunked).
+XLA's own dump (`xla_dump_to`, read from `*after_optimizations-live-range.txt`, `*-buffer-assignment.txt` and the
+optimized HLO) lists every buffer live at the peak: its bytes as laid out on the chip, its shape, the HLO op that
+made it and a category (arguments: parameters, optimizer state, the batch; row statistics: [.., 1] float32
+arrays, which a TPU pads 128x; the rest by the op's name). The floor is what must live: the state (parameters,
+gradients and Adam's two moments, as sharded), each layer's saved input under full remat, and one layer's
+recompute working set (q, k, v, the attention output and their gradients; the MLP's two activations and a
+gradient), all as unpadded bytes per chip.
+"""
+
+import argparse
+import collections
+import glob
+import math
+import os
+import re
+import sys
+import tempfile
+
+import long_context
+
+DTYPE_BYTES = {"f32": 4, "bf16": 2, "s32": 4, "u32": 4, "pred": 1, "f16": 2, "s8": 1, "u8": 1}
+_PEAK = re.compile(r"Live ranges at \d+ \(peak\):\n((?:    .*\n)+)")
+_LIVE = re.compile(r"    (\S+): (\d+) bytes")
+_VALUE = re.compile(r" value: <\d+ (\S+?)(?: @\d+)?> \(size=\d+,offset=\d+\): (.*)$", re.M)
+_OP_NAME = re.compile(r'^\s*(?:ROOT )?%(\S+) = .*?metadata=\{op_name="((?:[^"\\]|\\.)*)"', re.M)
+
+
+def logical_bytes(shape: str) -> int:
+    """Bytes of an array shape written as XLA writes it (`f32[1,12,8192,1]{3,2,1,0:T(8,128)}`) without layout padding;
+    a tuple's leaves summed."""
+    total = 0
+    for dtype, dims in re.findall(r"\b([a-z]+\d*)\[([\d,]*)\]", shape):
+        total += DTYPE_BYTES.get(dtype, 4) * math.prod(int(n) for n in dims.split(",") if n)
+    return total
+
+
+def category(name: str, shape: str, origin: str) -> str:
+    """What a live buffer is, from its HLO name, shape and op name."""
+    if name.startswith("param"):
+        return "arguments (parameters, optimizer state, batch)"
+    if re.fullmatch(r"f32\[[\d,]*,1\]\{.*", shape):
+        return "row statistics [.., 1] float32 (lane-padded)"
+    if "freeatten_" in name or "freeatten_" in origin:
+        return "attention kernels' outputs"
+    if "collective-permute" in name:
+        return "ring: blocks in flight"
+    if "transpose(jvp" in origin:
+        return "backward temporaries"
+    return "forward and other temporaries"
+
+
+def read_dump(folder: str):
+    """[(bytes, name, shape, origin)] of the buffers live at the peak, largest first."""
+    (live_file,) = glob.glob(os.path.join(folder, "*after_optimizations-live-range.txt"))
+    (values_file,) = glob.glob(os.path.join(folder, "*after_optimizations-buffer-assignment.txt"))
+    (hlo_file,) = glob.glob(os.path.join(folder, "*after_optimizations.txt"))
+    peak = _PEAK.search(open(live_file).read())
+    shapes = {name: shape.strip() for name, shape in _VALUE.findall(open(values_file).read())}
+    origins = dict(_OP_NAME.findall(open(hlo_file).read()))
+    rows = []
+    for name, size in _LIVE.findall(peak.group(1)):
+        base = name.split("{")[0]
+        shape = shapes.get(name, shapes.get(base, "?"))
+        rows.append((int(size), name, shape, origins.get(base, "").replace("\\'", "'")))
+    return sorted(rows, reverse=True)
+
+
+def floor_bytes(cfg, devices) -> dict[str, int]:
+    """What must live per chip (unpadded): the state (each parameter's shard, as float32 parameter, gradient and Adam's
+    two moments), the saved layer inputs and one layer's working set of the T / context tokens a chip holds."""
+    import jax
+
+    from freeatten_jax.nn import sharding
+    from freeatten_jax.training import optim
+    from freeatten_jax.training import state as train_state
+
+    mesh = sharding.make_mesh(cfg.mesh.shape, list(devices))
+    abstract, _ = train_state.abstract_state(cfg, mesh, optim.make(cfg.optim, cfg.train.steps))
+    shard = lambda x: math.prod(x.sharding.shard_shape(x.shape))  # noqa: E731
+    params = sum(shard(x) for x in jax.tree.leaves(abstract["params"]))
+    m, tokens, act = cfg.model, cfg.train.seq_len * cfg.train.batch_size // len(devices), 2  # bfloat16 activations
+    return {
+        "state": 16 * params,
+        "saved layer inputs": m.num_layers * tokens * m.d_model * act,
+        "one layer's working set": tokens * act * (8 * m.d_model + 3 * m.mlp_dim),
+    }
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--case", default="v5p-32:1048576:16", help="target:T:context")
+    parser.add_argument("--variant", default="lssar")
+    parser.add_argument("--implementation", default="pallas")
+    parser.add_argument("--layers", type=int, help="num_layers (default: gpt2_small's 12)")
+    parser.add_argument("--top", type=int, default=20)
+    args = parser.parse_args(argv)
+    os.environ.setdefault("JAX_PLATFORMS", "cpu")
+    from freeatten_jax.compile import targets
+    from freeatten_jax.compile.run import lower_train_step
+    from freeatten_jax.training import config
+
+    target, t, context = args.case.split(":")
+    cfg = long_context.step_config(target, int(t), int(context), args.variant, args.implementation)
+    if args.layers:
+        cfg.model.num_layers = args.layers
+    typed = config.parse(cfg, reads_data=False)
+    folder = tempfile.mkdtemp(prefix="memory_accounting_")
+    options = {"xla_dump_to": folder, "xla_dump_hlo_as_text": True, "xla_dump_hlo_module_re": ".*train_step.*"}
+    compiled = lower_train_step(typed, targets.devices(target)).compile(compiler_options=options)
+    memory = compiled.memory_analysis()
+    peak = memory.argument_size_in_bytes + memory.output_size_in_bytes - memory.alias_size_in_bytes + memory.temp_size_in_bytes
+    rows = read_dump(folder)
+    gib = lambda x: x / 2**30  # noqa: E731
+    floor = floor_bytes(typed, targets.devices(target))
+    print(f"{args.case} {args.variant} {args.implementation}, {typed.model.num_layers} layers: peak per chip "
+          f"{gib(peak):.2f} GiB (XLA's memory analysis), live at the peak {gib(sum(r[0] for r in rows)):.2f} GiB; "
+          f"floor {gib(sum(floor.values())):.2f} GiB ({', '.join(f'{k} {gib(v):.2f}' for k, v in floor.items())})")  # fmt: skip
+    by_category = collections.defaultdict(lambda: [0, 0, 0])
+    for size, name, shape, origin in rows:
+        one = by_category[category(name, shape, origin)]
+        one[0], one[1], one[2] = one[0] + size, one[1] + logical_bytes(shape), one[2] + 1
+    print("\n| live at the peak, by category | GiB as laid out | GiB unpadded | buffers |\n|---|---|---|---|")
+    for name, (size, logical, count) in sorted(by_category.items(), key=lambda kv: -kv[1][0]):
+        print(f"| {name} | {gib(size):.2f} | {gib(logical):.2f} | {count} |")
+    print(f"\n| top {args.top} buffers | GiB | shape | padding | HLO value | op |\n|---|---|---|---|---|---|")
+    for size, name, shape, origin in rows[: args.top]:
+        padding, shape = size / max(logical_bytes(shape), 1), shape.split("{")[0]
+        print(f"| {category(name, shape, origin)} | {gib(size):.3f} | `{shape}` | {padding:.0f}x | {name} | {origin[-90:]} |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
