@@ -230,3 +230,9 @@ def test_export_takes_a_run_and_a_folder(run_cli, tmp_path):
     code, lines = run_cli(export_cli.main, str(tmp_path / "a"), str(tmp_path / "b"), str(tmp_path / "c"))
     expected = "error: give a run and an output folder (got 3 paths): freeatten-export WORKDIR[@STEP] OUT"
     assert (code, lines) == (1, [expected]) and not list(tmp_path.iterdir())
+
+
+def test_help_shows_the_usage(run_cli):
+    code, lines = run_cli(export_cli.main, "--help")
+    usage = "    freeatten-export runs/smollm2-lssar OUT_DIR        # the latest checkpoint; WORKDIR@STEP for another"
+    assert code == 0 and usage in lines, lines
