@@ -1,6 +1,6 @@
 """What several test files share: random attention inputs and their comparison, the tiny training config and its
-corpus, a simulated preemption, and Hugging Face's RoPE frequencies written from their definitions. Test files import
-from here, never from each other.
+corpus, a simulated preemption, Hugging Face's RoPE frequencies written from their definitions, and a tiny Hugging Face
+Llama folder. Test files import from here, never from each other.
 
 Glossary: B batch, T queries, S keys, H heads, K kv heads, D head dim. The application (and filelock) is imported
 where it is used: the kernel tests also run on a device machine that has only jax, flax, optax and orbax.
@@ -240,3 +240,53 @@ def hf_inverse_frequencies(head_dim: int, rope_theta: float, rope_type: str = "d
             smooth = (original / wavelen - low) / (high - low)
             scaled.append((1 - smooth) * f / factor + smooth * f)
     return np.array(scaled)
+
+
+def hub_tokenizer(text_glob):
+    """A byte-level BPE of 300 tokens (a `tokenizers.Tokenizer`) fitted on the test corpus."""
+    import glob
+
+    import tokenizers
+
+    tok = tokenizers.Tokenizer(tokenizers.models.BPE())
+    tok.pre_tokenizer = tokenizers.pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = tokenizers.decoders.ByteLevel()
+    trainer = tokenizers.trainers.BpeTrainer(
+        vocab_size=300, initial_alphabet=tokenizers.pre_tokenizers.ByteLevel.alphabet(), show_progress=False
+    )
+    tok.train_from_iterator([open(p).read() for p in sorted(glob.glob(text_glob))], trainer=trainer)
+    return tok
+
+
+def hub_tensors(params) -> dict[str, np.ndarray]:
+    """A FlaxLlama's parameters under the Hub's torch names: `a.b.kernel` [in, out] -> `a.b.weight` [out, in]."""
+    tensors = {}
+    for path, leaf in jax.tree_util.tree_leaves_with_path(params):
+        names = [k.key for k in path]
+        leaf = np.asarray(leaf)
+        if names[-1] == "kernel":
+            leaf = leaf.T
+        tensors[".".join(names[:-1] + ["weight"])] = np.ascontiguousarray(leaf)
+    return tensors
+
+
+def write_hub_folder(folder, reference, tok, shards: int = 1):
+    """A Hugging Face folder of the FlaxLlama `reference` and the tokenizer `tok`: config.json, tokenizer.json and the
+    weights as one model.safetensors or `shards` files with their index."""
+    from safetensors.numpy import save_file
+
+    folder.mkdir(parents=True)
+    (folder / "config.json").write_text(reference.config.to_json_string())
+    (folder / "tokenizer.json").write_text(tok.to_str())
+    tensors = hub_tensors(reference.params)
+    if shards == 1:
+        save_file(tensors, folder / "model.safetensors")
+        return folder
+    names, weight_map = sorted(tensors), {}
+    for i in range(shards):
+        file = f"model-{i + 1:05d}-of-{shards:05d}.safetensors"
+        part = names[i::shards]
+        save_file({n: tensors[n] for n in part}, folder / file)
+        weight_map.update(dict.fromkeys(part, file))
+    (folder / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
+    return folder

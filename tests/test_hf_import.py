@@ -9,16 +9,15 @@ reference given those frequencies, in config.json's layouts of transformers 4 (r
 import json
 import shutil
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-import tokenizers
-from helpers import hf_inverse_frequencies, read_metrics
+from helpers import hf_inverse_frequencies, hub_tokenizer, read_metrics, write_hub_folder
 from safetensors.numpy import save_file
 from transformers import FlaxLlamaForCausalLM, LlamaConfig
 from transformers.models.llama import modeling_flax_llama
 
+from freeatten_jax.cli import evaluate as eval_cli
 from freeatten_jax.cli import generate as generate_cli
 from freeatten_jax.cli import import_hf as import_cli
 from freeatten_jax.configs import base
@@ -41,55 +40,10 @@ HUB = dict(
 PROMPT = "the king and the queen"
 
 
-def _tokenizer(text_glob) -> tokenizers.Tokenizer:
-    """A byte-level BPE of 300 tokens fitted on the test corpus."""
-    import glob
-
-    tok = tokenizers.Tokenizer(tokenizers.models.BPE())
-    tok.pre_tokenizer = tokenizers.pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = tokenizers.decoders.ByteLevel()
-    trainer = tokenizers.trainers.BpeTrainer(
-        vocab_size=300, initial_alphabet=tokenizers.pre_tokenizers.ByteLevel.alphabet(), show_progress=False
-    )
-    tok.train_from_iterator([open(p).read() for p in sorted(glob.glob(text_glob))], trainer=trainer)
-    return tok
-
-
-def _hub_tensors(params) -> dict[str, np.ndarray]:
-    """FlaxLlama's parameters under the Hub's torch names: `a.b.kernel` [in, out] -> `a.b.weight` [out, in]."""
-    tensors = {}
-    for path, leaf in jax.tree_util.tree_leaves_with_path(params):
-        names = [k.key for k in path]
-        leaf = np.asarray(leaf)
-        if names[-1] == "kernel":
-            leaf = leaf.T
-        tensors[".".join(names[:-1] + ["weight"])] = np.ascontiguousarray(leaf)
-    return tensors
-
-
-def write_hub_folder(folder, reference, tok, shards: int = 1):
-    """config.json, tokenizer.json and the weights as one model.safetensors or `shards` files with their index."""
-    folder.mkdir(parents=True)
-    (folder / "config.json").write_text(reference.config.to_json_string())
-    (folder / "tokenizer.json").write_text(tok.to_str())
-    tensors = _hub_tensors(reference.params)
-    if shards == 1:
-        save_file(tensors, folder / "model.safetensors")
-        return folder
-    names, weight_map = sorted(tensors), {}
-    for i in range(shards):
-        file = f"model-{i + 1:05d}-of-{shards:05d}.safetensors"
-        part = names[i::shards]
-        save_file({n: tensors[n] for n in part}, folder / file)
-        weight_map.update(dict.fromkeys(part, file))
-    (folder / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
-    return folder
-
-
 @pytest.fixture(scope="module")
 def hub(text_glob, tmp_path_factory):
     """(the reference FlaxLlama, its tokenizer, its Hub folder in one file, and in two shards)."""
-    tok = _tokenizer(text_glob)
+    tok = hub_tokenizer(text_glob)
     reference = FlaxLlamaForCausalLM(LlamaConfig(vocab_size=tok.get_vocab_size(), **HUB), seed=0)
     root = tmp_path_factory.mktemp("hub")
     return (
@@ -363,3 +317,23 @@ def test_a_missing_shard_is_one_error_line(hub, run_cli, text_glob, tmp_path):
     code, lines = run_cli(import_cli.main, str(tmp_path / "hub"), f"--workdir={tmp_path / 'run'}", *_on_text(text_glob))
     shard = tmp_path / "hub" / "model-00002-of-00002.safetensors"
     assert code == 1 and len(lines) == 1 and f"{shard} not found (model.safetensors.index.json names it)" in lines[0], lines
+
+
+def test_a_hub_folder_given_as_a_run_says_to_import_it_first(hub, run_cli, tmp_path):
+    """freeatten-eval and freeatten-generate of a Hub folder not imported yet: one line naming the command that imports
+    it, and nothing written in it."""
+    folder = shutil.copytree(hub[2], tmp_path / "hub")
+    before = {str(p): p.stat().st_mtime_ns for p in tmp_path.rglob("*")}
+    expected = (
+        f"error: {folder} is a Hugging Face checkpoint folder, not a run: import it first with "
+        f"freeatten-import {folder} --workdir=WORKDIR"
+    )
+    for main, args in [(eval_cli.main, [f"--out={tmp_path / 'out'}"]), (generate_cli.main, ["--prompt=the"])]:
+        assert run_cli(main, f"--workdir={folder}", *args) == (1, [expected])
+    assert {str(p): p.stat().st_mtime_ns for p in tmp_path.rglob("*")} == before
+
+
+def test_importing_a_folder_that_does_not_exist_is_one_line(run_cli, text_glob, tmp_path):
+    code, lines = run_cli(import_cli.main, str(tmp_path / "nowhere"), f"--workdir={tmp_path / 'run'}", *_on_text(text_glob))
+    expected = f"error: {tmp_path / 'nowhere'} does not exist: give a Hugging Face model folder (config.json, model.safetensors)"
+    assert (code, lines) == (1, [expected]) and not list(tmp_path.iterdir())

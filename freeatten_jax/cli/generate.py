@@ -16,9 +16,13 @@ SEPARATOR = "-" * 40
 
 
 def main() -> None:
-    workdir = flags.DEFINE_string("workdir", None, "Training run directory.", required=True)
+    workdir = flags.DEFINE_string(
+        "workdir", None, "Training run directory, or WORKDIR@STEP for one of its checkpoints.", required=True
+    )
     prompt = flags.DEFINE_string("prompt", None, "Text to continue.", required=True)
-    step = flags.DEFINE_integer("step", None, "Checkpoint step to load (default: the latest).", lower_bound=0)
+    step = flags.DEFINE_integer(
+        "step", None, "Checkpoint step to load (default: WORKDIR@STEP's, else the latest).", lower_bound=0
+    )
     max_new = flags.DEFINE_integer("max_new_tokens", 100, "Tokens to generate at most.", lower_bound=1)
     num_samples = flags.DEFINE_integer("num_samples", 1, "Continuations to sample, as one batch.", lower_bound=1)
     temperature = flags.DEFINE_float("temperature", 1.0, "Sampling temperature; 0 is greedy.", lower_bound=0.0)

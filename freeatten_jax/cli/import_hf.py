@@ -20,7 +20,11 @@ from freeatten_jax.errors import UserError
 
 
 def main() -> None:
+    from freeatten_jax.training import storage
+
     folders = [a for a in sys.argv[1:] if not a.startswith("-")]
+    if len(folders) == 1 and not storage.path(folders[0]).exists():  # before --config reads it as a run's folder
+        sys.exit(f"error: {folders[0]} does not exist: give a Hugging Face model folder (config.json, model.safetensors)")
     given = [f"--config=lm:init={folders[0]}"] if len(folders) == 1 else []
     argv = cli.config_argv([sys.argv[0], *given, *(a for a in sys.argv[1:] if a not in folders)])
     config = config_flags.DEFINE_config_file(

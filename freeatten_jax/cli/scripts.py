@@ -44,5 +44,9 @@ def import_() -> None:
     _run("freeatten_jax.cli.import_hf", "train")
 
 
+def export() -> None:
+    _run("freeatten_jax.cli.export_hf", "train")
+
+
 def compile_() -> None:
     _run("freeatten_jax.cli.compile", "compile")

@@ -23,6 +23,7 @@ from absl import logging
 from jax.experimental import multihost_utils
 
 from freeatten_jax.errors import UserError
+from freeatten_jax.formats import hf_llama
 from freeatten_jax.training import config, integrity, storage
 
 ITEMS = ("state", "data", "config", "integrity")
@@ -255,8 +256,13 @@ class Checkpointer:
         return config.parse(config.from_json(self.config_json(step)))
 
     def require_latest(self) -> int:
-        """The latest step, or CheckpointNotFoundError."""
+        """The latest step, or CheckpointNotFoundError (saying so when the folder is a Hugging Face model's)."""
         step = self.latest_step()
+        if step is None and any((self.workdir / name).exists() for name in hf_llama.MARKERS):
+            raise CheckpointNotFoundError(
+                f"{self.workdir} is a Hugging Face checkpoint folder, not a run: import it first with "
+                f"freeatten-import {self.workdir} --workdir=WORKDIR"
+            )
         if step is None:
             raise CheckpointNotFoundError(f"no checkpoint in {self.directory}; train it first")
         return step

@@ -42,6 +42,14 @@ def reading(workdir):
         ckpt.close()
 
 
+def _root_cause(error: Exception) -> Exception:
+    """The exception `error` was raised from, and so on to the first: orbax wraps tensorstore's, which names the file
+    and what is wrong with it, in one that names an array index and dumps the store's pybind spec."""
+    while error.__cause__ is not None:
+        error = error.__cause__
+    return error
+
+
 def load_params(workdir, step: int | None = None, mesh=None):
     """(model in eval mode, its typed Config, step) from a run's checkpoint (the latest by default).
 
@@ -63,7 +71,11 @@ def load_params(workdir, step: int | None = None, mesh=None):
         except UserError:
             raise
         except Exception as e:  # missing, truncated or garbage files: orbax, tensorstore and json raise many types
-            raise CheckpointNotFoundError(f"checkpoint step {step} in {ckpt.directory} cannot be read ({describe(e)})") from e
+            earlier = [s for s in ckpt.all_steps() if s < step]
+            hint = f"; the checkpoint before it: {workdir}@{earlier[-1]}" if earlier else ""
+            raise CheckpointNotFoundError(
+                f"checkpoint step {step} in {ckpt.directory} cannot be read ({describe(_root_cause(e))}){hint}"
+            ) from e
     _, eval_def = state.graphdefs(cfg.model)
     return state.model_of(eval_def, restored), cfg, step
 
@@ -177,10 +189,11 @@ class Run:
 
 
 def load_run(workdir, step: int | None = None, mesh=None) -> Run:
-    """The run in `workdir` at checkpoint `step` (None: the latest), parameters only (no optimizer state), on one
-    device unless `mesh` is given. A missing or unreadable checkpoint is a one-line UserError."""
+    """The run in `workdir` (or WORKDIR@STEP) at checkpoint `step` (None: @STEP's, else the latest), parameters only (no
+    optimizer state), on one device unless `mesh` is given. A missing or unreadable checkpoint is a one-line UserError."""
     from freeatten_jax import data
 
+    workdir, at = split_step(str(workdir))
     with _quiet_orbax():
-        model, cfg, step = load_params(workdir, step=step, mesh=mesh)
-    return Run(str(workdir), model, data.run_tokenizer(workdir, cfg.data), cfg, int(step))
+        model, cfg, step = load_params(workdir, step=at if step is None else step, mesh=mesh)
+    return Run(workdir, model, data.run_tokenizer(workdir, cfg.data), cfg, int(step))
