@@ -1238,11 +1238,18 @@ MUTANTS = [
         ("tests/test_mqar_training.py::test_the_report_gives_placement_start_minus_end_per_variant_over_seeds",),
     ),
     Mutant(
-        "check_figures: a figure in no source passes",
+        "check_figures: a figure's value not compared with its cell",
         "scripts/check_figures.py",
-        "        return any(_rounded(v, decimals) == figure for v in self.values)",
-        "        return True",
-        ("tests/test_figures.py::test_a_figure_that_is_not_in_its_sources_is_named",),
+        '        if expected == "nothing" or not _equal(group.value, expected):',
+        '        if expected == "nothing":',
+        ("tests/test_figures.py::test_every_change_to_a_figure_of_the_real_documents_fails[figures]",),
+    ),
+    Mutant(
+        "check_figures: an interval compared with its cell's interval of either type",
+        "scripts/check_figures.py",
+        "        found = [c.intervals[kind] for _, c in cells if c and kind in c.intervals]",
+        "        found = [i for _, c in cells if c for i in c.intervals.values()]",
+        ("tests/test_figures.py::test_the_results_and_the_readme_pass",),
     ),
     Mutant(
         "mqar: the end placement leaves the pairs where training put them",

@@ -1,33 +1,113 @@
-"""Every measured figure in docs/results.md and the README is in the files it was read off (scripts/check_figures.py),
-and the check finds a figure that is not."""
+"""Every measured figure in docs/results.md and the README equals the source cell it cites (scripts/check_figures.py),
+and the check fails on each figure of the real documents changed as a referee would change it: a last digit, a sign,
+an interval's type label, a figure with no source."""
 
 import pathlib
+import re
 
-from scripts import check_figures
+import pytest
+
+from scripts import check_figures as cf
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
+SOURCES = cf.Sources()
+SWAPPED = {"t": "bootstrap", "bootstrap": "t interval", "range": "bootstrap"}
 
 
-def test_every_figure_in_the_results_and_the_readme_is_in_its_sources():
-    assert [line for path, strict in check_figures.DOCUMENTS.items() for line in check_figures.unfound(ROOT / path, strict)] == []
+def _problems(path: str, text: str) -> list[str]:
+    return cf.problems(text, path, (ROOT / path).parent, cf.DOCUMENTS[path], SOURCES)
 
 
-def test_a_figure_that_is_not_in_its_sources_is_named(tmp_path):
-    (tmp_path / "report.md").write_text("| lssar (3 runs) | -0.633 [-0.803, -0.411] (0.30x) |\n")
-    (tmp_path / "loss.csv").write_text("variant,loss\nsoftmax,1.82401025\n")
-    (tmp_path / "quoted.csv").write_text("figure,what,source\n0.04,LSSAR's rise as a multiple of softmax's,the LSSA paper\n")
-    doc = tmp_path / "results.md"
-    doc.write_text(
-        "Before any marker: 1.234.\n"
-        "<!-- figures: report.md loss.csv -->\n"
-        "LSSAR: −0.633 [−0.80, −0.41], 0.30x softmax's rise (the paper: 0.04x); softmax 1.824 at 1x; 0.30-0.31x.\n"
-        "```\nin code: 9.999\n```\n"
-        "[a link](runs/v1.5/x.png) and `config 7.25` are names, not figures.\n"
-        "Changed: −0.634 and 0.31x; CSV rounded otherwise: 1.825.\n"
-        "<!-- figures: off -->\n"
-        "Not checked: 5.55.\n"
-    )
-    found = lambda strict: [line.split(": ", 1)[1] for line in check_figures.unfound(doc, strict, tmp_path / "quoted.csv")]
-    changed = ["0.31x is in none of its sources", "−0.634 is in none of its sources", "0.31x is in none of its sources"]
-    assert found(True) == ["1.234 has no source (no marker above it)", *changed, "1.825 is in none of its sources"]
-    assert found(False) == [*changed, "1.825 is in none of its sources"]  # the README: only under markers
+def _checked_lines(text: str, strict: bool) -> list[int]:
+    """The (0-based) lines the check reads figures on."""
+    return [n - 1 for block in cf._blocks(text, strict) if block.region is not None for n, _ in block.lines]
+
+
+def _names(line: str) -> list[tuple[int, int]]:
+    """The spans of a line's link targets and code, whose numbers are names."""
+    return [m.span() for m in re.finditer(r"\]\([^)]*\)|`[^`]*`", line)]
+
+
+def _figures(line: str) -> list[tuple[int, int]]:
+    """The spans of a line's figures (each end of an interval is one)."""
+    spans = [s for m in cf.TOKEN.finditer(line) for s in ([m.span(1), m.span(2)] if m.group(1) else [m.span(3)])]
+    return [s for s in spans if not any(a <= s[0] < b for a, b in _names(line))]
+
+
+def _last_digit(figure: str) -> str:
+    return figure[:-1] + str((int(figure[-1]) + 1) % 10)
+
+
+def _sign(figure: str) -> str:
+    return {"+": "−", "−": "+", "-": "+"}.get(figure[0], "") + figure.lstrip("+−-") if figure[0] in "+−-" else "−" + figure
+
+
+def _mutants(path: str) -> list[tuple[str, str]]:
+    """(what, the document with it) for every figure's last digit and sign; a zero's sign changes nothing."""
+    text = (ROOT / path).read_text()
+    lines = text.splitlines()
+    mutants = []
+    for n in _checked_lines(text, cf.DOCUMENTS[path]):
+        for a, b in _figures(lines[n]):
+            figure = lines[n][a:b]
+            changes = [_last_digit] + ([_sign] if float(figure.replace("−", "-")) != 0 else [])
+            for change in changes:
+                line = lines[n][:a] + change(figure) + lines[n][b:]
+                mutants.append((f"{path}:{n + 1}: {figure} -> {change(figure)}", "\n".join(lines[:n] + [line] + lines[n + 1 :])))
+    return mutants
+
+
+def _kinds(path: str, text: str) -> list[str | None]:
+    """The type the check gives each interval of a document."""
+    kinds, caption = [], ""
+    for block in cf._blocks(text, cf.DOCUMENTS[path]):
+        if block.region is not None:
+            kinds += [k for group, _ in cf._cited(block, caption, path, ROOT) for _, _, k in group.intervals]
+        caption = " ".join(line for _, line in block.lines) if not block.table else ""
+    return kinds
+
+
+def _label_swaps(path: str) -> list[tuple[str, str]]:
+    """(what, the document with it) for every type label that types an interval, swapped for the other type."""
+    text = (ROOT / path).read_text()
+    lines, before = text.splitlines(), _kinds(path, text)
+    mutants = []
+    for n in _checked_lines(text, cf.DOCUMENTS[path]):
+        for m in cf.LABELS.finditer(lines[n]):
+            swapped = SWAPPED[cf._kinds(m.group(0), prose=True)[0]]
+            line = lines[n][: m.start()] + swapped + lines[n][m.end() :]
+            mutated = "\n".join(lines[:n] + [line] + lines[n + 1 :])
+            if _kinds(path, mutated) != before:  # else the label types no interval
+                mutants.append((f"{path}:{n + 1}: {m.group(0)!r} -> {swapped!r}", mutated))
+    return mutants
+
+
+def _unsourced(path: str) -> list[tuple[str, str]]:
+    """(what, the document with it) for every cite and table marker removed."""
+    lines = (ROOT / path).read_text().splitlines()
+    return [
+        (f"{path}:{n + 1}: marker removed", "\n".join(lines[:n] + lines[n + 1 :]))
+        for n, line in enumerate(lines)
+        if re.match(r"<!-- (cite|table): ", line)
+    ]
+
+
+def test_the_results_and_the_readme_pass():
+    assert [line for path in cf.DOCUMENTS for line in _problems(path, (ROOT / path).read_text())] == []
+
+
+@pytest.mark.parametrize("kind", ["figures", "labels", "sources"])
+def test_every_change_to_a_figure_of_the_real_documents_fails(kind):
+    make = {"figures": _mutants, "labels": _label_swaps, "sources": _unsourced}[kind]
+    mutants = [m for path in cf.DOCUMENTS for m in make(path)]
+    missed = [what for what, text in mutants if not _problems(what.split(":")[0], text)]
+    print(f"{kind}: {len(mutants) - len(missed)} of {len(mutants)} changes detected")
+    assert len(mutants) > {"figures": 2000, "labels": 30, "sources": 40}[kind]
+    assert missed == []
+
+
+def test_a_figure_with_no_source_fails():
+    text = (ROOT / "docs/results.md").read_text()
+    added = text.replace("What the tables say:\n", "What the tables say (softmax's rise at 16x is +0.910):\n")
+    line = text.splitlines().index("What the tables say:") + 1
+    assert _problems("docs/results.md", added) == [f"docs/results.md:{line}: +0.910 cites no source"]
