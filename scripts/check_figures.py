@@ -11,8 +11,9 @@ each figure is tied to one cell: a cell of a table in a report (`results/report.
 An address is `FILE#TABLE/ROW/COL`. FILE is relative to the document (default: the region's first file); TABLE is
 part of a report table's title (its `##` heading and the line above the table; every table whose title holds it),
 ROW a row's label, its first cells joined by a space and without "(3 runs)", COL a column's heading (or its
-start). A CSV has no TABLE, and its ROW is `column=value,...` naming one row. Omitted leading parts carry over from the previous address
-in the marker, so `16x` after `Rise minus/lssar/8x` is `Rise minus/lssar/16x`; `COL[n]` is the cell's n-th number.
+start). A CSV has no TABLE, and its ROW is `column=value,...` naming one row. Omitted leading parts carry over
+from the previous address in the marker, so `16x` after `Rise minus/lssar/8x` is `Rise minus/lssar/16x`; `COL[n]` is
+the cell's n-th number.
 In a table template `{1}`, `{2}` are the row's first and second cells and `{h}` the column's heading; the last template
 serves the remaining columns.
 
@@ -20,8 +21,9 @@ A figure group is a number, the intervals after it ([lo, hi]) and a multiple rig
 must equal its cell at the decimals printed: the number the cell's value (or its multiple, for `1.30x`), each
 interval the cell's interval of the type the document states. Report tables say their type in their title:
 "t interval" or "Student t" (t), "bootstrap" or "resampled" (bootstrap), "lowest low" (range). The document says it
-in a table's caption and heading, in order, one per bracket of a cell (unless the cell names its own); in prose by the nearest of "over seeds"
-(t), "bootstrap" or "lowest low" in the same sentence. Figures quoted from the papers and the method's constants
+in a table's caption and heading, in order, one per bracket of a cell (unless the cell names its own); in prose by
+the nearest of "over seeds" (t), "bootstrap" or "lowest low" in the same sentence. Figures quoted from the papers and
+the method's constants
 cite docs/results/quoted.csv (`quoted.csv#figure=0.89/figure`). Every figure in a checked region must be cited; in
 docs/results.md that is every figure after the first marker (before it, an error), in the README only those in
 regions. Integers, percentages, times, links and code are not figures.
