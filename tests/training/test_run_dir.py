@@ -34,7 +34,8 @@ def test_a_run_folder_is_read_without_writing_and_a_missing_checkpoint_is_one_us
 
 
 def test_a_damaged_checkpoint_is_one_line_naming_what_is_wrong_and_the_checkpoint_before_it(run_cli, text_glob, tmp_path):
-    """A truncated array file: the line says which file and how it is damaged (tensorstore's message, not orbax's
+    """Truncated data files (all of them: the largest alone may hold only the optimizer state, which generate never
+    reads, as on a fresh clone in CI): the line says which file and how it is damaged (tensorstore's message, not orbax's
     wrapper with its pybind spec), and names the checkpoint before it as WORKDIR@STEP, which then loads."""
     from helpers import tiny_config
 
@@ -43,11 +44,11 @@ def test_a_damaged_checkpoint_is_one_line_naming_what_is_wrong_and_the_checkpoin
 
     run = tmp_path / "run"
     loop.train_and_evaluate(tiny_config("softmax", text_glob, **{"train.checkpoint_every": 3}), run)
-    largest = max((p for p in (run / "checkpoints" / "6" / "state").rglob("*") if p.is_file()), key=lambda p: p.stat().st_size)
-    largest.write_bytes(largest.read_bytes()[: largest.stat().st_size // 2])
+    for data in (run / "checkpoints" / "6" / "state").glob("**/d/*"):  # every data file: params and optimizer state
+        data.write_bytes(data.read_bytes()[: data.stat().st_size // 2])
     code, lines = run_cli(generate_cli.main, f"--workdir={run}", "--prompt=the", "--max_new_tokens=2")
     assert code == 1 and len(lines) == 1, lines
-    assert lines[0].startswith(f"error: checkpoint step 6 in {run / 'checkpoints'} cannot be read (ValueError: OUT_OF_RANGE: ")
+    assert lines[0].startswith(f"error: checkpoint step 6 in {run / 'checkpoints'} cannot be read (ValueError: ")
     assert lines[0].endswith(f"; the checkpoint before it: {run}@3") and "pybind" not in lines[0], lines
     code, lines = run_cli(generate_cli.main, f"--workdir={run}@3", "--prompt=the", "--max_new_tokens=2")
     assert code == 0 and lines[0].startswith("the"), lines
