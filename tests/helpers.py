@@ -242,6 +242,20 @@ def hf_inverse_frequencies(head_dim: int, rope_theta: float, rope_type: str = "d
     return np.array(scaled)
 
 
+# the tiny Llama of the Hugging Face import and export tests (LlamaConfig's fields but the vocabulary)
+HUB = dict(
+    architectures=["LlamaForCausalLM"],
+    hidden_size=32,
+    intermediate_size=48,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,  # GQA
+    max_position_embeddings=64,
+    rms_norm_eps=1e-5,
+    tie_word_embeddings=False,
+)
+
+
 def hub_tokenizer(text_glob):
     """A byte-level BPE of 300 tokens (a `tokenizers.Tokenizer`) fitted on the test corpus."""
     import glob

@@ -11,7 +11,7 @@ import shutil
 
 import numpy as np
 import pytest
-from helpers import hub_tokenizer, tiny_config, write_hub_folder
+from helpers import HUB, hub_tokenizer, tiny_config, write_hub_folder
 from safetensors.numpy import load_file
 from transformers import FlaxLlamaForCausalLM, LlamaConfig, PreTrainedTokenizerFast
 
@@ -23,17 +23,6 @@ from freeatten_jax.training import loop
 from freeatten_jax.training.run_dir import load_run
 from freeatten_jax.training.warm_start import flat_params
 
-HUB = dict(
-    architectures=["LlamaForCausalLM"],
-    hidden_size=32,
-    intermediate_size=48,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=2,  # GQA
-    max_position_embeddings=64,
-    rms_norm_eps=1e-5,
-    tie_word_embeddings=False,
-)
 LLAMA3 = {  # Llama 3.1's RoPE scaling, as transformers 4 writes it
     "rope_theta": 500_000.0,
     "rope_scaling": {

@@ -12,7 +12,7 @@ import shutil
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from helpers import hf_inverse_frequencies, hub_tokenizer, read_metrics, write_hub_folder
+from helpers import HUB, hf_inverse_frequencies, hub_tokenizer, read_metrics, write_hub_folder
 from safetensors.numpy import save_file
 from transformers import FlaxLlamaForCausalLM, LlamaConfig
 from transformers.models.llama import modeling_flax_llama
@@ -26,17 +26,6 @@ from freeatten_jax.nn import generate
 from freeatten_jax.training import loop
 from freeatten_jax.training.run_dir import load_run
 
-HUB = dict(
-    architectures=["LlamaForCausalLM"],
-    hidden_size=32,
-    intermediate_size=48,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=2,  # GQA
-    max_position_embeddings=64,
-    rms_norm_eps=1e-5,
-    tie_word_embeddings=False,
-)
 PROMPT = "the king and the queen"
 
 

@@ -112,22 +112,31 @@ def _relative_errors(got, truth):
 BF16_CONTRACT = 2.0  # FlashAttention's: the kernels' bf16 error at most twice the same reference's computed in bf16
 
 
-@pytest.mark.parametrize("variant", attention.VARIANTS)
-def test_bfloat16_within_twice_the_reference_error(variant):
-    """FlashAttention's precision contract (docs/method.md): at bfloat16 (T = 128, D = 128, GQA, causal) the default
-    kernels' output and dq, dk, dv are within 2x the reference's own bfloat16 error, both measured against the
-    reference on the same inputs in float32 (whose own error, ~1e-6, is far below bfloat16's ~2e-3); every variant
-    with its default kernels, GPU and TPU. The degenerate family holds the same rule (test_degenerate.py)."""
+def _bf16_errors(variant: str, kernels: dict) -> dict:
+    """{name: (the kernels' errors, the reference's own)} at bfloat16 (T = 128, D = 128, GQA, causal, 64 x 64 blocks):
+    _relative_errors of each against the reference on the same inputs in float32."""
     q, k, v, g = inputs(key("bf16-error", variant), 1, 128, 128, 2, 1, 128, jnp.bfloat16)
     params = variant_params(variant, 2)
     truth = value_and_grads(
         *(x.astype(jnp.float32) for x in (q, k, v, g)), params, dict(implementation="reference"), variant=variant
     )
     reference = _relative_errors(value_and_grads(q, k, v, g, params, dict(implementation="reference"), variant=variant), truth)
-    for name, options in KERNELS.items():
-        errors = _relative_errors(
-            value_and_grads(q, k, v, g, params, dict(options, block_q=64, block_k=64), variant=variant), truth
+    return {
+        name: (
+            _relative_errors(value_and_grads(q, k, v, g, params, dict(options, block_q=64, block_k=64), variant=variant), truth),
+            reference,
         )
+        for name, options in kernels.items()
+    }
+
+
+@pytest.mark.parametrize("variant", attention.VARIANTS)
+def test_bfloat16_within_twice_the_reference_error(variant):
+    """FlashAttention's precision contract (docs/method.md): at bfloat16 (T = 128, D = 128, GQA, causal) the default
+    kernels' output and dq, dk, dv are within 2x the reference's own bfloat16 error, both measured against the
+    reference on the same inputs in float32 (whose own error, ~1e-6, is far below bfloat16's ~2e-3); every variant
+    with its default kernels, GPU and TPU. The degenerate family holds the same rule (test_degenerate.py)."""
+    for name, (errors, reference) in _bf16_errors(variant, KERNELS).items():
         assert np.all(errors <= BF16_CONTRACT * reference), f"{name}: ratios {errors / reference} (out, dq, dk, dv)"
 
 
@@ -150,14 +159,7 @@ def test_gpu_kernels_normalise_lssa_by_the_weights_they_multiply():
     """LSSA's bfloat16 output through the GPU kernels: dividing Σ_j u_ij v_j (u rounded as the matmul takes it) by
     Σ_j of the same rounded u takes its error from 1.85x to 1.46x the reference's own (T = 128, the inputs of
     test_bfloat16_within_twice_the_reference_error)."""
-    q, k, v, g = inputs(key("bf16-error", "lssa"), 1, 128, 128, 2, 1, 128, jnp.bfloat16)
-    params = variant_params("lssa", 2)
-    truth = value_and_grads(
-        *(x.astype(jnp.float32) for x in (q, k, v, g)), params, dict(implementation="reference"), variant="lssa"
-    )
-    reference = _relative_errors(value_and_grads(q, k, v, g, params, dict(implementation="reference"), variant="lssa"), truth)
-    kernels = dict(KERNELS["gpu"], block_q=64, block_k=64)
-    errors = _relative_errors(value_and_grads(q, k, v, g, params, kernels, variant="lssa"), truth)
+    errors, reference = _bf16_errors("lssa", {"gpu": KERNELS["gpu"]})["gpu"]
     assert errors[0] <= 1.6 * reference[0], errors / reference
 
 

@@ -18,6 +18,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from freeatten_jax import attention
+from freeatten_jax.attention.variants import is_concrete
 from freeatten_jax.nn import sharding
 from freeatten_jax.nn.config import check_attention
 from freeatten_jax.nn.params import Init, param
@@ -52,7 +53,7 @@ class KVCache:
         """Writes T new entries at slot `length`; ValueError where they cannot fit (length known, or T > S): a
         dynamic_update_slice would silently shift them onto the last slots."""
         at, t, slots = self.length, k_BTKD.shape[1], self.k_BSKD.shape[1]
-        free = slots - (int(at) if not isinstance(at, jax.core.Tracer) else 0)
+        free = slots - (int(at) if is_concrete(at) else 0)
         if t > free:
             raise ValueError(
                 f"{t} new tokens do not fit the KV cache: {free} of its {slots} slots are free (init_cache: a larger max_len)"
