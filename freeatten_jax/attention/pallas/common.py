@@ -170,6 +170,16 @@ def write_forward(cfg: Static, family: Family, out_refs, out, stats):
         out_refs[-1][...] = lo
 
 
+def carry_in(x):
+    """A pass kernel's carry leaf as read ([1, Q]: a row statistic, lane-dense in HBM) as the family holds it ([Q, 1])."""
+    return column(x) if x.shape[0] == 1 else x
+
+
+def carry_out(x):
+    """A carry leaf as the family holds it, as written: a row statistic [Q, 1] (width 1, carry_widths) as a [1, Q] row."""
+    return row(x) if x.shape[1] == 1 else x
+
+
 def carry_widths(cfg: Static, which: int, d: int) -> list[int]:
     """The last-axis widths of pass `which`'s carry leaves: 1 for a [Q, 1] row statistic, D for an accumulator."""
     one = kernel_family(cfg).passes[which]
@@ -194,6 +204,17 @@ def dq_outputs(cfg: Static, shapes, block_spec, row_spec) -> tuple[list, list]:
     sums = jax.ShapeDtypeStruct((b, h, tp, d), jnp.float32)
     powers = jax.ShapeDtypeStruct((b, h, tp // cfg.blocks.q, 1, cfg.blocks.q), jnp.float32)
     return [block_spec, row_spec][: 1 + cfg.p_grad], [sums, powers][: 1 + cfg.p_grad]
+
+
+def carry_shapes(cfg: Static, shapes, which: int) -> list:
+    """Pass `which`'s carry leaves in HBM: row statistics lane-dense [B, H, I, 1, Q] (a [B, H, Tp, 1] float32 array
+    is padded 128x on a TPU), accumulators [B, H, Tp, D]; float32."""
+    (b, h, tp, d), _ = shapes
+    q = cfg.blocks.q
+    return [
+        jax.ShapeDtypeStruct((b, h, tp // q, 1, q) if w == 1 else (b, h, tp, w), jnp.float32)
+        for w in carry_widths(cfg, which, d)
+    ]
 
 
 def first_carry(args) -> int:

@@ -23,7 +23,9 @@ from freeatten_jax.attention.pallas.common import (
     KernelRefs,
     Spans,
     Static,
-    carry_widths,
+    carry_in,
+    carry_out,
+    carry_shapes,
     column,
     dot,
     dq_outputs,
@@ -153,13 +155,13 @@ def pass_kernel(cfg: Static, ptx: bool, which: int, row_names, spans: Spans, x: 
     """One (batch, head, query block): pass `which` of the family continued from a carry over one more set of
     key blocks (a ring step's chunk, ring.py), the carry written out unfinished."""
     one = kernel_family(cfg).passes[which]
-    rows = {name: ref[...] for name, ref in zip(row_names, x.rows)}
+    rows = {name: column(ref[...]) for name, ref in zip(row_names, x.rows)}  # each [1, Q] in HBM
     ctx = kernel_ctx(cfg, x.n[...], x.p[0], family_math(cfg, ptx))
     tree = jax.tree.structure(one.init(jnp.zeros((1, 1)), jnp.zeros((1, 1))))
-    carry = jax.tree.unflatten(tree, [ref[...] for ref in x.carry])
+    carry = jax.tree.unflatten(tree, [carry_in(ref[...]) for ref in x.carry])
     step = lambda carry, s, vis, v: one.step(carry, s, vis, v, ctx, rows)  # noqa: E731
     for ref, value in zip(out_refs, jax.tree.leaves(_key_sweep(cfg, spans, x)(lambda *_: carry, step, one.with_values))):
-        ref[...] = value
+        ref[...] = carry_out(value)
 
 
 def dq_kernel(cfg: Static, ptx: bool, spans: Spans, x: KernelRefs, *out_refs):
@@ -270,19 +272,19 @@ def _query_major_specs(cfg: Static, shapes) -> tuple[KernelRefs, pl.BlockSpec]:
 def pass_call(cfg: Static, shapes, which: int, row_names, ptx: bool, interpret: bool):
     """The pass kernel's pallas_call: the forward's inputs, the earlier passes' rows and the carry in; the
     carry out (aliasing the carry in)."""
-    (b, h, tp, d), _ = shapes
-    specs, _ = _query_major_specs(cfg, shapes)
-    row_spec = pl.BlockSpec((None, None, cfg.blocks.q, 1), lambda b, h, i: (b, h, i, 0))
-    widths = carry_widths(cfg, which, d)
-    carry_specs = tuple(pl.BlockSpec((None, None, cfg.blocks.q, w), lambda b, h, i: (b, h, i, 0)) for w in widths)
+    (b, h, tp, _), _ = shapes
+    specs, q_spec = _query_major_specs(cfg, shapes)
+    row_spec = pl.BlockSpec((None, None, None, 1, cfg.blocks.q), lambda b, h, i: (b, h, i, 0, 0))
+    carries = carry_shapes(cfg, shapes, which)
+    carry_specs = tuple(row_spec if len(x.shape) == 5 else q_spec for x in carries)
     in_specs = (WHOLE_SPANS, specs._replace(rows=(row_spec,) * len(row_names), carry=carry_specs))
     return pl.pallas_call(
         functools.partial(pass_kernel, cfg, ptx, which, tuple(row_names)),
         grid=(b, h, tp // cfg.blocks.q),
         in_specs=in_specs,
         out_specs=list(carry_specs),
-        out_shape=[jax.ShapeDtypeStruct((b, h, tp, w), jnp.float32) for w in widths],
-        input_output_aliases={first_carry(in_specs) + x: x for x in range(len(widths))},
+        out_shape=carries,
+        input_output_aliases={first_carry(in_specs) + x: x for x in range(len(carries))},
         name=f"freeatten_{cfg.family}_pass{which}",
         **_common(interpret),
     )

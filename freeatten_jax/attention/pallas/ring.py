@@ -2,10 +2,10 @@
 against the K/V chunk it holds (context_parallel.py; the blockwise ring is attention/ring.py).
 
 Glossary: B batch, H heads, K kv heads, D head dim, Tp / Sp this device's query / key lengths padded to whole
-blocks, n the ring size. Forward: each of the family's passes (rules.FAMILIES) is a pass kernel that continues
-a float32 carry ([B, H, Tp, 1] row statistics, [B, H, Tp, D] accumulators) over the chunk held, n steps round
-the ring; the pass's `finish` (elementwise over rows) runs here between passes, so LSSAR's threshold sees Z_i
-over every key. Backward: the dq and dkv kernels against the chunk held, dK/dV travelling with K/V as in
+blocks, I / Q the number / length of query blocks, n the ring size. Forward: each of the family's passes
+(rules.FAMILIES) is a pass kernel that continues a float32 carry (row statistics lane-dense [B, H, I, 1, Q],
+accumulators [B, H, Tp, D]) over the chunk held, n steps round the ring; the pass's `finish` (elementwise over
+rows) runs here between passes, so LSSAR's threshold sees Z_i over every key; its rows stay lane-dense. Backward: the dq and dkv kernels against the chunk held, dK/dV travelling with K/V as in
 attention/ring.py. core.make_core gives the custom VJP and the factors' gradients.
 """
 
@@ -15,6 +15,12 @@ import jax.numpy as jnp
 from freeatten_jax.attention.pallas import core, plan
 from freeatten_jax.attention.pallas.common import Static, kernel_ctx, kernel_family, split_output
 from freeatten_jax.attention.ring_mask import Ring, rotate
+
+
+def _lane_dense(x_BHTW, size: int):
+    """A row statistic [B, H, Tp, 1] as the pass kernels carry it, lane-dense [B, H, I, 1, Q] (a [.., Tp, 1] float32
+    array is padded 128x on a TPU: 384 MiB a statistic at 65,536 tokens a chip); accumulators [B, H, Tp, D] as they are."""
+    return core.by_blocks(x_BHTW, size) if x_BHTW.shape[-1] == 1 else x_BHTW
 
 
 def _core(cfg: Static, lowering: core.Lowering, shapes):
@@ -33,6 +39,7 @@ def _core(cfg: Static, lowering: core.Lowering, shapes):
             for which, one in enumerate(kernel_family(cfg).passes):
                 call = lowering.pass_call(cfg, shapes, which, tuple(rows))
                 leaves, tree = jax.tree.flatten(one.init(jnp.zeros((b, h, tp, 1)), jnp.zeros((b, h, tp, d))))
+                leaves = [_lane_dense(x, cfg.blocks.q) for x in leaves]
                 travelling = (k, ks, v) if one.with_values else (k, ks)  # LSSAR's first pass reads no values
 
                 row_values = tuple(rows.values())
@@ -48,8 +55,8 @@ def _core(cfg: Static, lowering: core.Lowering, shapes):
                     return list(leaves), passed_on
 
                 leaves, _ = jax.lax.fori_loop(0, ring.size, ring_step, (leaves, travelling))
-                out, new = one.finish(jax.tree.unflatten(tree, leaves), ctx)
-                rows = {**rows, **new}
+                out, new = one.finish(jax.tree.unflatten(tree, [x.reshape(b, h, tp, -1) for x in leaves]), ctx)
+                rows = {**rows, **{name: _lane_dense(x, cfg.blocks.q) for name, x in new.items()}}
             return *split_output(cfg, out), rows
 
         return run_forward

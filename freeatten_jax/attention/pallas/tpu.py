@@ -26,6 +26,9 @@ from freeatten_jax.attention.pallas.common import (
     KernelRefs,
     Spans,
     Static,
+    carry_in,
+    carry_out,
+    carry_shapes,
     carry_widths,
     column,
     dot,
@@ -171,28 +174,32 @@ def finished_rows(cfg: Static, which: int, d: int) -> dict:
     return {name: rows[name].shape for name in sorted(rows)}
 
 
-def pass_kernel(cfg: Static, which: int, row_names, plan: Schedule, spans: Spans, x: KernelRefs, *out_refs):
+def pass_kernel(cfg: Static, which: int, row_names, plan: Schedule, spans: Spans, x: KernelRefs, *refs):
     """One grid step (b, h, r, t): pass `which` of the family continued from a carry over a key block of a ring
-    step's chunk (ring.py); the carry out stays in VMEM across the key blocks (its block does not move)
-    and is the accumulator."""
+    step's chunk (ring.py). The carry (row statistics lane-dense, [1, Q]) is read into VMEM scratch at the query
+    block's first step, accumulated there and written out at its last."""
     step = _step(plan)
     one = kernel_family(cfg).passes[which]
     interior, masked = _visits(spans, step)
     tree = jax.tree.structure(one.init(jnp.zeros((1, 1)), jnp.zeros((1, 1))))
-    load = lambda: jax.tree.unflatten(tree, [ref[...] for ref in out_refs])  # noqa: E731
+    out_refs, acc_refs = refs[: tree.num_leaves], refs[tree.num_leaves :]
+    load = lambda: jax.tree.unflatten(tree, [ref[...] for ref in acc_refs])  # noqa: E731
 
     @pl.when(step.first)
     def _():
-        for out, carry in zip(out_refs, x.carry):
-            out[...] = carry[...]
+        _store(acc_refs, [carry_in(ref[...]) for ref in x.carry])
 
     def visit(is_masked: bool):
-        rows = {name: ref[...] for name, ref in zip(row_names, x.rows)}
+        rows = {name: column(ref[...]) for name, ref in zip(row_names, x.rows)}
         ctx = kernel_ctx(cfg, x.n[...], x.p[0], EUP_MATH)
-        _store(out_refs, one.step(load(), *_held_block(cfg, x, is_masked, one.with_values), ctx, rows))
+        _store(acc_refs, one.step(load(), *_held_block(cfg, x, is_masked, one.with_values), ctx, rows))
 
     pl.when(masked)(functools.partial(visit, True))
     pl.when(interior)(functools.partial(visit, False))
+
+    @pl.when(step.last)
+    def _():
+        _store(out_refs, [carry_out(ref[...]) for ref in acc_refs])
 
 
 def dq_kernel(cfg: Static, plan: Schedule, spans: Spans, x: KernelRefs, *refs):
@@ -276,8 +283,8 @@ def _common(interpret: bool):
 
 def _query_major_specs(cfg: Static, shapes, plan: Schedule, values_from: int = 0):
     """The forward, dq and pass kernels' input specs on the grid (b, h, r, t) of a schedule (the key block clamped
-    into the visiting span, which a static span is already), and the specs of a [Q, D] block, a [Q, 1] row and a
-    lane-dense [1, Q] row. V is read from pass `values_from` on: before it (LSSAR's first pass) its index stays
+    into the visiting span, which a static span is already), and the specs of a [Q, D] block and a lane-dense
+    [1, Q] row. V is read from pass `values_from` on: before it (LSSAR's first pass) its index stays
     on the first block of the query block's span, the one the first pass that reads it starts with, so it is
     fetched once."""
     (b, h, tp, d), (kv_heads, sp) = shapes
@@ -295,7 +302,6 @@ def _query_major_specs(cfg: Static, shapes, plan: Schedule, values_from: int = 0
         return jnp.where(step.sweep < values_from, spans.first[b, step.outer], key_index(b, r, t, spans))
 
     q_spec = pl.BlockSpec((None, None, block_q, d), lambda b, h, r, t, _: (b, h, query_index(r, t), 0))
-    row_spec = pl.BlockSpec((None, None, block_q, 1), lambda b, h, r, t, _: (b, h, query_index(r, t), 0))
     lane_dense = pl.BlockSpec((None, None, None, 1, block_q), lambda b, h, r, t, _: (b, h, query_index(r, t), 0, 0))
     specs = KernelRefs(
         p=pl.BlockSpec(memory_space=pltpu.SMEM),
@@ -310,7 +316,7 @@ def _query_major_specs(cfg: Static, shapes, plan: Schedule, values_from: int = 0
         kv_mask=pl.BlockSpec((3, None, None, 1, block_k), lambda b, h, r, t, s: (0, b, key_index(b, r, t, s), 0, 0)),
         n=pl.BlockSpec((None, block_q, 1), lambda b, h, r, t, _: (b, query_index(r, t), 0)),
     )
-    return specs, q_spec, row_spec, lane_dense
+    return specs, q_spec, lane_dense
 
 
 def _grid_spec(shapes_bh, plan: Schedule, in_specs: KernelRefs, **specs):
@@ -325,15 +331,17 @@ def pass_call(cfg: Static, shapes, which: int, row_names, interpret: bool):
     forward's inputs, the earlier passes' rows and the carry in; the carry out (aliasing the carry in)."""
     (b, h, tp, d), (_, sp) = shapes
     plan = full(tp // cfg.blocks.q, sp // cfg.blocks.k)
-    specs, _, row_spec, _ = _query_major_specs(cfg, shapes, plan, 0 if kernel_family(cfg).passes[which].with_values else 1)
-    widths = carry_widths(cfg, which, d)
-    carry_specs = tuple(pl.BlockSpec((None, None, cfg.blocks.q, w), lambda b, h, r, t, _: (b, h, r, 0)) for w in widths)
-    specs = specs._replace(rows=(row_spec,) * len(row_names), carry=carry_specs)
+    with_values = kernel_family(cfg).passes[which].with_values
+    specs, q_spec, lane_dense = _query_major_specs(cfg, shapes, plan, 0 if with_values else 1)
+    carries = carry_shapes(cfg, shapes, which)
+    carry_specs = tuple(lane_dense if len(x.shape) == 5 else q_spec for x in carries)
+    specs = specs._replace(rows=(lane_dense,) * len(row_names), carry=carry_specs)
+    scratch = [pltpu.VMEM((cfg.blocks.q, w), jnp.float32) for w in carry_widths(cfg, which, d)]
     return pl.pallas_call(
         functools.partial(pass_kernel, cfg, which, tuple(row_names), plan),
-        grid_spec=_grid_spec((b, h), plan, specs, out_specs=list(carry_specs)),
-        out_shape=[jax.ShapeDtypeStruct((b, h, tp, w), jnp.float32) for w in widths],
-        input_output_aliases={first_carry((Spans(0, 0, 0), specs)) + x: x for x in range(len(widths))},
+        grid_spec=_grid_spec((b, h), plan, specs, out_specs=list(carry_specs), scratch_shapes=scratch),
+        out_shape=carries,
+        input_output_aliases={first_carry((Spans(0, 0, 0), specs)) + x: x for x in range(len(carries))},
         name=f"freeatten_{cfg.family}_pass{which}",
         **_common(interpret),
     )
@@ -349,9 +357,9 @@ def calls(cfg: Static, shapes, interpret: bool):
     common = _common(interpret)
     passes = len(forward_family.passes)
     forward_plan, dq_plan = sweep(cfg, q_blocks, k_blocks, passes), sweep(cfg, q_blocks, k_blocks)
-    specs, q_spec, _, lane_dense = _query_major_specs(cfg, shapes, dq_plan)
+    specs, q_spec, lane_dense = _query_major_specs(cfg, shapes, dq_plan)
     first_valued = [one.with_values for one in forward_family.passes].index(True)  # LSSAR's first pass reads no V
-    forward_specs, forward_q, _, forward_rows = _query_major_specs(cfg, shapes, forward_plan, first_valued)
+    forward_specs, forward_q, forward_rows = _query_major_specs(cfg, shapes, forward_plan, first_valued)
     carries = [[(block_q, w) for w in carry_widths(cfg, which, d)] for which in range(passes)]
     out_specs, out_shape = forward_outputs(cfg, shapes, forward_q, forward_rows)
     forward = pl.pallas_call(
