@@ -22,7 +22,7 @@ import sys
 import time
 
 FIELDS = ("target", "T", "context", "variant", "implementation", "loss_chunking", "result", "peak_gib", "hbm_gib",
-          "headroom", "kernels", "kernel_length", "compile_s")  # fmt: skip
+          "headroom", "kernels", "kernel_length", "rotations_exposed", "compile_s")  # fmt: skip
 
 
 def step_config(target: str, t: int, context: int, variant: str, implementation: str):
@@ -60,6 +60,7 @@ def _case(target: str, t: int, context: int, variant: str, implementation: str, 
         "headroom": f"{1 - report.peak / report.hbm:.2f}",
         "kernels": report.kernels,
         "kernel_length": max(lengths, default=0),
+        "rotations_exposed": f"{len(report.rotations[1])}/{report.rotations[0]}",  # ring permutes overlapping no kernel
         "compile_s": f"{time.time() - start:.0f}",
     }
 

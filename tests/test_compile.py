@@ -74,8 +74,10 @@ def test_context_parallel_step_runs_the_kernels_on_each_chunk_and_chunks_the_los
     """One gpt2_small layer's LSSAR step at T = 32K, the batch split over data replicas and each sequence over
     `context` GPUs: every kernel call sees this GPU's chunk (T / context), none the whole sequence (a ring step that
     fell back to the blockwise rules would make no kernel call: the count is exact), and this replica's share of
-    the batch (3), none the global 6 (Triton calls outside shard_map get replicated); no buffer holds a chunk's whole
-    logits (the loss takes them in chunks of the sequence)."""
+    the batch (3), none the global 6 (Triton calls outside shard_map get replicated); no kernel operand is a row
+    statistic [B, H, T / context, 1] (the ring's carries are lane-dense: padded 128x on a TPU otherwise); every
+    rotation of a ring step (K, V, key factors; dK/dV sums) runs during a kernel call of the step (forward 2 + 3,
+    backward 5); no buffer holds a chunk's whole logits (the loss takes them in chunks of the sequence)."""
     t, vocab, per_replica = 32768, 50257, 3
     cfg = base.get_config("lssar", "gpt2_small")
     replicas = len(targets.devices(target)) // context
@@ -89,6 +91,8 @@ def test_context_parallel_step_runs_the_kernels_on_each_chunk_and_chunks_the_los
     assert lengths == {t // context}, lengths
     shapes = [shape for call in operands for shape in call if len(shape) >= 2]
     assert all(per_replica in shape and per_replica * replicas not in shape for shape in shapes), shapes
+    assert (per_replica, 12, t // context, 1) not in shapes, shapes
+    assert run.exposed_permutes(compiled.as_text()) == (10, [])
     logits = re.findall(rf"f32\[([\d,]*\b{vocab}\b[\d,]*)\]", compiled.as_text())
     assert logits and all(str(t // context) not in shape.split(",") for shape in logits), sorted(set(logits))
 

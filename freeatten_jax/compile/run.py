@@ -36,6 +36,7 @@ class Report(NamedTuple):
     hbm: int
     kernels: int
     kernel_operands: tuple  # per kernel call, its operands' shapes: what one device's kernel sees
+    rotations: tuple[int, list[str]] = (0, [])  # the ring steps' collective-permutes: exposed_permutes
 
     def lines(self) -> list[str]:
         gib = lambda x: f"{x / GIB:.2f} GiB"  # noqa: E731
@@ -43,7 +44,8 @@ class Report(NamedTuple):
             f"target {self.target}: per device, arguments {gib(self.arguments)}, outputs {gib(self.outputs)}, "
             f"temporaries {gib(self.temporaries)}",
             f"peak {gib(self.peak)} of {gib(self.hbm)} HBM ({100 * self.peak / self.hbm:.0f}%); {self.kernels} Pallas kernel calls"  # noqa: E501
-            + (f", largest operand {max(sum(self.kernel_operands, ()), key=math.prod)}" if any(self.kernel_operands) else ""),
+            + (f", largest operand {max(sum(self.kernel_operands, ()), key=math.prod)}" if any(self.kernel_operands) else "")
+            + (f"; ring rotations {self.rotations[0]}, {len(self.rotations[1])} not overlapping a kernel" if self.rotations[0] else ""),
         ]
 
 
@@ -64,6 +66,26 @@ def kernel_operands(hlo: str) -> tuple:
         tuple(tuple(int(n) for n in dims.split(",") if n) for dims in re.findall(r"\w+\[([\d,]*)\]", m.group(1))) if m else ()
         for m in operands
     )
+
+
+def exposed_permutes(hlo: str) -> tuple[int, list[str]]:
+    """In compiled HLO text, over the computations that call a Pallas kernel (the ring's steps): (how many
+    collective-permutes they start, the names of those whose start..done span encloses no kernel call: a rotation
+    that the step waits for instead of overlapping it with the kernels). Instructions are listed in schedule order."""
+    count, exposed = 0, []
+    for computation in re.split(r"\n(?=\S)", hlo):
+        if not _KERNEL_CALLS.search(computation):
+            continue
+        open_, kernels = {}, 0
+        for line in computation.splitlines():
+            if _KERNEL_CALLS.search(line):
+                kernels += 1
+            elif start := re.match(r"\s*%(\S+) = .* collective-permute-start\(", line):
+                open_[start.group(1)], count = kernels, count + 1
+            elif done := re.search(r" collective-permute-done\(%(\S+?)\)", line):
+                if open_.pop(done.group(1)) == kernels:
+                    exposed.append(done.group(1))
+    return count, exposed
 
 
 def explain(error: Exception, target: str, hbm_knob: str = STEP_HBM_KNOB) -> Exception:
@@ -88,7 +110,8 @@ def compile_report(lower, target: str, hbm_knob: str = STEP_HBM_KNOB) -> Report:
         raise explain(e, target, hbm_knob) from e
     memory = compiled.memory_analysis()
     peak = memory.argument_size_in_bytes + memory.output_size_in_bytes - memory.alias_size_in_bytes + memory.temp_size_in_bytes
-    operands = kernel_operands(compiled.as_text())
+    text = compiled.as_text()
+    operands = kernel_operands(text)
     report = Report(
         target,
         memory.argument_size_in_bytes,
@@ -98,6 +121,7 @@ def compile_report(lower, target: str, hbm_knob: str = STEP_HBM_KNOB) -> Report:
         targets.parse(target).hbm_bytes,
         len(operands),
         operands,
+        exposed_permutes(text),
     )
     if report.peak > report.hbm:
         raise DoesNotFit(f"{target}: device HBM overflow (peak {peak / GIB:.2f} GiB of {report.hbm / GIB:.2f} GiB): {hbm_knob}")

@@ -93,6 +93,13 @@ class Step(NamedTuple):
         return self.jitted.lower(*args, **self.static)
 
 
+# XLA's GPU scheduler keeps one collective in flight by default: round the context-parallel ring the K, V and key
+# factor blocks (and, backward, the dK/dV sums) then wait for one another, and only one of them overlaps the step's
+# kernel. With room for 8 every rotation of a ring step runs during its kernels (tests/test_compile.py). The other
+# backends accept the option and ignore it.
+COMPILER_OPTIONS = {"xla_gpu_experimental_parallel_collective_overlap_limit": 8}
+
+
 def make_train_step(cfg, state_shardings) -> Step:
     """The config's train step `(state, tokens_BL) -> (state, metrics)`: the state arrives placed in `state_shardings`
     and is donated; the new state keeps them (training and freeatten-compile run this one). Build it outside a mesh
@@ -102,6 +109,7 @@ def make_train_step(cfg, state_shardings) -> Step:
         static_argnames=("graphdef", "tx", "schedule", "accum_steps", "eos_id", "targets"),
         out_shardings=(state_shardings, None),
         donate_argnums=0,
+        compiler_options=COMPILER_OPTIONS,
     )
     static = dict(
         graphdef=train_state.graphdefs(cfg.model)[0],
@@ -116,7 +124,7 @@ def make_train_step(cfg, state_shardings) -> Step:
 
 def make_eval_step(cfg) -> Step:
     """The config's validation step `(state, tokens_BL, weights_B) -> (loss sum, token count)` (inputs arrive placed)."""
-    jitted = jax.jit(eval_step, static_argnames=("graphdef", "eos_id", "targets"))
+    jitted = jax.jit(eval_step, static_argnames=("graphdef", "eos_id", "targets"), compiler_options=COMPILER_OPTIONS)
     static = dict(
         graphdef=train_state.graphdefs(cfg.model)[1],
         eos_id=data.document_eos(cfg.data),
