@@ -1,7 +1,8 @@
 """Two JAX processes x 4 CPU devices (gloo collectives), each run as the train command, against one process x 8
 devices: the same losses, the lock held by process 0, each process's own data shard and iterator state; a kill -9 of
-process 1 (process 0 stops by itself, in one line) or of process 0, the coordinator (process 1 stops, aborted by jax or
-in PeerWatch's one line, whichever sees it first), and a resume of both from the checkpoint before; a process that cannot reach the workdir (both stop, one line each)."""
+process 1 (process 0 stops by itself, in one line) or of process 0, the coordinator (process 1 stops, aborted by jax
+or in PeerWatch's one line, whichever sees it first), and a resume of both from the checkpoint before; a process
+that cannot reach the workdir (both stop, one line each)."""
 
 import json
 import os

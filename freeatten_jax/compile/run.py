@@ -45,7 +45,7 @@ class Report(NamedTuple):
             f"temporaries {gib(self.temporaries)}",
             f"peak {gib(self.peak)} of {gib(self.hbm)} HBM ({100 * self.peak / self.hbm:.0f}%); {self.kernels} Pallas kernel calls"  # noqa: E501
             + (f", largest operand {max(sum(self.kernel_operands, ()), key=math.prod)}" if any(self.kernel_operands) else "")
-            + (f"; ring rotations {self.rotations[0]}, {len(self.rotations[1])} not overlapping a kernel" if self.rotations[0] else ""),
+            + (f"; ring rotations {self.rotations[0]}, {len(self.rotations[1])} overlapping no kernel" * bool(self.rotations[0])),
         ]
 
 

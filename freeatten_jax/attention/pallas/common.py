@@ -212,8 +212,7 @@ def carry_shapes(cfg: Static, shapes, which: int) -> list:
     (b, h, tp, d), _ = shapes
     q = cfg.blocks.q
     return [
-        jax.ShapeDtypeStruct((b, h, tp // q, 1, q) if w == 1 else (b, h, tp, w), jnp.float32)
-        for w in carry_widths(cfg, which, d)
+        jax.ShapeDtypeStruct((b, h, tp // q, 1, q) if w == 1 else (b, h, tp, w), jnp.float32) for w in carry_widths(cfg, which, d)
     ]
 
 

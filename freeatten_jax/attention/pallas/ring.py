@@ -5,8 +5,9 @@ Glossary: B batch, H heads, K kv heads, D head dim, Tp / Sp this device's query 
 blocks, I / Q the number / length of query blocks, n the ring size. Forward: each of the family's passes
 (rules.FAMILIES) is a pass kernel that continues a float32 carry (row statistics lane-dense [B, H, I, 1, Q],
 accumulators [B, H, Tp, D]) over the chunk held, n steps round the ring; the pass's `finish` (elementwise over
-rows) runs here between passes, so LSSAR's threshold sees Z_i over every key; its rows stay lane-dense. Backward: the dq and dkv kernels against the chunk held, dK/dV travelling with K/V as in
-attention/ring.py. core.make_core gives the custom VJP and the factors' gradients.
+rows) runs here between passes, so LSSAR's threshold sees Z_i over every key; its rows stay lane-dense. Backward:
+the dq and dkv kernels against the chunk held, dK/dV travelling with K/V as in attention/ring.py. core.make_core
+gives the custom VJP and the factors' gradients.
 """
 
 import jax
