@@ -181,8 +181,8 @@ def pass_kernel(cfg: Static, which: int, row_names, plan: Schedule, spans: Spans
     step = _step(plan)
     one = kernel_family(cfg).passes[which]
     interior, masked = _visits(spans, step)
-    tree = jax.tree.structure(one.init(jnp.zeros((1, 1)), jnp.zeros((1, 1))))
-    out_refs, acc_refs = refs[: tree.num_leaves], refs[tree.num_leaves :]
+    leaves, tree = jax.tree.flatten(one.init(jnp.zeros((1, 1)), jnp.zeros((1, 1))))
+    out_refs, acc_refs = refs[: len(leaves)], refs[len(leaves) :]
     load = lambda: jax.tree.unflatten(tree, [ref[...] for ref in acc_refs])  # noqa: E731
 
     @pl.when(step.first)
