@@ -5,9 +5,12 @@ extra). A real compile, unlike lowering, checks VMEM, shared memory, HBM and how
 the kernels. The full matrix (every variant x T x target) is `make compile-check`.
 """
 
+import os
 import pathlib
 import re
 import shlex
+import subprocess
+import sys
 
 import jax
 import pytest
@@ -203,3 +206,15 @@ def test_auto_runs_the_kernels_in_the_models_training_step(run_cli, monkeypatch)
     code, lines = run_cli(compile_cli.main, "--target=v5p-8", "--config=lssa:gpt2_small", *flags)
     assert code == 0, lines
     assert lowered[0].as_text().count("tpu_custom_call") == 3
+
+
+def test_a_tpu_target_compiles_without_libtpus_start_up_lines_on_a_host_without_chips():
+    """libtpu asks the cloud's metadata server for its workers and, on a host without chips, prints 7 lines (an E0000
+    INVALID_ARGUMENT among them) before every deviceless compile; instead one line says what was silenced."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TPU_")}
+    code = "from freeatten_jax.compile import targets; print(len(targets.devices('v5e-8')))"
+    result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0 and result.stdout.split() == ["8"], result.stderr[-2000:]
+    assert result.stderr.splitlines() == [
+        "note: no TPU on this host: libtpu told it is one host of its own (its start-up lines silenced)"
+    ], result.stderr[-2000:]
