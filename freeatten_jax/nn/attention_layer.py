@@ -11,11 +11,13 @@ With `capture = True` the layer sows its rotated q and k (`nnx.Intermediate` "qk
 
 import dataclasses
 import functools
+import typing
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 from flax import nnx
+from jax.sharding import PartitionSpec
 
 from freeatten_jax import attention
 from freeatten_jax.attention.variants import is_concrete
@@ -26,6 +28,7 @@ from freeatten_jax.nn.rope import NO_SCALING, Scaling, apply_rope
 
 default_init = jax.nn.initializers.normal(0.02)
 CACHE_BSKD, CACHE_BS = ("act_batch", "cache_length", "kv_heads", None), ("act_batch", "cache_length")  # a KV cache's axes
+CACHE_NAMES = (CACHE_BSKD, CACHE_BSKD, CACHE_BS, CACHE_BS)  # of k, v, positions, segment ids
 
 
 @functools.partial(
@@ -59,12 +62,29 @@ class KVCache:
             raise ValueError(
                 f"{t} new tokens do not fit the KV cache: {free} of its {slots} slots are free (init_cache: a larger max_len)"
             )
-        return KVCache(
-            jax.lax.dynamic_update_slice(self.k_BSKD, k_BTKD.astype(self.k_BSKD.dtype), (0, at, 0, 0)),
-            jax.lax.dynamic_update_slice(self.v_BSKD, v_BTKD.astype(self.v_BSKD.dtype), (0, at, 0, 0)),
-            jax.lax.dynamic_update_slice(self.positions_BS, positions_BT.astype(jnp.int32), (0, at)),
-            jax.lax.dynamic_update_slice(self.segment_ids_BS, segment_ids_BT.astype(jnp.int32), (0, at)),
-            at + t,
+        k_BSKD, v_BSKD, positions_BS, segment_ids_BS = self._written((k_BTKD, v_BTKD, positions_BT, segment_ids_BT))
+        return KVCache(k_BSKD, v_BSKD, positions_BS, segment_ids_BS, at + t)
+
+    def _written(self, entries) -> tuple:
+        """k, v, positions and segment ids with `entries` (theirs for T new tokens) written from slot `length`. Where
+        'cache_length' splits the slots (sharding.cache_axis), each device writes the entries that fall in its own:
+        XLA's partitioner updates a slice of several slots of a split array by gathering the whole array."""
+        arrays, at, axis = dataclasses.astuple(self)[:4], self.length, sharding.cache_axis()
+        specs = tuple(typing.cast(PartitionSpec, sharding.active_spec(n, x.shape)) for n, x in zip(CACHE_NAMES, arrays))
+        if axis is None or specs[0][1] != axis:  # not split (a cache made outside the mesh may not divide over it)
+            return tuple(
+                jax.lax.dynamic_update_slice(x, y.astype(x.dtype), (0, at) + (0,) * (x.ndim - 2)) for x, y in zip(arrays, entries)
+            )
+
+        def local(arrays, entries, at):
+            slots = arrays[0].shape[1]
+            index_T = at + jnp.arange(entries[0].shape[1]) - jax.lax.axis_index(axis) * slots
+            index_T = jnp.where((index_T >= 0) & (index_T < slots), index_T, slots)  # another device's slot: dropped
+            return tuple(x.at[:, index_T].set(y.astype(x.dtype), mode="drop") for x, y in zip(arrays, entries))
+
+        whole = tuple(PartitionSpec(spec[0], None, *spec[2:]) for spec in specs)  # the new entries on every device
+        return jax.shard_map(local, in_specs=(specs, whole, PartitionSpec()), out_specs=specs, check_vma=False)(
+            arrays, entries, at
         )
 
     def next_positions(self, batch: int, t: int, positions_BT=None, segment_ids_BT=None) -> tuple[jax.Array, jax.Array]:
@@ -78,8 +98,7 @@ class KVCache:
 
     def laid_out(self) -> "KVCache":
         """The cache with its slots over the mesh axis of the rule 'cache_length' (under sharding.use_mesh)."""
-        names = (CACHE_BSKD, CACHE_BSKD, CACHE_BS, CACHE_BS, ())
-        return KVCache(*(sharding.constrain(x, n) for x, n in zip(dataclasses.astuple(self), names)))
+        return KVCache(*(sharding.constrain(x, n) for x, n in zip(dataclasses.astuple(self), (*CACHE_NAMES, ()))))
 
     def filled_BS(self) -> jax.Array:
         """True for slots holding a real key."""

@@ -127,12 +127,16 @@ def use_mesh(mesh, rules: Rules):
         _ACTIVE_RULES.reset(token)
 
 
+def active_spec(names: Sequence[str | None], shape: Sequence[int]) -> PartitionSpec | None:
+    """The PartitionSpec of an array of `shape` with logical `names` under `use_mesh`; None elsewhere."""
+    rules, mesh = _ACTIVE_RULES.get(), jax.sharding.get_abstract_mesh()
+    return None if rules is None or mesh.empty else logical_spec(names, shape, mesh, rules)
+
+
 def constrain(x: jax.Array, names: Sequence[str | None]) -> jax.Array:
     """with_sharding_constraint by logical names under `use_mesh`; the identity elsewhere."""
-    rules, mesh = _ACTIVE_RULES.get(), jax.sharding.get_abstract_mesh()
-    if rules is None or mesh.empty:
-        return x
-    return jax.lax.with_sharding_constraint(x, logical_spec(names, x.shape, mesh, rules))
+    spec = active_spec(names, x.shape)
+    return x if spec is None else jax.lax.with_sharding_constraint(x, spec)
 
 
 def context_parallelism(shape_BTH: Sequence[int], kv_heads: int, length_axis: str = "act_length") -> dict | None:
@@ -152,9 +156,15 @@ def context_parallelism(shape_BTH: Sequence[int], kv_heads: int, length_axis: st
     return dict(mesh=mesh, axis_name=length, batch_axis=batch, head_axis=heads if same_kv else None)
 
 
+def cache_axis() -> str | None:
+    """The mesh axis (of size > 1) over which 'cache_length' splits a KV cache's slots under `use_mesh`, else None."""
+    rules, mesh = _ACTIVE_RULES.get(), jax.sharding.get_abstract_mesh()
+    axis = None if rules is None or mesh.empty else dict(rules).get("cache_length")
+    return axis if isinstance(axis, str) and mesh.shape[axis] > 1 else None
+
+
 def cache_chunks() -> int:
     """What a KV cache's slot count, and a prefill through the ring, must be a multiple of under `use_mesh`: 2n where
     'cache_length' shards the slots over an axis of n devices (the ring's zig-zag chunks), else 1."""
-    rules, mesh = _ACTIVE_RULES.get(), jax.sharding.get_abstract_mesh()
-    axis = None if rules is None or mesh.empty else dict(rules).get("cache_length")
-    return CHUNKS_PER_DEVICE * mesh.shape[axis] if isinstance(axis, str) and mesh.shape[axis] > 1 else 1
+    axis = cache_axis()
+    return 1 if axis is None else CHUNKS_PER_DEVICE * jax.sharding.get_abstract_mesh().shape[axis]
