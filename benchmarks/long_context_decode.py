@@ -34,8 +34,8 @@ def lower(target: str, t: int, context: int, variant: str, implementation: str):
 
     def prefill_and_step(state, prompt_BT):
         model = nnx.merge(graphdef, state)
-        logits_BTV, cache = prefill(model, prompt_BT, model.init_cache(1, t + 1))
-        token_B = jnp.argmax(logits_BTV[:, -1], axis=-1)
+        logits_B1V, cache = prefill(model, prompt_BT, model.init_cache(1, t + 1), last=True)
+        token_B = jnp.argmax(logits_B1V[:, -1], axis=-1)
         return jnp.argmax(model(token_B[:, None], cache=cache)[0][:, -1], axis=-1)
 
     with sharding.use_mesh(mesh, rules):

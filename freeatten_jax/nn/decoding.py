@@ -17,8 +17,9 @@ from flax import nnx
 from freeatten_jax.nn import sharding
 
 
-def prefill(model, tokens_BT, cache, *, chunk: int | None = None, positions_BT=None, segment_ids_BT=None):
-    """(logits_BTV, cache) after appending the prompt, `chunk` tokens at a time (None: all at once).
+def prefill(model, tokens_BT, cache, *, chunk: int | None = None, positions_BT=None, segment_ids_BT=None, last: bool = False):
+    """(logits_BTV, cache) after appending the prompt, `chunk` tokens at a time (None: all at once); with `last`, the
+    logits of the last position alone ([B, 1, V]: a long prompt's whole logits are T x V floats).
 
     Chunking bounds attention memory to C x cache slots for prompts far longer than one block. Where the cache's
     slots are split over n devices, the last piece is cut at a multiple of 2n: the prompt up to it goes round the
@@ -26,14 +27,14 @@ def prefill(model, tokens_BT, cache, *, chunk: int | None = None, positions_BT=N
     """
     t, ring = tokens_BT.shape[1], sharding.cache_chunks()
     starts = sorted({*range(0, t, chunk or t), t - t % ring} - {t})
-    pieces = []
+    pieces: list[jax.Array] = []
     for start, stop in zip(starts, [*starts[1:], t]):
         part = slice(start, stop)
         positions = None if positions_BT is None else positions_BT[:, part]
         segments = None if segment_ids_BT is None else segment_ids_BT[:, part]
-        logits_BCV, cache = model(tokens_BT[:, part], positions_BT=positions, segment_ids_BT=segments, cache=cache)
-        pieces.append(logits_BCV)
-    return jnp.concatenate(pieces, axis=1), cache
+        x_BCE, cache = model.features(tokens_BT[:, part], positions_BT=positions, segment_ids_BT=segments, cache=cache)
+        pieces = [x_BCE[:, -1:]] if last else [*pieces, x_BCE]
+    return model.logits(jnp.concatenate(pieces, axis=1)), cache
 
 
 def sample(logits_BV, key, temperature: float, top_k: int | None = None, top_p: float | None = None) -> jax.Array:
@@ -61,8 +62,8 @@ def _prefill_and_sample(state, tokens_BT, key, *, graphdef, slots, chunk, temper
     """The first sampled tokens and the cache of `slots` slots holding the prompt (made here: a sharded cache is never
     whole on one device)."""
     model = nnx.merge(graphdef, state)
-    logits_BTV, cache = prefill(model, tokens_BT, model.init_cache(tokens_BT.shape[0], slots), chunk=chunk)
-    return sample(logits_BTV[:, -1], key, temperature, top_k, top_p), cache
+    logits_B1V, cache = prefill(model, tokens_BT, model.init_cache(tokens_BT.shape[0], slots), chunk=chunk, last=True)
+    return sample(logits_B1V[:, -1], key, temperature, top_k, top_p), cache
 
 
 @functools.partial(jax.jit, static_argnames=("graphdef", *_SAMPLING), donate_argnames=("cache",))
