@@ -96,9 +96,12 @@ def test_eval_refuses_more_context_devices_than_there_are_before_it_reads_the_ru
         suite.evaluate(str(tmp_path / "no run"), switches.NONE, dataclasses.replace(SETTINGS, context=9), suite.SplitCache())
 
 
-def test_kv_cache_decoding_under_a_data_tensor_context_mesh_attends_gathered(ring_calls):
-    """Out of scope for the ring (one query a step): decoding, through the same `__call__` as training, falls
-    back to `attend` under a data x tensor x context mesh, with the same logits as one device."""
+@pytest.mark.parametrize("cache_rule", ["context", None])
+def test_kv_cache_over_a_data_tensor_context_mesh_prefills_round_the_ring_and_steps_on_each_shard(cache_rule, ring_calls):
+    """Decoding through the same `__call__` as training under a data x tensor x context mesh: with the rule
+    'cache_length' -> 'context' the 16-token prefill goes round the ring and the step attends to each device's own
+    cache slots (sharded_decode_attend); with 'cache_length' -> None the cache is attended gathered. The logits of one
+    device either way."""
     model = _model("lssa")
     tokens = jax.random.randint(jax.random.key(2), (2, 17), 0, 64)
 
@@ -108,11 +111,62 @@ def test_kv_cache_decoding_under_a_data_tensor_context_mesh_attends_gathered(rin
         return jnp.concatenate([logits, model(tokens[:, 16:], cache=cache)[0]], axis=1)
 
     expected = prefill_and_step(model, tokens)
-    mesh = sharding.make_mesh((2, 1, 2, 2))
-    graphdef, state = nnx.split(model)
-    with sharding.use_mesh(mesh, RULES):
-        logits = prefill_and_step(
-            nnx.merge(graphdef, jax.device_put(state, sharding.state_shardings(state, mesh, RULES))), tokens
-        )
-    assert not ring_calls
+    steps = []
+    real = attention.sharded_decode_attend
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(attention, "sharded_decode_attend", lambda *a, **k: steps.append(a[1].shape[1]) or real(*a, **k))
+        mesh, rules = sharding.make_mesh((2, 1, 2, 2)), (*RULES, ("cache_length", cache_rule))
+        graphdef, state = nnx.split(model)
+        with sharding.use_mesh(mesh, rules):
+            logits = prefill_and_step(
+                nnx.merge(graphdef, jax.device_put(state, sharding.state_shardings(state, mesh, RULES))), tokens
+            )
+    sharded = cache_rule is not None
+    assert [(c["axis_name"], c["q_len"]) for c in ring_calls] == [("context", 16)] * 2 * sharded  # both layers' prefills
+    assert steps == [32] * 2 * sharded  # both layers' step, against the 32 slots
     np.testing.assert_allclose(logits, expected, atol=1e-5)
+
+
+def test_passkey_from_freeatten_eval_over_context_8_equals_single_device_eval(
+    text_glob, trained_run, tmp_path, run_cli, ring_calls
+):
+    """Passkey and training-format retrieval at 256 tokens (16x the training length; 32 cache slots a device): the prompt
+    prefilled round the ring, each greedy step decoded on every device's slots (each step's attention checked against
+    the cache attended whole: a tiny model's greedy tokens hardly depend on it), the candidates' log-likelihoods round
+    the ring; the same cells as without the axis."""
+    from freeatten_jax.cli import evaluate as eval_cli
+    from freeatten_jax.evaluation import results
+
+    run = str(trained_run("eval-resume-lssa", tiny_config("lssa", text_glob)))  # test_eval_resume's run
+    flags = ["--multipliers=16", "--eval_tokens=257", "--passkey_depths=0.5", "--passkey_keys=1", "--passkey_candidates=3"]
+    errors = []  # each decoding step's max error, relative to the largest output of the cache attended whole
+    real = attention.sharded_decode_attend
+
+    def checked(q, k, v, *, mesh, axis_name, batch_axis, head_axis, block_k, **options):
+        out = real(
+            q, k, v, mesh=mesh, axis_name=axis_name, batch_axis=batch_axis, head_axis=head_axis, block_k=block_k, **options
+        )
+        whole = attention.attend(q, k, v, implementation="reference", **options)
+        jax.debug.callback(lambda e: errors.append(float(e)), jnp.max(jnp.abs(out - whole)) / jnp.max(jnp.abs(whole)))
+        return out
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(attention, "sharded_decode_attend", checked)
+        for context in (1, 8):
+            code, lines = run_cli(
+                eval_cli.main, f"--workdir={run}", f"--out={tmp_path / str(context)}", f"--context={context}", *flags
+            )
+            assert code == 0, lines
+            assert bool(errors) == (context == 8)
+    assert max(errors) < 1e-5
+    prefills = {c["q_len"] for c in ring_calls if "kv_mask" in c}  # the cache's calls round the ring
+    assert prefills and all(t % 16 == 0 and t <= 256 for t in prefills), prefills
+    assert {c["q_len"] for c in ring_calls if "kv_mask" not in c} > {256}  # the loss, and the padded log-likelihoods
+    (single,), _ = results.read(tmp_path / "1" / "results.json")
+    (sharded,), _ = results.read(tmp_path / "8" / "results.json")
+    scored = lambda r: [*r.passkey, *r.retrieval]  # noqa: E731
+    assert [(c.length, c.keys, c.reason) for c in scored(sharded)] == [(256, 1, "")] * 2  # both scored at 256 tokens
+    assert [(c.accuracy, c.mean_key_rank) for c in scored(sharded)] == [(c.accuracy, c.mean_key_rank) for c in scored(single)]
+    np.testing.assert_allclose(
+        [c.mean_key_loglik for c in scored(sharded)], [c.mean_key_loglik for c in scored(single)], rtol=1e-5
+    )

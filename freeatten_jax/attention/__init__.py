@@ -8,6 +8,7 @@ from freeatten_jax.attention.api import IMPLEMENTATIONS, attend, attention_weigh
 from freeatten_jax.attention.arguments import make_mask
 from freeatten_jax.attention.context_parallel import context_parallel_attend
 from freeatten_jax.attention.flax_adapter import flax_attention_fn
+from freeatten_jax.attention.sharded_decode import sharded_decode_attend
 from freeatten_jax.attention.variants import VARIANTS, Mask, Variant, get_variant, variant_options
 
 __all__ = [
@@ -23,4 +24,5 @@ __all__ = [
     "VARIANTS",
     "IMPLEMENTATIONS",
     "context_parallel_attend",
+    "sharded_decode_attend",
 ]

@@ -6,7 +6,8 @@ key blocks that may be visible (a rule per normalise kind: rules.FAMILIES in blo
 each key block, stream the query blocks, recomputing scores; only the output and per-row
 statistics are saved. `prepare` runs outside the custom VJP, so autodiff carries its gradients.
 Public pieces (ring.py builds its ring attention from them): block_sizes, query_blocks, key_blocks,
-swap_last, make_plan, block_scores, block_visible, take, forward, backward, make_core.
+swap_last, make_plan, block_scores, block_visible, take, forward, backward, make_core (and, for sharded_decode.py,
+attend_blocks).
 """
 
 import dataclasses
@@ -243,13 +244,21 @@ def attend(q_BTHD, k_BSKD, v_BSKD, *, variant: Variant, mask: Mask, opts, block_
     A dense mask is read one (query block, key block) tile at a time; without one, memory is O(T)."""
     if unknown:
         raise ValueError(f"unknown option(s) {sorted(unknown)}; implementation 'blockwise' takes block_q, block_k")
-    (b, t, h, d), (s, kv_heads) = q_BTHD.shape, k_BSKD.shape[1:3]
-    q_size, kv_size = block_sizes(t, s, block_q, block_k)
+    sizes = block_sizes(q_BTHD.shape[1], k_BSKD.shape[1], block_q, block_k)
+    return attend_blocks(q_BTHD, k_BSKD, v_BSKD, variant, mask, opts, sizes, make_core(variant, opts))
+
+
+def attend_blocks(q_BTHD, k_BSKD, v_BSKD, variant: Variant, mask: Mask, opts, sizes, core, counted=lambda n_BHT: n_BHT):
+    """attend's work in blocks of `sizes` (query, key) by `core` (make_core's); `counted` turns the N_i of these keys
+    into the N_i the scores use (a KV cache sharded over a mesh axis sums it over the shards: sharded_decode.py)."""
+    (b, t, h, d), kv_heads = q_BTHD.shape, k_BSKD.shape[2]
+    q_size, kv_size = sizes
     n_BHT, seen_BHS = block_plan.count_visible(mask, kv_size)
+    n_BHT = counted(n_BHT)
     k_BSKD, v_BSKD = hide_unseen(k_BSKD, v_BSKD, seen_BHS)
     qp_BTHD, kp_BSKD = variant.prepare(q_BTHD, k_BSKD, n_BHT, opts)
     q_IBKGQD, kt_JBKDC = query_blocks(qp_BTHD, q_size, kv_heads), swap_last(key_blocks(kp_BSKD, kv_size))
     plan = make_plan(mask, n_BHT, q_size, kv_size, kv_heads)
-    out_IBKGQD = make_core(variant, opts)(q_IBKGQD, kt_JBKDC, key_blocks(v_BSKD, kv_size), plan)
+    out_IBKGQD = core(q_IBKGQD, kt_JBKDC, key_blocks(v_BSKD, kv_size), plan)
     out_BTHD = out_IBKGQD.transpose(1, 0, 4, 2, 3, 5).reshape(b, -1, h, d)[:, :t]
     return out_BTHD.astype(q_BTHD.dtype)

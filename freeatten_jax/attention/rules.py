@@ -4,7 +4,8 @@ Glossary: s scores, vis mask (None: every pair visible, the kernels' interior bl
 dp = dO·Vᵀ, ds the score gradient: block arrays whose last axis is the key (rows reduce over it); row
 statistics broadcast against them ([.., Q, 1]; key-major [1, Q] in the dK/dV kernels, where only the
 elementwise `grad` runs); acc [.., Q, D]. A Family is its forward passes (each a fold over the visible key
-blocks: init, step, finish), the row terms of its gradient and the elementwise gradient of one block.
+blocks: init, step, finish, and merge, which joins the carries of folds over disjoint key sets), the row terms
+of its gradient and the elementwise gradient of one block.
 """
 
 from collections.abc import Callable
@@ -86,14 +87,22 @@ class Ctx(NamedTuple):
     row_sum: Callable = _row_sum  # Σ_j w_ij [.., Q, 1] of weights that pv takes (a kernel sums them as pv rounds them)
 
 
+def add_up(carry, total, top):
+    """merge of a carry of sums (Z_i, accumulators): their totals."""
+    return total(carry)
+
+
 class Pass(NamedTuple):
     """One fold over the visible key blocks: step(carry, s, vis, v, ctx, rows); finish(carry, ctx) gives the
-    output (None before the last pass) and the row statistics it adds to `rows`."""
+    output (None before the last pass) and the row statistics it adds to `rows`. merge(carry, total, top) is
+    the carry of the union of disjoint key sets from each set's carry, given `total` (a sum over the sets) and
+    `top` (a max over them): a KV cache sharded over a mesh axis merges with psum and pmax (sharded_decode.py)."""
 
     init: Callable  # init(row0 [.., Q, 1], acc0 [.., Q, D]) -> carry
     step: Callable
     finish: Callable
     with_values: bool = True  # the step reads v
+    merge: Callable = add_up
 
 
 class Family(NamedTuple):
@@ -185,6 +194,14 @@ def _softmax_step(carry, s, vis, v, ctx, rows):
     return m_new, l * scale + _row_sum(w), ctx.pv(w, v, acc * scale)
 
 
+def _softmax_merge(carry, total, top):
+    """The running max over every set first, then each set's sums rescaled to it (base 2, as the step)."""
+    m, l, acc = carry
+    m_all = top(m)
+    scale = jnp.exp2(m - m_all)
+    return m_all, total(l * scale), total(acc * scale)
+
+
 def _softmax_finish(carry, ctx):
     m, l, acc = carry
     l = jnp.maximum(l, TINY)
@@ -262,6 +279,13 @@ def _reweight_step1(carry, s, vis, v, ctx, rows):
     return z + _row_sum(u), jnp.maximum(u_max, _row_max(u))  # float32: θ_i compares Z_i with u
 
 
+def _reweight_merge1(carry, total, top):
+    """Z_i and u_max over every set, before finish1 derives θ_i, α_i and the sharpness from them: pass 2's
+    weights ρ_ij = (u_ij - θ_i) α_i need the whole row's Z_i, so a partial one cannot be merged later."""
+    z, u_max = carry
+    return total(z), top(u_max)
+
+
 def _reweight_finish1(carry, ctx):
     z, u_max = carry
     z = jnp.maximum(z, TINY)
@@ -335,11 +359,11 @@ def _rows_with_d(*names):
     return lambda stats, out, dout, p: {**{name: stats[name] for name in names}, "d": dot_rows(dout, out)}
 
 
-_REWEIGHT_PASS1 = Pass(lambda row0, acc0: (row0, row0), _reweight_step1, _reweight_finish1, with_values=False)
+_REWEIGHT_PASS1 = Pass(lambda row0, acc0: (row0, row0), _reweight_step1, _reweight_finish1, False, _reweight_merge1)
 
 FAMILIES = {
     "softmax": Family(
-        (Pass(lambda row0, acc0: (row0 + NEG_INF, row0, acc0), _softmax_step, _softmax_finish),),
+        (Pass(lambda row0, acc0: (row0 + NEG_INF, row0, acc0), _softmax_step, _softmax_finish, merge=_softmax_merge),),
         _rows_with_d("lse"),
         _softmax_grad,
         ("lse",),

@@ -61,7 +61,7 @@ class Settings:
     context: int = option(
         1,
         help="Devices sharing each window's sequence (context parallelism; lengths must be multiples of 2x it) for the "
-        "loss vs length.",
+        "loss vs length, and each retrieval prompt's KV cache (prefilled round the ring, decoded on every device's slots).",
         check=integer(1),
     )
     mqar_instances: int = option(

@@ -65,25 +65,34 @@ def _token_log_probs(state, tokens_CL, *, graphdef):
     return -next_token_losses(nnx.merge(graphdef, state), tokens_CL)
 
 
-def _key_log_likelihoods(model, prompt_T: np.ndarray, candidates: list[np.ndarray]) -> np.ndarray:
-    """Total log-likelihood of each candidate key's tokens after the prompt: [C]."""
+def _key_log_likelihoods(model, prompt_T: np.ndarray, candidates: list[np.ndarray], mesh) -> np.ndarray:
+    """Total log-likelihood of each candidate key's tokens after the prompt: [C]. Over a 'context' axis of n devices
+    the inputs are padded at the end to a multiple of 2n (the ring's chunks): causal attention keeps that padding out
+    of every log-likelihood read."""
     graphdef, state = nnx.split(model)
+    devices = mesh.shape[mesh_axes.CONTEXT]
+    ring = mesh_axes.CHUNKS_PER_DEVICE * devices if devices > 1 else 1
     totals = np.zeros(len(candidates))
     for size in sorted({len(c) for c in candidates}):  # candidates of one token length form one batch
         index = [i for i, c in enumerate(candidates) if len(c) == size]
         tokens_CL = np.stack([np.concatenate([prompt_T, candidates[i]]) for i in index]).astype(np.int32)
-        log_probs = np.asarray(_token_log_probs(state, jnp.asarray(tokens_CL), graphdef=graphdef))
-        totals[index] = log_probs[:, len(prompt_T) - 1 :].sum(-1)
+        length = tokens_CL.shape[1]
+        padded_CL = np.pad(tokens_CL, ((0, 0), (0, -(length - 1) % ring)))
+        with sharding.use_mesh(mesh, sharding.DEFAULT_RULES):
+            log_probs = np.asarray(_token_log_probs(state, jnp.asarray(padded_CL), graphdef=graphdef))
+        totals[index] = log_probs[:, len(prompt_T) - 1 : length - 1].sum(-1)
     return totals
 
 
-def _score_prompt(model, tokenizer, prompt_T: np.ndarray, key: str, others: list[str]) -> tuple[bool, float, int]:
-    """(greedy first-integer hit, log-likelihood of the key after the prompt, its rank among the candidates)."""
+def _score_prompt(model, tokenizer, prompt_T: np.ndarray, key: str, others: list[str], mesh) -> tuple[bool, float, int]:
+    """(greedy first-integer hit, log-likelihood of the key after the prompt, its rank among the candidates); over the
+    mesh's 'context' axis: the KV cache split over it (nn.decoding)."""
     key_tokens = np.asarray(tokenizer.encode(" " + key), np.int32)
-    out = generate(model, prompt_T[None], len(key_tokens) + 2, temperature=0.0)  # room to overrun the key
+    with sharding.use_mesh(mesh, sharding.DEFAULT_RULES):
+        out = generate(model, prompt_T[None], len(key_tokens) + 2, temperature=0.0)  # room to overrun the key
     hit = passkey.is_retrieved(tokenizer.decode(np.asarray(out[0, len(prompt_T) :])), key)
     candidates = [key_tokens] + [np.asarray(tokenizer.encode(" " + k), np.int32) for k in others]
-    totals = _key_log_likelihoods(model, prompt_T, candidates)
+    totals = _key_log_likelihoods(model, prompt_T, candidates, mesh)
     return hit, float(totals[0]), passkey.key_rank(totals[0], totals[1:])
 
 
@@ -98,7 +107,7 @@ def _cell(store: Cells, name: str, doing: str, compute):
     return saved
 
 
-def _retrieval_cell(model, tokenizer, build, length: int, depth: float, settings: Settings, rng, longest: bool) -> dict:
+def _retrieval_cell(model, tokenizer, build, length: int, depth: float, settings: Settings, mesh, rng, longest: bool) -> dict:
     """One cell of the retrieval grid: {"cell": its RetrievalCell, "masses": the needle mass [layers, H] of each prompt
     at the longest length, "rng": the key generator's state after it}.
 
@@ -116,7 +125,7 @@ def _retrieval_cell(model, tokenizer, build, length: int, depth: float, settings
             cell.reason = str(e)
             break
         others = [k for k in passkey.random_keys(rng, settings.passkey_candidates * 2) if k != key]
-        hit, loglik, rank = _score_prompt(model, tokenizer, prompt_T, key, others[: settings.passkey_candidates - 1])
+        hit, loglik, rank = _score_prompt(model, tokenizer, prompt_T, key, others[: settings.passkey_candidates - 1], mesh)
         hits.append(hit), logliks.append(loglik), ranks.append(rank)
         if longest:
             masses.append(np.asarray(attention_stats.needle_mass(model, jnp.asarray(prompt_T[None]), needle)).tolist())
@@ -126,7 +135,7 @@ def _retrieval_cell(model, tokenizer, build, length: int, depth: float, settings
     return {"cell": dataclasses.asdict(cell), "masses": masses, "rng": rng.bit_generator.state}
 
 
-def _retrieval(model, tokenizer, task: str, build, lengths: list[int], settings: Settings, store: Cells):
+def _retrieval(model, tokenizer, task: str, build, lengths: list[int], settings: Settings, mesh, store: Cells):
     """Yields what it scores next; returns (grid cells of length x depth, needle-mass [layers, H] for each prompt at
     the longest length). The keys come from one seeded generator, drawn in grid order: a cell read back restores the
     generator's state after it."""
@@ -135,7 +144,7 @@ def _retrieval(model, tokenizer, task: str, build, lengths: list[int], settings:
     for length in lengths:
         for depth in settings.passkey_depths:
             score = functools.partial(
-                _retrieval_cell, model, tokenizer, build, length, depth, settings, rng, length == lengths[-1]
+                _retrieval_cell, model, tokenizer, build, length, depth, settings, mesh, rng, length == lengths[-1]
             )
             saved = yield from _cell(store, f"{task}-{length}-{depth!r}", f"{task} at length {length}, depth {depth:g}", score)
             rng.bit_generator.state = saved["rng"]
@@ -254,8 +263,10 @@ def _text_measurements(run: results.RunResult, model, cfg, tokenizer, settings: 
     analyse = functools.partial(_analysis_cell, model, splits, run.span_tokens, multipliers[-1], longest, settings)
     run.attention = results.AttentionStats(**(yield from _cell(store, "attention", "attention analysis", analyse)))
     lengths = [x.length for x in run.lengths]
-    run.passkey, masses = yield from _retrieval(model, tokenizer, "passkey", passkey.build_prompt, lengths, settings, store)
-    run.retrieval, _ = yield from _retrieval(model, tokenizer, "retrieval", retrieval.build_prompt, lengths, settings, store)
+    run.passkey, masses = yield from _retrieval(model, tokenizer, "passkey", passkey.build_prompt, lengths, settings, mesh, store)
+    run.retrieval, _ = yield from _retrieval(
+        model, tokenizer, "retrieval", retrieval.build_prompt, lengths, settings, mesh, store
+    )
     run.needle_mass = np.mean(masses, axis=0).tolist() if masses else []
     s = attention_stats.ssmax_s(model)
     run.ssmax_s = None if s is None else s.tolist()

@@ -11,11 +11,13 @@ With `capture = True` the layer sows its rotated q and k (`nnx.Intermediate` "qk
 
 import dataclasses
 import functools
+import typing
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 from flax import nnx
+from jax.sharding import PartitionSpec
 
 from freeatten_jax import attention
 from freeatten_jax.attention.variants import is_concrete
@@ -25,6 +27,8 @@ from freeatten_jax.nn.params import Init, param
 from freeatten_jax.nn.rope import NO_SCALING, Scaling, apply_rope
 
 default_init = jax.nn.initializers.normal(0.02)
+CACHE_BSKD, CACHE_BS = ("act_batch", "cache_length", "kv_heads", None), ("act_batch", "cache_length")  # a KV cache's axes
+CACHE_NAMES = (CACHE_BSKD, CACHE_BSKD, CACHE_BS, CACHE_BS)  # of k, v, positions, segment ids
 
 
 @functools.partial(
@@ -58,12 +62,29 @@ class KVCache:
             raise ValueError(
                 f"{t} new tokens do not fit the KV cache: {free} of its {slots} slots are free (init_cache: a larger max_len)"
             )
-        return KVCache(
-            jax.lax.dynamic_update_slice(self.k_BSKD, k_BTKD.astype(self.k_BSKD.dtype), (0, at, 0, 0)),
-            jax.lax.dynamic_update_slice(self.v_BSKD, v_BTKD.astype(self.v_BSKD.dtype), (0, at, 0, 0)),
-            jax.lax.dynamic_update_slice(self.positions_BS, positions_BT.astype(jnp.int32), (0, at)),
-            jax.lax.dynamic_update_slice(self.segment_ids_BS, segment_ids_BT.astype(jnp.int32), (0, at)),
-            at + t,
+        k_BSKD, v_BSKD, positions_BS, segment_ids_BS = self._written((k_BTKD, v_BTKD, positions_BT, segment_ids_BT))
+        return KVCache(k_BSKD, v_BSKD, positions_BS, segment_ids_BS, at + t)
+
+    def _written(self, entries) -> tuple:
+        """k, v, positions and segment ids with `entries` (theirs for T new tokens) written from slot `length`. Where
+        'cache_length' splits the slots (sharding.cache_axis), each device writes the entries that fall in its own:
+        XLA's partitioner updates a slice of several slots of a split array by gathering the whole array."""
+        arrays, at, axis = dataclasses.astuple(self)[:4], self.length, sharding.cache_axis()
+        specs = tuple(typing.cast(PartitionSpec, sharding.active_spec(n, x.shape)) for n, x in zip(CACHE_NAMES, arrays))
+        if axis is None or specs[0][1] != axis:  # not split (a cache made outside the mesh may not divide over it)
+            return tuple(
+                jax.lax.dynamic_update_slice(x, y.astype(x.dtype), (0, at) + (0,) * (x.ndim - 2)) for x, y in zip(arrays, entries)
+            )
+
+        def local(arrays, entries, at):
+            slots = arrays[0].shape[1]
+            index_T = at + jnp.arange(entries[0].shape[1]) - jax.lax.axis_index(axis) * slots
+            index_T = jnp.where((index_T >= 0) & (index_T < slots), index_T, slots)  # another device's slot: dropped
+            return tuple(x.at[:, index_T].set(y.astype(x.dtype), mode="drop") for x, y in zip(arrays, entries))
+
+        whole = tuple(PartitionSpec(spec[0], None, *spec[2:]) for spec in specs)  # the new entries on every device
+        return jax.shard_map(local, in_specs=(specs, whole, PartitionSpec()), out_specs=specs, check_vma=False)(
+            arrays, entries, at
         )
 
     def next_positions(self, batch: int, t: int, positions_BT=None, segment_ids_BT=None) -> tuple[jax.Array, jax.Array]:
@@ -74,6 +95,10 @@ class KVCache:
         positions_BT = jnp.broadcast_to(next_B1 + jnp.arange(t) if positions_BT is None else positions_BT, (batch, t))
         segment_B1 = jnp.where(filled, self.segment_ids_BS[:, last], 0)[:, None]
         return positions_BT, jnp.broadcast_to(segment_B1 if segment_ids_BT is None else segment_ids_BT, (batch, t))
+
+    def laid_out(self) -> "KVCache":
+        """The cache with its slots over the mesh axis of the rule 'cache_length' (under sharding.use_mesh)."""
+        return KVCache(*(sharding.constrain(x, n) for x, n in zip(dataclasses.astuple(self), (*CACHE_NAMES, ()))))
 
     def filled_BS(self) -> jax.Array:
         """True for slots holding a real key."""
@@ -176,8 +201,11 @@ class Attention(nnx.Module):
         self.implementation, self.implementation_options = implementation, tuple(sorted(options.items()))
 
     def init_cache(self, batch: int, max_len: int) -> KVCache:
-        """An empty cache of max_len slots in the compute dtype."""
-        return KVCache.empty(batch, max_len, self.num_kv_heads, self.head_dim, self.dtype)
+        """An empty cache of max_len slots in the compute dtype; where the rule 'cache_length' shards the slots over
+        n devices (under sharding.use_mesh), max_len rounded up to a multiple of 2n and the slots laid out over them."""
+        chunks = sharding.cache_chunks()
+        cache = KVCache.empty(batch, -(-max_len // chunks) * chunks, self.num_kv_heads, self.head_dim, self.dtype)
+        return cache if chunks == 1 else cache.laid_out()
 
     def __call__(self, x_BTE, *, positions_BT=None, segment_ids_BT=None, cache: KVCache | None = None):
         """Self-attention over x: `y_BTE`, or `(y_BTE, cache)` when a cache is given.
@@ -187,8 +215,7 @@ class Attention(nnx.Module):
         positions default to each row's last cached position + 1 onwards (0.. on an empty cache) and
         segment ids to its last cached segment, so N_i is the query's absolute position + 1 (restarting per
         segment, as in packed training). Either way the call goes through the same projections, RoPE and
-        `_attend` (context-parallel when the mesh shards the sequence and no cache is given: a cache is
-        attended gathered).
+        `_attend` (context-parallel where the mesh shards the sequence, or a cache's slots).
         """
         b, t = x_BTE.shape[:2]
         if cache is None:
@@ -206,12 +233,13 @@ class Attention(nnx.Module):
         if self.capture:
             self.sow(nnx.Intermediate, "qk", (q_BTHD, k_BTKD))
         if cache is None:
-            return self._project_out(self._attend(q_BTHD, k_BTKD, v_BTKD, over_context=True, **mask))
+            return self._project_out(self._attend(q_BTHD, k_BTKD, v_BTKD, "act_length", **mask))
         cache = cache.append(k_BTKD, v_BTKD, positions_BT, segment_ids_BT)
         out_BTHD = self._attend(
             q_BTHD,
             cache.k_BSKD,
             cache.v_BSKD,
+            "cache_length",
             q_positions=positions_BT,
             kv_positions=cache.positions_BS,
             q_segment_ids=segment_ids_BT,
@@ -241,17 +269,21 @@ class Attention(nnx.Module):
                 learned["b"] = self.b_H[...]
         return {**dict(self.options), **learned}
 
-    def _attend(self, q_BTHD, k_BSKD, v_BSKD, *, over_context: bool = False, **mask):
-        """`attention.attend`; `context_parallel_attend` (a ring over the mesh: the kernels on each device, or the
-        blockwise rules, as the implementation says) when over_context and the active mesh shards the sequence
-        (`sharding.context_parallelism`). A KV cache passes over_context=False: one new token a step cannot be
-        split round a ring, so it attends gathered."""
-        options = dict(variant=self.variant, **self.variant_options(), **dict(self.implementation_options), **mask)
-        options["implementation"] = self.implementation
-        context = sharding.context_parallelism(q_BTHD.shape[:3], k_BSKD.shape[2]) if over_context else None
-        if context is not None:
-            return attention.context_parallel_attend(q_BTHD, k_BSKD, v_BSKD, **context, **options)
-        return attention.attend(q_BTHD, k_BSKD, v_BSKD, **options)
+    def _attend(self, q_BTHD, k_BSKD, v_BSKD, length_axis: str, **mask):
+        """`attention.attend`, or where the active mesh shards the keys' sequence (`sharding.context_parallelism` of
+        `length_axis`: 'act_length' for self-attention, 'cache_length' for a KV cache) `context_parallel_attend` (a
+        ring: the kernels on each device, or the blockwise rules, as the implementation says); new tokens that do not
+        split into the ring's 2n chunks (a decoding step) attend to a cache by `sharded_decode_attend` (each device to
+        its own slots, the row statistics merged across the axis)."""
+        options = dict(variant=self.variant, **self.variant_options(), **mask)
+        how = dict(self.implementation_options, implementation=self.implementation)
+        (b, t, h), (s, kv_heads) = q_BTHD.shape[:3], k_BSKD.shape[1:3]
+        context = sharding.context_parallelism((b, s, h), kv_heads, length_axis)
+        if context is None:
+            return attention.attend(q_BTHD, k_BSKD, v_BSKD, **how, **options)
+        if length_axis == "cache_length" and t % sharding.cache_chunks():
+            return attention.sharded_decode_attend(q_BTHD, k_BSKD, v_BSKD, **context, block_k=how.get("block_k"), **options)
+        return attention.context_parallel_attend(q_BTHD, k_BSKD, v_BSKD, **context, **how, **options)
 
     def _project_out(self, out_BTHD):
         y_BTE = jnp.einsum("BTHD,HDE->BTE", out_BTHD, self.wo_HDE[...].astype(self.dtype))

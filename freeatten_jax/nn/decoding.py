@@ -2,7 +2,9 @@
 
 Glossary: B batch, T prompt length, C chunk length, V vocabulary.
 Cache slots hold absolute positions, so N_i in ssmax/lssa/lssar is the query's position + 1,
-exactly as in a full forward pass over the same tokens.
+exactly as in a full forward pass over the same tokens. Under a mesh whose rule 'cache_length' splits the cache's
+slots over a 'context' axis (nn.sharding), the prompt goes round the ring and each step attends to every device's own
+slots.
 """
 
 import functools
@@ -12,22 +14,27 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from freeatten_jax.nn import sharding
 
-def prefill(model, tokens_BT, cache, *, chunk: int | None = None, positions_BT=None, segment_ids_BT=None):
-    """(logits_BTV, cache) after appending the prompt, `chunk` tokens at a time (None: all at once).
 
-    Chunking bounds attention memory to C x cache slots for prompts far longer than one block.
+def prefill(model, tokens_BT, cache, *, chunk: int | None = None, positions_BT=None, segment_ids_BT=None, last: bool = False):
+    """(logits_BTV, cache) after appending the prompt, `chunk` tokens at a time (None: all at once); with `last`, the
+    logits of the last position alone ([B, 1, V]: a long prompt's whole logits are T x V floats).
+
+    Chunking bounds attention memory to C x cache slots for prompts far longer than one block. Where the cache's
+    slots are split over n devices, the last piece is cut at a multiple of 2n: the prompt up to it goes round the
+    ring, the few tokens after it through the decoding step.
     """
-    t = tokens_BT.shape[1]
-    chunk = chunk or t
-    pieces = []
-    for start in range(0, t, chunk):
-        part = slice(start, start + chunk)
+    t, ring = tokens_BT.shape[1], sharding.cache_chunks()
+    starts = sorted({*range(0, t, chunk or t), t - t % ring} - {t})
+    pieces: list[jax.Array] = []
+    for start, stop in zip(starts, [*starts[1:], t]):
+        part = slice(start, stop)
         positions = None if positions_BT is None else positions_BT[:, part]
         segments = None if segment_ids_BT is None else segment_ids_BT[:, part]
-        logits_BCV, cache = model(tokens_BT[:, part], positions_BT=positions, segment_ids_BT=segments, cache=cache)
-        pieces.append(logits_BCV)
-    return jnp.concatenate(pieces, axis=1), cache
+        x_BCE, cache = model.features(tokens_BT[:, part], positions_BT=positions, segment_ids_BT=segments, cache=cache)
+        pieces = [x_BCE[:, -1:]] if last else [*pieces, x_BCE]
+    return model.logits(jnp.concatenate(pieces, axis=1)), cache
 
 
 def sample(logits_BV, key, temperature: float, top_k: int | None = None, top_p: float | None = None) -> jax.Array:
@@ -50,10 +57,13 @@ def sample(logits_BV, key, temperature: float, top_k: int | None = None, top_p: 
 _SAMPLING = ("temperature", "top_k", "top_p")
 
 
-@functools.partial(jax.jit, static_argnames=("graphdef", "chunk", *_SAMPLING), donate_argnames=("cache",))
-def _prefill_and_sample(state, tokens_BT, cache, key, *, graphdef, chunk, temperature, top_k, top_p):
-    logits_BTV, cache = prefill(nnx.merge(graphdef, state), tokens_BT, cache, chunk=chunk)
-    return sample(logits_BTV[:, -1], key, temperature, top_k, top_p), cache
+@functools.partial(jax.jit, static_argnames=("graphdef", "slots", "chunk", *_SAMPLING))
+def _prefill_and_sample(state, tokens_BT, key, *, graphdef, slots, chunk, temperature, top_k, top_p):
+    """The first sampled tokens and the cache of `slots` slots holding the prompt (made here: a sharded cache is never
+    whole on one device)."""
+    model = nnx.merge(graphdef, state)
+    logits_B1V, cache = prefill(model, tokens_BT, model.init_cache(tokens_BT.shape[0], slots), chunk=chunk, last=True)
+    return sample(logits_B1V[:, -1], key, temperature, top_k, top_p), cache
 
 
 @functools.partial(jax.jit, static_argnames=("graphdef", *_SAMPLING), donate_argnames=("cache",))
@@ -89,10 +99,10 @@ def generate(
     copy.eval()
     graphdef, state = nnx.split(copy)
     prompt_BT = jnp.asarray(prompt_BT)
-    cache = copy.init_cache(prompt_BT.shape[0], prompt_BT.shape[1] + max_new_tokens)
     keys = jax.random.split(jax.random.key(seed), max_new_tokens)
     sampling = dict(graphdef=graphdef, temperature=temperature, top_k=top_k, top_p=top_p)
-    token_B, cache = _prefill_and_sample(state, prompt_BT, cache, keys[0], chunk=prefill_chunk, **sampling)
+    slots = prompt_BT.shape[1] + max_new_tokens
+    token_B, cache = _prefill_and_sample(state, prompt_BT, keys[0], slots=slots, chunk=prefill_chunk, **sampling)
     new_tokens = [token_B]
     if on_token is not None:
         on_token(token_B)

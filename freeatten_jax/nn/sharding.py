@@ -5,7 +5,9 @@ axes, e.g. ('embed', 'fsdp'), ('heads', 'tensor'), ('batch', ('data', 'fsdp')). 
 does not divide a dimension, or has size 1, is dropped for that dimension (it is replicated), so GQA
 with fewer key/value heads than 'tensor' devices, or an odd vocabulary of 50,257, still shards the rest.
 Activations are constrained at block boundaries only inside `use_mesh(mesh, rules)`; there, when
-'act_length' maps to a mesh axis of size > 1 ('context'), attention runs context-parallel (`context_parallelism`).
+'act_length' maps to a mesh axis of size > 1 ('context'), attention runs context-parallel (`context_parallelism`),
+and when 'cache_length' does, a KV cache's slots are split over it (a prefill goes round the ring, each decoding
+step attends to every device's own slots).
 """
 
 import contextlib
@@ -18,7 +20,7 @@ import jax
 from flax import nnx
 from jax.sharding import AxisType, NamedSharding, PartitionSpec
 
-from freeatten_jax.attention.mesh_axes import BATCH, CONTEXT, FSDP, MESH, TENSOR
+from freeatten_jax.attention.mesh_axes import BATCH, CHUNKS_PER_DEVICE, CONTEXT, FSDP, MESH, TENSOR
 from freeatten_jax.nn.params import logical_names
 
 MESH_AXES = MESH  # a shape of 3 entries leaves 'context' at 1
@@ -28,6 +30,7 @@ DEFAULT_RULES: Rules = (  # pure data parallel over ('data', 'fsdp'); FSDP and t
     ("length", CONTEXT),
     ("act_batch", BATCH),  # activations at block boundaries [B, T, E]
     ("act_length", CONTEXT),  # sequence (context) parallelism: attention goes round a ring
+    ("cache_length", CONTEXT),  # a KV cache's slots: each device attends to its own (attention.sharded_decode_attend)
     ("act_embed", None),
     ("act_vocab", TENSOR),
     ("vocab", TENSOR),  # parameters
@@ -124,24 +127,44 @@ def use_mesh(mesh, rules: Rules):
         _ACTIVE_RULES.reset(token)
 
 
+def active_spec(names: Sequence[str | None], shape: Sequence[int]) -> PartitionSpec | None:
+    """The PartitionSpec of an array of `shape` with logical `names` under `use_mesh`; None elsewhere."""
+    rules, mesh = _ACTIVE_RULES.get(), jax.sharding.get_abstract_mesh()
+    return None if rules is None or mesh.empty else logical_spec(names, shape, mesh, rules)
+
+
 def constrain(x: jax.Array, names: Sequence[str | None]) -> jax.Array:
     """with_sharding_constraint by logical names under `use_mesh`; the identity elsewhere."""
-    rules, mesh = _ACTIVE_RULES.get(), jax.sharding.get_abstract_mesh()
-    if rules is None or mesh.empty:
-        return x
-    return jax.lax.with_sharding_constraint(x, logical_spec(names, x.shape, mesh, rules))
+    spec = active_spec(names, x.shape)
+    return x if spec is None else jax.lax.with_sharding_constraint(x, spec)
 
 
-def context_parallelism(shape_BTH: Sequence[int], kv_heads: int) -> dict | None:
-    """The mesh arguments of `attention.context_parallel_attend` (mesh, axis_name, batch_axis, head_axis)
-    for queries of `shape_BTH` when, under `use_mesh`, 'act_length' shards the sequence; else None."""
+def context_parallelism(shape_BTH: Sequence[int], kv_heads: int, length_axis: str = "act_length") -> dict | None:
+    """The mesh arguments of `attention.context_parallel_attend` and `attention.sharded_decode_attend` (mesh,
+    axis_name, batch_axis, head_axis) for a sequence of `shape_BTH` when, under `use_mesh`, the rule of its logical
+    axis (`length_axis`: 'act_length' for activations, 'cache_length' for a KV cache's slots, None where the rules
+    name none) shards it; else None."""
     rules, mesh = _ACTIVE_RULES.get(), jax.sharding.get_abstract_mesh()
-    if rules is None or mesh.empty:
+    if rules is None or mesh.empty or length_axis not in dict(rules):
         return None
-    batch, length, heads = logical_spec(("act_batch", "act_length", "heads"), shape_BTH, mesh, rules)
+    batch, length, heads = logical_spec(("act_batch", length_axis, "heads"), shape_BTH, mesh, rules)
     if length is None:
         return None
     if not isinstance(length, str):
-        raise ValueError(f"rule 'act_length' shards the sequence over {length}: context parallelism takes one mesh axis")
-    same_kv = logical_spec(("act_batch", "act_length", "kv_heads"), (*shape_BTH[:2], kv_heads), mesh, rules)[2] == heads
+        raise ValueError(f"rule {length_axis!r} shards the sequence over {length}: context parallelism takes one mesh axis")
+    same_kv = logical_spec(("act_batch", length_axis, "kv_heads"), (*shape_BTH[:2], kv_heads), mesh, rules)[2] == heads
     return dict(mesh=mesh, axis_name=length, batch_axis=batch, head_axis=heads if same_kv else None)
+
+
+def cache_axis() -> str | None:
+    """The mesh axis (of size > 1) over which 'cache_length' splits a KV cache's slots under `use_mesh`, else None."""
+    rules, mesh = _ACTIVE_RULES.get(), jax.sharding.get_abstract_mesh()
+    axis = None if rules is None or mesh.empty else dict(rules).get("cache_length")
+    return axis if isinstance(axis, str) and mesh.shape[axis] > 1 else None
+
+
+def cache_chunks() -> int:
+    """What a KV cache's slot count, and a prefill through the ring, must be a multiple of under `use_mesh`: 2n where
+    'cache_length' shards the slots over an axis of n devices (the ring's zig-zag chunks), else 1."""
+    axis = cache_axis()
+    return 1 if axis is None else CHUNKS_PER_DEVICE * jax.sharding.get_abstract_mesh().shape[axis]

@@ -175,10 +175,12 @@ class Transformer(nnx.Module):
         logits_BTV = self.logits(x_BTE)
         return logits_BTV if cache is None else (logits_BTV, layer_caches)
 
-    def features(self, tokens_BT, *, positions_BT=None, segment_ids_BT=None):
+    def features(self, tokens_BT, *, positions_BT=None, segment_ids_BT=None, cache: tuple[KVCache, ...] | None = None):
         """The final-normed features x_BTE that `logits` turns into logits (for a loss that never holds all of
-        them at once, training.loss)."""
-        return self._blocks(tokens_BT, positions_BT, segment_ids_BT, None)[0]
+        them at once, training.loss; a prefill that needs the last position's alone), or `(x_BTE, cache)` when a
+        cache is given, as `__call__`."""
+        x_BTE, layer_caches = self._blocks(tokens_BT, positions_BT, segment_ids_BT, cache)
+        return x_BTE if cache is None else (x_BTE, layer_caches)
 
     def unembedding(self):
         """w_EV: features -> logits (the embedding's transpose when tied), in the compute dtype."""
