@@ -6,10 +6,11 @@ import json
 import os
 import pathlib
 
-import jax.numpy as jnp
 import numpy as np
 import pytest
 from helpers import tiny_config
+
+from freeatten_jax.evaluation import loss
 
 ROOT = pathlib.Path(__file__).parents[1]
 TASKS = ROOT / "tests" / "harness_tasks"
@@ -48,9 +49,7 @@ def _request(kind, *args):
 
 def _log_probs(model, tokens_L) -> np.ndarray:
     """log p of each token after the first, by the training loss on exactly these tokens (no padding, batch 1)."""
-    from freeatten_jax.training.loss import next_token_losses
-
-    return -np.asarray(next_token_losses(model, jnp.asarray([tokens_L], jnp.int32)))[0]
+    return -loss.token_losses(model, np.asarray([tokens_L], np.int32))[0]  # training.loss.next_token_losses, jitted
 
 
 PAIRS = [("the cat sat on the", " mat"), ("a dog", " ran to the park"), ("x" * 40, " long context")]  # the last one cut to 32
@@ -127,8 +126,8 @@ def test_freeatten_harness_runs_local_tasks_of_each_request_type(lm, workdir, tm
     from freeatten_jax.cli import harness as harness_cli
 
     tasks = ["tiny_choice", "tiny_word", "tiny_text", "tiny_answer"]
-    args = [f"--workdir={workdir}", "--multipliers=2", f"--tasks={','.join(tasks)}", f"--include_path={TASKS}"]
-    code, lines = run_cli(harness_cli.main, *args, f"--out={tmp_path}")
+    args = [f"--workdir={workdir}", "--multipliers=2", f"--tasks={','.join(tasks)}", f"--out={tmp_path}"]
+    code, lines = run_cli(harness_cli.main, *args, f"--include_path={TASKS}", "--nodefault_tasks")
     assert code == 0, lines
     (row,) = json.loads((tmp_path / "harness.json").read_text())["runs"]
     assert (row["switch"], row["context"]) == ("none", CONTEXT)

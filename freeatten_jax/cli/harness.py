@@ -24,6 +24,7 @@ def main() -> None:
     switches = flags.DEFINE_multi_string("switch", [], "Eval-time switch, e.g. p=15, p=off, rope_theta=50x, s=0.3.")
     multipliers = flags.DEFINE_list("multipliers", ["1"], "Context lengths, as multiples of the training length.")
     include_path = flags.DEFINE_string("include_path", None, "A folder of extra task YAMLs.")
+    default_tasks = flags.DEFINE_bool("default_tasks", True, "Index the harness's own tasks (off: --include_path's only).")
     limit = flags.DEFINE_integer("limit", None, "Documents per task at most (a quick look).", lower_bound=1)
     implementation = flags.DEFINE_enum("implementation", "auto", list(IMPLEMENTATIONS), "Attention implementation.")
     batch_tokens = flags.DEFINE_integer("batch_tokens", 4096, "Tokens per forward pass (padding included).", lower_bound=1)
@@ -40,6 +41,7 @@ def main() -> None:
             [int(m) for m in multipliers.value],
             tasks.value,
             include_path=include_path.value,
+            default_tasks=default_tasks.value,
             limit=limit.value,
             implementation=implementation.value,
             batch_tokens=batch_tokens.value,

@@ -29,12 +29,15 @@ def metrics(results: dict, task: str) -> dict:
     return out
 
 
-def evaluate(workdirs, switch_texts, multipliers, tasks, *, include_path=None, limit=None, **model_options) -> list[dict]:
-    """One row per checkpoint x applicable switch (the checkpoint as trained first) x multiplier: its metrics per task."""
+def evaluate(
+    workdirs, switch_texts, multipliers, tasks, *, include_path=None, default_tasks=True, limit=None, **model_options
+) -> list[dict]:
+    """One row per checkpoint x applicable switch (the checkpoint as trained first) x multiplier: its metrics per task.
+    Tasks are the harness's own (`default_tasks`; indexing them takes seconds) and those in the folder `include_path`."""
     import lm_eval
     from lm_eval.tasks import TaskManager
 
-    manager = TaskManager(include_path=include_path) if include_path else None
+    manager = TaskManager(include_path=include_path, include_defaults=default_tasks)
     rows = []
     for workdir in workdirs:
         for switch in [switches.NONE, *map(switches.parse, switch_texts)]:
