@@ -166,3 +166,29 @@ def test_freeatten_harness_help_and_a_bad_multiplier(run_cli, workdir, tmp_path)
     assert code == 0 and "  --tasks=None (comma separated list of strings, required)" in lines
     code, lines = run_cli(harness_cli.main, f"--workdir={workdir}", "--tasks=x", "--multipliers=0", f"--out={tmp_path}")
     assert (code, lines[-1]) == (1, "error: --multipliers=0 is invalid; allowed: integers >= 1")
+
+
+def test_an_imported_hub_llama_gives_the_transformers_models_log_likelihoods(text_glob, run_cli, tmp_path):
+    import jax
+    from helpers import HUB, hub_tokenizer, write_hub_folder
+    from transformers import FlaxLlamaForCausalLM, LlamaConfig
+
+    from freeatten_jax.cli import import_hf as import_cli
+    from freeatten_jax.evaluation.harness import FreeattenLM
+
+    tok = hub_tokenizer(text_glob)
+    reference = FlaxLlamaForCausalLM(LlamaConfig(vocab_size=tok.get_vocab_size(), **HUB), seed=0)
+    on_text = ["--config.mesh.shape=(1,1,1)", "--config.data.source=text", f"--config.data.path={text_glob}"]
+    code, lines = run_cli(
+        import_cli.main, str(write_hub_folder(tmp_path / "hub", reference, tok)), f"--workdir={tmp_path}/run", *on_text
+    )
+    assert code == 0, lines
+    lm = FreeattenLM(f"{tmp_path}/run")
+    pairs = [("the king and", " the queen"), ("a lord", " of the land and the sea")]
+    got = lm.loglikelihood([_request("loglikelihood", *pair) for pair in pairs])
+    for (context, continuation), (logprob, _) in zip(pairs, got):
+        context_T, continuation_T = lm._encode_pair(context, continuation)
+        tokens_T = np.asarray(context_T + continuation_T)
+        log_probs_TV = np.asarray(jax.nn.log_softmax(reference(tokens_T[None, :-1]).logits[0], axis=-1))
+        targets = np.arange(len(context_T) - 1, len(tokens_T) - 1)
+        np.testing.assert_allclose(logprob, log_probs_TV[targets, tokens_T[targets + 1]].sum(), rtol=1e-4)
