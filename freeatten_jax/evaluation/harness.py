@@ -129,7 +129,10 @@ class FreeattenLM(TemplateLM):
     def generate_until(self, requests, disable_tqdm: bool = False) -> list[str]:
         """Greedy continuations, cut before the first stop string (`until`); prompts of one length and budget share a batch."""
         settings = [self._generation(request.args[1]) for request in requests]
-        prompts = [self.tok_encode(request.args[0])[-(self.max_length - s[1]) :] for request, s in zip(requests, settings)]
+        prompts = [  # cut from the left to leave room for the tokens to generate; an empty one starts from eot_token_id
+            self.tok_encode(request.args[0])[-(self.max_length - s[1]) :] or [self.eot_token_id]
+            for request, s in zip(requests, settings)
+        ]
         groups: dict[tuple[int, int], list[int]] = {}
         for i, (prompt, (_, max_new)) in enumerate(zip(prompts, settings)):
             groups.setdefault((len(prompt), max_new), []).append(i)
@@ -147,7 +150,7 @@ class FreeattenLM(TemplateLM):
         kwargs = dict(gen_kwargs)
         if kwargs.pop("do_sample", False) or kwargs.pop("temperature", 0) not in (0, 0.0):
             raise ValueError(f"the freeatten model generates greedily only; got do_sample/temperature in {gen_kwargs}")
-        until = kwargs.pop("until", [])
+        until = kwargs.pop("until", None) or []
         until = [until] if isinstance(until, str) else list(until)
         max_new = _positive_int("max_gen_toks", kwargs.pop("max_gen_toks", 256))
         if max_new >= self.max_length:
