@@ -70,6 +70,15 @@ def test_results_do_not_depend_on_batch_size_or_padding(lm):
     np.testing.assert_allclose(lm.loglikelihood(requests), one_by_one.loglikelihood(requests), rtol=1e-5)
 
 
+def test_requests_of_40_lengths_compile_two_shapes(lm):
+    """Rows padded to 16 or 32 positions (the context) in full batches: one compile each, whatever the lengths."""
+    from freeatten_jax.evaluation import harness
+
+    harness._scores.clear_cache()
+    lm._loglikelihood_tokens([(("", ""), [1] * n, [2]) for n in range(1, 41)])
+    assert harness._scores._cache_size() == 2
+
+
 def test_is_greedy_is_greedy_decoding(lm):
     from freeatten_jax.nn.decoding import generate
 
@@ -127,9 +136,9 @@ def test_freeatten_harness_runs_local_tasks_of_each_request_type(lm, workdir, tm
 
     tasks = ["tiny_choice", "tiny_word", "tiny_text", "tiny_answer"]
     args = [f"--workdir={workdir}", "--multipliers=2", f"--tasks={','.join(tasks)}", f"--out={tmp_path}"]
-    code, lines = run_cli(harness_cli.main, *args, f"--include_path={TASKS}", "--nodefault_tasks")
+    code, lines = run_cli(harness_cli.main, *args, f"--include_path={TASKS}", "--nodefault_tasks", "--switch=s=0.3")
     assert code == 0, lines
-    (row,) = json.loads((tmp_path / "harness.json").read_text())["runs"]
+    (row,) = json.loads((tmp_path / "harness.json").read_text())["runs"]  # s=0.3 applies to ssmax runs only: skipped
     assert (row["switch"], row["context"]) == ("none", CONTEXT)
     found = row["tasks"]
     docs = {t: [json.loads(line) for line in (TASKS / f"{t[5:]}.jsonl").read_text().splitlines()] for t in tasks}

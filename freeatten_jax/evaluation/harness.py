@@ -6,7 +6,7 @@ their positions and N_i; rows are grouped into power-of-two lengths so that each
 (loglikelihood_rolling) are scored in windows of the context length without overlap, each conditioned on the token
 before it, as evaluation.loss cuts held-out text. Generation is greedy with the KV cache (nn.decoding.generate).
 
-Glossary: B rows in a batch, L = T + 1 row tokens, T positions, V vocabulary.
+Glossary: R rows (requests, or windows of a long text), B rows in a batch, L = T + 1 row tokens, T positions, V vocabulary.
 """
 
 import functools
