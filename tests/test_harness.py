@@ -102,13 +102,18 @@ def test_rolling_log_likelihood_scores_each_token_once_in_context_windows(lm):
 
 
 def test_generate_until_is_greedy_decoding_cut_before_the_stop_string(lm):
+    """Prompts of 7 and 14 tokens share one batch, left-padded to 16: each continues as it does alone, unpadded."""
     from freeatten_jax.nn.decoding import generate
 
-    prompt = lm.tok_encode("one two")
-    text = lm.tok_decode(np.asarray(generate(lm.run.model, np.asarray([prompt]), 8, temperature=0))[0, len(prompt) :])
-    stop = text[3]  # a character it generates: the output ends before its first occurrence
-    got = lm.generate_until([_request("generate_until", "one two", {"until": [stop], "max_gen_toks": 8})])
-    assert got == [text[: text.index(stop)]]
+    contexts, texts = ["one two", "the cat sat on"], []
+    for context in contexts:
+        prompt = lm.tok_encode(context)
+        texts.append(lm.tok_decode(np.asarray(generate(lm.run.model, np.asarray([prompt]), 8, temperature=0))[0, len(prompt) :]))
+    stops = [text[3] for text in texts]  # a character each generates: the output ends before its first occurrence
+    got = lm.generate_until(
+        [_request("generate_until", c, {"until": [stop], "max_gen_toks": 8}) for c, stop in zip(contexts, stops)]
+    )
+    assert got == [text[: text.index(stop)] for text, stop in zip(texts, stops)]
     with pytest.raises(ValueError, match="greedily only"):
         lm.generate_until([_request("generate_until", "one two", {"do_sample": True, "temperature": 1.0})])
 

@@ -127,7 +127,8 @@ class FreeattenLM(TemplateLM):
         return np.bincount(owner, weights=logprob_R, minlength=len(requests)).tolist()
 
     def generate_until(self, requests, disable_tqdm: bool = False) -> list[str]:
-        """Greedy continuations, cut before the first stop string (`until`); prompts of one length and budget share a batch."""
+        """Greedy continuations, cut before the first stop string (`until`); prompts of one bucket length and budget
+        share a batch (left-padded, see _greedy)."""
         settings = [self._generation(request.args[1]) for request in requests]
         prompts = [  # cut from the left to leave room for the tokens to generate; an empty one starts from eot_token_id
             self.tok_encode(request.args[0])[-(self.max_length - s[1]) :] or [self.eot_token_id]
@@ -135,15 +136,25 @@ class FreeattenLM(TemplateLM):
         ]
         groups: dict[tuple[int, int], list[int]] = {}
         for i, (prompt, (_, max_new)) in enumerate(zip(prompts, settings)):
-            groups.setdefault((len(prompt), max_new), []).append(i)
+            groups.setdefault((bucket(len(prompt), self.max_length - max_new), max_new), []).append(i)
         out = [""] * len(requests)
         for (length, max_new), members in groups.items():
-            prompt_BT = np.asarray([prompts[i] for i in members], np.int32)
-            new_BT = np.asarray(generate(self.run.model, prompt_BT, max_new, temperature=0, eos_id=self.eos_id))[:, length:]
+            new_BT = self._greedy([prompts[i] for i in members], length, max_new)
             for i, new_T in zip(members, new_BT):
                 text = self.tok_decode(new_T[new_T != self.eos_id] if self.eos_id is not None else new_T)
                 out[i] = min((text.split(stop)[0] for stop in settings[i][0]), key=len, default=text)
         return out
+
+    def _greedy(self, prompts: list[list[int]], length: int, max_new: int) -> np.ndarray:
+        """`max_new` greedy tokens after each prompt [B, max_new]: prompts left-padded to `length` in a segment of their
+        own (0), each prompt in segment 1 from position 0, so that its tokens keep their positions and N_i."""
+        tokens_BT, positions_BT, segments_BT = (np.zeros((len(prompts), length), np.int32) for _ in range(3))
+        for b, prompt in enumerate(prompts):
+            tokens_BT[b, length - len(prompt) :] = prompt
+            positions_BT[b, length - len(prompt) :] = np.arange(len(prompt))
+            segments_BT[b, length - len(prompt) :] = 1
+        inputs = dict(temperature=0, eos_id=self.eos_id, positions_BT=positions_BT, segment_ids_BT=segments_BT)
+        return np.asarray(generate(self.run.model, tokens_BT, max_new, **inputs))[:, length:]
 
     def _generation(self, gen_kwargs: dict) -> tuple[list[str], int]:
         """(stop strings, tokens to generate) of a request's generation settings; sampling is refused."""

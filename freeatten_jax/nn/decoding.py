@@ -51,8 +51,11 @@ _SAMPLING = ("temperature", "top_k", "top_p")
 
 
 @functools.partial(jax.jit, static_argnames=("graphdef", "chunk", *_SAMPLING), donate_argnames=("cache",))
-def _prefill_and_sample(state, tokens_BT, cache, key, *, graphdef, chunk, temperature, top_k, top_p):
-    logits_BTV, cache = prefill(nnx.merge(graphdef, state), tokens_BT, cache, chunk=chunk)
+def _prefill_and_sample(
+    state, tokens_BT, cache, key, positions_BT, segment_ids_BT, *, graphdef, chunk, temperature, top_k, top_p
+):
+    model = nnx.merge(graphdef, state)
+    logits_BTV, cache = prefill(model, tokens_BT, cache, chunk=chunk, positions_BT=positions_BT, segment_ids_BT=segment_ids_BT)
     return sample(logits_BTV[:, -1], key, temperature, top_k, top_p), cache
 
 
@@ -74,13 +77,16 @@ def generate(
     seed: int = 0,
     prefill_chunk: int | None = None,
     on_token: Callable[[jax.Array], None] | None = None,
+    positions_BT=None,
+    segment_ids_BT=None,
 ) -> jax.Array:
     """The prompt followed by up to max_new_tokens sampled tokens, [B, T + generated].
 
     Runs an eval-mode copy of `model` (the caller's model is left as it is); temperature 0 is greedy.
     With `eos_id`, a row that samples it keeps emitting it, and generation stops once every row has.
     Rows are sampled independently (one batch). `on_token(tokens_B)` is called with each new step's tokens
-    (to stream or to time them).
+    (to stream or to time them). `positions_BT` and `segment_ids_BT` of the prompt (e.g. left padding in a segment of
+    its own, the prompt's positions from 0) are continued by every generated token, as prefill's cache does.
     """
     if max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
@@ -92,7 +98,9 @@ def generate(
     cache = copy.init_cache(prompt_BT.shape[0], prompt_BT.shape[1] + max_new_tokens)
     keys = jax.random.split(jax.random.key(seed), max_new_tokens)
     sampling = dict(graphdef=graphdef, temperature=temperature, top_k=top_k, top_p=top_p)
-    token_B, cache = _prefill_and_sample(state, prompt_BT, cache, keys[0], chunk=prefill_chunk, **sampling)
+    token_B, cache = _prefill_and_sample(
+        state, prompt_BT, cache, keys[0], positions_BT, segment_ids_BT, chunk=prefill_chunk, **sampling
+    )
     new_tokens = [token_B]
     if on_token is not None:
         on_token(token_B)
