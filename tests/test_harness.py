@@ -2,12 +2,15 @@
 same tokens, is_greedy and generate_until are greedy decoding, nothing depends on batch size or padding, and
 freeatten-harness runs local tasks (tests/harness_tasks: one per request type) end to end."""
 
+import dataclasses
 import json
 import os
 import pathlib
 
+import jax
 import numpy as np
 import pytest
+from flax import nnx
 from helpers import tiny_config
 
 from freeatten_jax.evaluation import loss
@@ -39,6 +42,18 @@ def lm(workdir):
     from freeatten_jax.evaluation.harness import FreeattenLM
 
     return FreeattenLM(workdir, multiplier=2)
+
+
+@pytest.fixture(scope="module")
+def sharp(lm):
+    """The model with noise added to its weights: its greedy tokens depend on every token and position (the tiny
+    trained model's answer 'eeee' to every prompt), in the same compiled shapes."""
+    from freeatten_jax.evaluation.harness import FreeattenLM
+
+    graphdef, params, rest = nnx.split(lm.run.model, nnx.Param, ...)
+    rng = np.random.default_rng(0)
+    params = jax.tree.map(lambda x: x + rng.normal(size=x.shape).astype(x.dtype), params)
+    return FreeattenLM(dataclasses.replace(lm.run, model=nnx.merge(graphdef, params, rest)), multiplier=2)
 
 
 def _request(kind, *args):
@@ -101,21 +116,22 @@ def test_rolling_log_likelihood_scores_each_token_once_in_context_windows(lm):
     np.testing.assert_allclose(got[1], _log_probs(lm.run.model, [lm.eot_token_id, *lm.tok_encode(texts[1])]).sum(), rtol=1e-5)
 
 
-def test_generate_until_is_greedy_decoding_cut_before_the_stop_string(lm):
+def test_generate_until_is_greedy_decoding_cut_before_the_stop_string(sharp):
     """Prompts of 7 and 14 tokens share one batch, left-padded to 16: each continues as it does alone, unpadded."""
     from freeatten_jax.nn.decoding import generate
 
-    contexts, texts = ["one two", "the cat sat on"], []
-    for context in contexts:
-        prompt = lm.tok_encode(context)
-        texts.append(lm.tok_decode(np.asarray(generate(lm.run.model, np.asarray([prompt]), 8, temperature=0))[0, len(prompt) :]))
+    contexts = ["one two", "the cat sat on"]
+    prompts = [sharp.tok_encode(c) for c in contexts]
+    alone = [np.asarray(generate(sharp.run.model, np.asarray([p]), 8, temperature=0))[0, len(p) :] for p in prompts]
+    np.testing.assert_array_equal(sharp._greedy(prompts, 16, 8), np.stack(alone))
+    texts = [sharp.tok_decode(tokens) for tokens in alone]
     stops = [text[3] for text in texts]  # a character each generates: the output ends before its first occurrence
-    got = lm.generate_until(
+    got = sharp.generate_until(
         [_request("generate_until", c, {"until": [stop], "max_gen_toks": 8}) for c, stop in zip(contexts, stops)]
     )
     assert got == [text[: text.index(stop)] for text, stop in zip(texts, stops)]
     with pytest.raises(ValueError, match="greedily only"):
-        lm.generate_until([_request("generate_until", "one two", {"do_sample": True, "temperature": 1.0})])
+        sharp.generate_until([_request("generate_until", "one two", {"do_sample": True, "temperature": 1.0})])
 
 
 def test_model_args_build_the_model_and_bad_ones_are_one_error_line(workdir):
