@@ -48,5 +48,9 @@ def export() -> None:
     _run("freeatten_jax.cli.export_hf", "train")
 
 
+def harness() -> None:
+    _run("freeatten_jax.cli.harness", "harness")
+
+
 def compile_() -> None:
     _run("freeatten_jax.cli.compile", "compile")

@@ -58,11 +58,16 @@ _SAMPLING = ("temperature", "top_k", "top_p")
 
 
 @functools.partial(jax.jit, static_argnames=("graphdef", "slots", "chunk", *_SAMPLING))
-def _prefill_and_sample(state, tokens_BT, key, *, graphdef, slots, chunk, temperature, top_k, top_p):
+def _prefill_and_sample(
+    state, tokens_BT, key, positions_BT, segment_ids_BT, *, graphdef, slots, chunk, temperature, top_k, top_p
+):
     """The first sampled tokens and the cache of `slots` slots holding the prompt (made here: a sharded cache is never
     whole on one device)."""
     model = nnx.merge(graphdef, state)
-    logits_B1V, cache = prefill(model, tokens_BT, model.init_cache(tokens_BT.shape[0], slots), chunk=chunk, last=True)
+    cache = model.init_cache(tokens_BT.shape[0], slots)
+    logits_B1V, cache = prefill(
+        model, tokens_BT, cache, chunk=chunk, positions_BT=positions_BT, segment_ids_BT=segment_ids_BT, last=True
+    )
     return sample(logits_B1V[:, -1], key, temperature, top_k, top_p), cache
 
 
@@ -84,13 +89,16 @@ def generate(
     seed: int = 0,
     prefill_chunk: int | None = None,
     on_token: Callable[[jax.Array], None] | None = None,
+    positions_BT=None,
+    segment_ids_BT=None,
 ) -> jax.Array:
     """The prompt followed by up to max_new_tokens sampled tokens, [B, T + generated].
 
     Runs an eval-mode copy of `model` (the caller's model is left as it is); temperature 0 is greedy.
     With `eos_id`, a row that samples it keeps emitting it, and generation stops once every row has.
     Rows are sampled independently (one batch). `on_token(tokens_B)` is called with each new step's tokens
-    (to stream or to time them).
+    (to stream or to time them). `positions_BT` and `segment_ids_BT` of the prompt (e.g. left padding in a segment of
+    its own, the prompt's positions from 0) are continued by every generated token, as prefill's cache does.
     """
     if max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
@@ -102,7 +110,9 @@ def generate(
     keys = jax.random.split(jax.random.key(seed), max_new_tokens)
     sampling = dict(graphdef=graphdef, temperature=temperature, top_k=top_k, top_p=top_p)
     slots = prompt_BT.shape[1] + max_new_tokens
-    token_B, cache = _prefill_and_sample(state, prompt_BT, keys[0], slots=slots, chunk=prefill_chunk, **sampling)
+    token_B, cache = _prefill_and_sample(
+        state, prompt_BT, keys[0], positions_BT, segment_ids_BT, slots=slots, chunk=prefill_chunk, **sampling
+    )
     new_tokens = [token_B]
     if on_token is not None:
         on_token(token_B)

@@ -1,0 +1,96 @@
+"""lm-evaluation-harness tasks over checkpoints x switches x multipliers (the `freeatten` model), each metric with the
+project's interval over documents where the metric is a mean of per-document values; results as JSON and a report section.
+
+The harness's own bootstrap is off (bootstrap_iters=0): it forks a process pool, and forking a JAX process can hang.
+"""
+
+import json
+import pathlib
+
+import numpy as np
+
+from freeatten_jax.evaluation import stats, switches
+from freeatten_jax.evaluation.harness import FreeattenLM
+from freeatten_jax.training import storage
+from freeatten_jax.training.run_dir import load_run
+
+
+def metrics(results: dict, task: str) -> dict:
+    """{metric: {"value", "ci"}} of one task; "ci" is the 95% bootstrap interval over documents (stats.mean_with_interval)
+    where the harness's value is the mean of the per-document values, else None (perplexities, bits per byte)."""
+    out = {}
+    for key, value in results["results"][task].items():
+        name, sep, kept_by = key.partition(",")  # "acc,none": the metric and the filter its answers went through
+        if not sep or name.endswith("_stderr") or not isinstance(value, int | float):
+            continue
+        samples = results["samples"].get(task, [])  # none for a group of tasks
+        per_doc = [sample.get(name) for sample in samples if sample.get("filter", kept_by) == kept_by]
+        is_mean = bool(per_doc) and all(isinstance(v, int | float) for v in per_doc) and np.isclose(np.mean(per_doc), value)
+        out[name] = {"value": float(value), "ci": stats.mean_with_interval(np.asarray(per_doc)[None])["ci"] if is_mean else None}
+    return out
+
+
+def evaluate(
+    workdirs, switch_texts, multipliers, tasks, *, include_path=None, default_tasks=True, limit=None, **model_options
+) -> list[dict]:
+    """One row per checkpoint x applicable switch (the checkpoint as trained first) x multiplier: its metrics per task.
+    Tasks are the harness's own (`default_tasks`; indexing them takes seconds) and those in the folder `include_path`."""
+    import lm_eval
+    from lm_eval.tasks import TaskManager
+
+    manager = TaskManager(include_path=include_path, include_defaults=default_tasks)
+    rows = []
+    for workdir in workdirs:
+        for switch in [switches.NONE, *map(switches.parse, switch_texts)]:
+            run = load_run(workdir)  # fresh per switch: a switch changes the model in place
+            if not switches.applicable(run.config, switch):
+                continue
+            for multiplier in multipliers:
+                lm = FreeattenLM(run, multiplier, "" if switch is switches.NONE else switch.label, **model_options)
+                results = lm_eval.simple_evaluate(
+                    model=lm, tasks=list(tasks), task_manager=manager, limit=limit, bootstrap_iters=0, log_samples=True
+                )
+                rows.append(
+                    {
+                        "run": pathlib.Path(run.workdir).name,
+                        "step": run.step,
+                        "variant": run.config.model.variant_name,
+                        "switch": switch.label,
+                        "multiplier": multiplier,
+                        "context": lm.max_length,
+                        "tasks": {task: metrics(results, task) for task in results["results"]},
+                    }
+                )
+    return rows
+
+
+def _cell(metric: dict) -> str:
+    ci = metric["ci"]
+    return f"{metric['value']:.4g}" + ("" if ci is None else f" [{ci[0]:.3g}, {ci[1]:.3g}]")
+
+
+def markdown(rows: list[dict]) -> str:
+    """The report's section: one line per run x switch x multiplier, one column per task and metric."""
+    columns = sorted({(task, name) for row in rows for task, found in row["tasks"].items() for name in found})
+    head = ["run", "step", "variant", "switch", "context"] + [f"{task} {name}" for task, name in columns]
+    lines = [
+        "## Downstream tasks (lm-evaluation-harness)",
+        "",
+        "Zero-shot unless stated; [95% bootstrap interval over documents] where the metric is a mean over documents.",
+        "",
+        "| " + " | ".join(head) + " |",
+        "|" + "---|" * len(head),
+    ]
+    for row in rows:
+        cells = [row["run"], str(row["step"]), row["variant"], row["switch"], f"{row['context']} ({row['multiplier']}x)"]
+        cells += [_cell(row["tasks"][t][n]) if n in row["tasks"].get(t, {}) else "" for t, n in columns]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def write(out, rows: list[dict]) -> None:
+    """OUT/harness.json and OUT/harness.md, each written atomically."""
+    folder = storage.path(out)
+    folder.mkdir(parents=True, exist_ok=True)
+    storage.write_atomic(folder / "harness.json", json.dumps({"runs": rows}, indent=1))
+    storage.write_atomic(folder / "harness.md", markdown(rows))
