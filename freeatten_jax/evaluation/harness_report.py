@@ -18,12 +18,11 @@ from freeatten_jax.training.run_dir import load_run
 def metrics(results: dict, task: str) -> dict:
     """{metric: {"value", "ci"}} of one task; "ci" is the 95% bootstrap interval over documents (stats.mean_with_interval)
     where the harness's value is the mean of the per-document values, else None (perplexities, bits per byte)."""
-    out = {}
+    out, samples = {}, results["samples"].get(task, [])  # no samples for a group of tasks
     for key, value in results["results"][task].items():
         name, sep, kept_by = key.partition(",")  # "acc,none": the metric and the filter its answers went through
         if not sep or name.endswith("_stderr") or not isinstance(value, int | float):
             continue
-        samples = results["samples"].get(task, [])  # none for a group of tasks
         per_doc = [sample.get(name) for sample in samples if sample.get("filter", kept_by) == kept_by]
         is_mean = bool(per_doc) and all(isinstance(v, int | float) for v in per_doc) and np.isclose(np.mean(per_doc), value)
         out[name] = {"value": float(value), "ci": stats.mean_with_interval(np.asarray(per_doc)[None])["ci"] if is_mean else None}

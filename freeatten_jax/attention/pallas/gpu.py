@@ -250,31 +250,33 @@ WHOLE = pl.BlockSpec()
 WHOLE_SPANS = Spans(WHOLE, WHOLE, WHOLE)
 
 
-def _query_major_specs(cfg: Static, shapes) -> tuple[KernelRefs, pl.BlockSpec]:
-    """The forward, dq and pass kernels' input specs (grid (b, h, i)), and the spec of a [Q, D] block."""
+def _query_major_specs(cfg: Static, shapes) -> tuple[KernelRefs, pl.BlockSpec, pl.BlockSpec]:
+    """The forward, dq and pass kernels' input specs (grid (b, h, i)), and the specs of a [Q, D] block and of a
+    lane-dense [1, Q] row (a query block's factors, row statistics, rows and a pass's row carries)."""
     (b, h, tp, d), (kv_heads, sp) = shapes
     (block_q, block_k, _), k_blocks, g = cfg.blocks, sp // cfg.blocks.k, cfg.kv_groups
     q_spec = pl.BlockSpec((None, None, block_q, d), lambda b, h, i: (b, h, i, 0))
+    row_spec = pl.BlockSpec((None, None, None, 1, block_q), lambda b, h, i: (b, h, i, 0, 0))
     kv_full = pl.BlockSpec((None, None, sp, d), lambda b, h, i: (b, jax.lax.div(h, g), 0, 0))
-    return KernelRefs(
+    specs = KernelRefs(
         p=WHOLE,
         q=q_spec,
         k=kv_full,
         v=kv_full,
-        qs=pl.BlockSpec((None, None, None, 1, block_q), lambda b, h, i: (b, h, i, 0, 0)),
+        qs=row_spec,
         ks=pl.BlockSpec((None, None, k_blocks, 1, block_k), lambda b, h, i: (b, jax.lax.div(h, g), 0, 0, 0)),
         q_mask=pl.BlockSpec((2, None, block_q, 1), lambda b, h, i: (0, b, i, 0)),
         kv_mask=pl.BlockSpec((3, None, k_blocks, 1, block_k), lambda b, h, i: (0, b, 0, 0, 0)),
         n=pl.BlockSpec((None, block_q, 1), lambda b, h, i: (b, i, 0)),
-    ), q_spec
+    )
+    return specs, q_spec, row_spec
 
 
 def pass_call(cfg: Static, shapes, which: int, row_names, ptx: bool, interpret: bool):
     """The pass kernel's pallas_call: the forward's inputs, the earlier passes' rows and the carry in; the
     carry out (aliasing the carry in)."""
     (b, h, tp, _), _ = shapes
-    specs, q_spec = _query_major_specs(cfg, shapes)
-    row_spec = pl.BlockSpec((None, None, None, 1, cfg.blocks.q), lambda b, h, i: (b, h, i, 0, 0))
+    specs, q_spec, row_spec = _query_major_specs(cfg, shapes)
     carries = carry_shapes(cfg, shapes, which)
     carry_specs = tuple(row_spec if len(x.shape) == 5 else q_spec for x in carries)
     in_specs = (WHOLE_SPANS, specs._replace(rows=(row_spec,) * len(row_names), carry=carry_specs))
@@ -300,8 +302,7 @@ def calls(cfg: Static, shapes, ptx: bool, interpret: bool):
     common = _common(interpret)
 
     # forward and dq: grid (b, h, i); row statistics and rows lane-dense, one [1, Q] row per block
-    specs, q_spec = _query_major_specs(cfg, shapes)
-    row_spec = pl.BlockSpec((None, None, None, 1, block_q), lambda b, h, i: (b, h, i, 0, 0))
+    specs, q_spec, row_spec = _query_major_specs(cfg, shapes)
     out_specs, out_shape = forward_outputs(cfg, shapes, q_spec, row_spec)
     forward = pl.pallas_call(
         functools.partial(forward_kernel, cfg, ptx),
