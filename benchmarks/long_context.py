@@ -26,14 +26,15 @@ FIELDS = ("target", "T", "context", "variant", "implementation", "loss_chunking"
 
 
 def step_config(target: str, t: int, context: int, variant: str, implementation: str):
-    """The case's training config: gpt2_small, full remat, bf16, batch 1 per data replica, T split over `context`."""
+    """The case's training config: gpt2_small, full remat, bf16, batch 1 per data replica, T split over `context`
+    (a target of several slices, `2xv5p-32`: data parallel across them)."""
     from freeatten_jax.compile import targets
     from freeatten_jax.configs import base
 
     cfg = base.get_config(variant, "gpt2_small")
     replicas = len(targets.devices(target)) // context
     cfg.model.implementation, cfg.model.remat, cfg.model.dtype = implementation, "full", "bfloat16"
-    cfg.mesh.shape = (replicas, 1, 1, context)
+    cfg.mesh.shape, cfg.mesh.slices = (replicas, 1, 1, context), targets.parse(target).slices
     cfg.train.seq_len, cfg.train.batch_size, cfg.train.grad_accum_steps = t, replicas, 1
     return cfg
 

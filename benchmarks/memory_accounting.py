@@ -22,6 +22,7 @@ import os
 import re
 import sys
 import tempfile
+from typing import NamedTuple
 
 import long_context
 
@@ -81,7 +82,7 @@ def floor_bytes(cfg, devices) -> dict[str, int]:
     from freeatten_jax.training import optim
     from freeatten_jax.training import state as train_state
 
-    mesh = sharding.make_mesh(cfg.mesh.shape, list(devices))
+    mesh = sharding.make_mesh(cfg.mesh.shape, list(devices), cfg.mesh.slices)
     abstract, _ = train_state.abstract_state(cfg, mesh, optim.make(cfg.optim, cfg.train.steps))
     shard = lambda x: math.prod(x.sharding.shard_shape(x.shape))  # noqa: E731
     params = sum(shard(x) for x in jax.tree.leaves(abstract["params"]))
@@ -93,6 +94,41 @@ def floor_bytes(cfg, devices) -> dict[str, int]:
     }
 
 
+class Accounting(NamedTuple):
+    peak: int  # XLA's memory analysis: arguments + outputs - aliased + temporaries
+    rows: list  # [(bytes, name, shape, origin)] live at the peak, largest first
+    floor: dict[str, int]
+    layers: int
+
+    def by_category(self) -> dict[str, list[int]]:
+        """{category: [bytes as laid out, bytes unpadded, buffers]}, largest first."""
+        totals = collections.defaultdict(lambda: [0, 0, 0])
+        for size, name, shape, origin in self.rows:
+            one = totals[category(name, shape, origin)]
+            one[0], one[1], one[2] = one[0] + size, one[1] + logical_bytes(shape), one[2] + 1
+        return dict(sorted(totals.items(), key=lambda kv: -kv[1][0]))
+
+
+def account(case: str, variant: str = "lssar", implementation: str = "pallas", layers: int | None = None) -> Accounting:
+    """Compiles the case's step (`target:T:context`) with XLA's dumps and reads them."""
+    os.environ.setdefault("JAX_PLATFORMS", "cpu")
+    from freeatten_jax.compile import targets
+    from freeatten_jax.compile.run import lower_train_step
+    from freeatten_jax.training import config
+
+    target, t, context = case.split(":")
+    cfg = long_context.step_config(target, int(t), int(context), variant, implementation)
+    if layers:
+        cfg.model.num_layers = layers
+    typed = config.parse(cfg, reads_data=False)
+    folder = tempfile.mkdtemp(prefix="memory_accounting_")
+    options = {"xla_dump_to": folder, "xla_dump_hlo_as_text": True, "xla_dump_hlo_module_re": ".*train_step.*"}
+    compiled = lower_train_step(typed, targets.devices(target)).compile(compiler_options=options)
+    memory = compiled.memory_analysis()
+    peak = memory.argument_size_in_bytes + memory.output_size_in_bytes - memory.alias_size_in_bytes + memory.temp_size_in_bytes
+    return Accounting(peak, read_dump(folder), floor_bytes(typed, targets.devices(target)), typed.model.num_layers)
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--case", default="v5p-32:1048576:16", help="target:T:context")
@@ -101,36 +137,18 @@ def main(argv=None) -> int:
     parser.add_argument("--layers", type=int, help="num_layers (default: gpt2_small's 12)")
     parser.add_argument("--top", type=int, default=20)
     args = parser.parse_args(argv)
-    os.environ.setdefault("JAX_PLATFORMS", "cpu")
-    from freeatten_jax.compile import targets
-    from freeatten_jax.compile.run import lower_train_step
-    from freeatten_jax.training import config
-
-    target, t, context = args.case.split(":")
-    cfg = long_context.step_config(target, int(t), int(context), args.variant, args.implementation)
-    if args.layers:
-        cfg.model.num_layers = args.layers
-    typed = config.parse(cfg, reads_data=False)
-    folder = tempfile.mkdtemp(prefix="memory_accounting_")
-    options = {"xla_dump_to": folder, "xla_dump_hlo_as_text": True, "xla_dump_hlo_module_re": ".*train_step.*"}
-    compiled = lower_train_step(typed, targets.devices(target)).compile(compiler_options=options)
-    memory = compiled.memory_analysis()
-    peak = memory.argument_size_in_bytes + memory.output_size_in_bytes - memory.alias_size_in_bytes + memory.temp_size_in_bytes
-    rows = read_dump(folder)
+    found = account(args.case, args.variant, args.implementation, args.layers)
     gib = lambda x: x / 2**30  # noqa: E731
-    floor = floor_bytes(typed, targets.devices(target))
-    print(f"{args.case} {args.variant} {args.implementation}, {typed.model.num_layers} layers: peak per chip "
-          f"{gib(peak):.2f} GiB (XLA's memory analysis), live at the peak {gib(sum(r[0] for r in rows)):.2f} GiB; "
-          f"floor {gib(sum(floor.values())):.2f} GiB ({', '.join(f'{k} {gib(v):.2f}' for k, v in floor.items())})")  # fmt: skip
-    by_category = collections.defaultdict(lambda: [0, 0, 0])
-    for size, name, shape, origin in rows:
-        one = by_category[category(name, shape, origin)]
-        one[0], one[1], one[2] = one[0] + size, one[1] + logical_bytes(shape), one[2] + 1
+    live, floor = sum(r[0] for r in found.rows), sum(found.floor.values())
+    print(f"{args.case} {args.variant} {args.implementation}, {found.layers} layers: peak per chip "
+          f"{gib(found.peak):.2f} GiB (XLA's memory analysis; {found.peak / floor:.2f}x the floor), live at the peak "
+          f"{gib(live):.2f} GiB ({live / floor:.2f}x); floor {gib(floor):.2f} GiB "
+          f"({', '.join(f'{k} {gib(v):.2f}' for k, v in found.floor.items())})")  # fmt: skip
     print("\n| live at the peak, by category | GiB as laid out | GiB unpadded | buffers |\n|---|---|---|---|")
-    for name, (size, logical, count) in sorted(by_category.items(), key=lambda kv: -kv[1][0]):
+    for name, (size, logical, count) in found.by_category().items():
         print(f"| {name} | {gib(size):.2f} | {gib(logical):.2f} | {count} |")
     print(f"\n| top {args.top} buffers | GiB | shape | padding | HLO value | op |\n|---|---|---|---|---|---|")
-    for size, name, shape, origin in rows[: args.top]:
+    for size, name, shape, origin in found.rows[: args.top]:
         padding, shape = size / max(logical_bytes(shape), 1), shape.split("{")[0]
         print(f"| {category(name, shape, origin)} | {gib(size):.3f} | `{shape}` | {padding:.0f}x | {name} | {origin[-90:]} |")
     return 0

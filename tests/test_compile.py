@@ -100,6 +100,27 @@ def test_context_parallel_step_runs_the_kernels_on_each_chunk_and_chunks_the_los
     assert logits and all(str(t // context) not in shape.split(",") for shape in logits), sorted(set(logits))
 
 
+def test_two_slices_keep_the_ring_inside_a_slice_and_send_only_the_gradient_reduction_between_them():
+    """2 x v5p-8 (libtpu's topology of two slices) with mesh.slices=2: 'data' spans the slices, context stays inside
+    each. Every collective of the compiled program joins chips of one slice (the ring's 10 rotations among them,
+    each overlapping a kernel); what crosses slices (the megascale runtime's transfers over DCN) is all-reduces
+    only. A single-slice mesh over both slices' chips is refused in one line."""
+    target, per_slice = "2xv5p-8", 4
+    cfg = base.get_config("lssar", "tiny")
+    cfg.model.implementation, cfg.model.num_layers, cfg.model.dtype = "pallas", 1, "bfloat16"
+    cfg.mesh.shape, cfg.mesh.slices, cfg.train.seq_len, cfg.train.batch_size = (2, 1, 1, per_slice), 2, 512, 2
+    hlo = run.lower_train_step(config.parse(cfg, reads_data=False), targets.devices(target)).compile().as_text()
+    found = run.collectives(hlo, 2 * per_slice)
+    assert sum(op == "collective-permute" for op, _ in found) >= 10
+    assert all(i < per_slice for _, groups in found for group in groups for i in group), found
+    assert run.exposed_permutes(hlo) == (10, [])
+    crossing = run.dcn_collectives(hlo)
+    assert crossing and all(name.startswith("all-reduce.") for name in crossing), crossing
+    cfg.mesh.slices = 1
+    with pytest.raises(ValueError, match=r"^mesh.slices=1, but the 8 devices are in 2 slices: set mesh.slices=2$"):
+        run.lower_train_step(config.parse(cfg, reads_data=False), targets.devices(target))
+
+
 def test_an_overflow_is_one_line_naming_the_knob():
     """Blocks of 256 x 128 with Gemma's head dim of 256 need more shared memory than an H100 block has: one line names
     it and the knob (Triton gives up on these in a few seconds; on 512 x 512 blocks of 128 it takes 15)."""

@@ -54,6 +54,18 @@ def _single_device():
     return models, jax.tree.map(np.asarray, _all_values_and_grads(models, _tokens(), POSITIONS, SEGMENTS))
 
 
+def test_slices_make_data_the_outer_axis_across_slices_and_nothing_else_crosses():
+    """mesh.slices=2 on 8 host devices (no slice_index: consecutive halves stand for the slices): each 'data' row
+    holds one slice's devices, so fsdp, tensor and context never leave it; shapes that would split a slice are refused
+    in one line (the TPU case, where the devices carry their slice, is compiled in test_compile)."""
+    devices = jax.devices()[:8]
+    mesh = sharding.make_mesh((2, 1, 2, 2), devices, slices=2)
+    assert [list(row.flat) for row in mesh.devices] == [devices[:4], devices[4:]]
+    assert dict(mesh.shape) == {"data": 2, "fsdp": 1, "tensor": 2, "context": 2}
+    with pytest.raises(ValueError, match=r"its 'data' size 1 must be a multiple of mesh.slices=2"):
+        sharding.make_mesh((1, 1, 1, 8), devices, slices=2)
+
+
 def test_mesh_shape_fills_minus_one_and_rejects_bad_shapes():
     assert sharding.mesh_shape((-1, 1, 1), 8) == (8, 1, 1, 1)
     assert sharding.mesh_shape((1, -1, 2), 8) == (1, 4, 2, 1)

@@ -12,6 +12,7 @@ from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 
 from freeatten_jax.compile import targets
@@ -20,6 +21,10 @@ from freeatten_jax.errors import UserError
 GIB = 2**30
 _COMPILER_SIZE = re.compile(r"(?<![\w.])(\d+(?:\.\d+)?)([KMGT])(?:iB)?(?!\w)")  # "95.74G", "85.00GiB": binary units
 _KERNEL_CALLS = re.compile(r'custom_call_target="(tpu_custom_call|__gpu\$xla\.gpu\.triton)"')
+_COLLECTIVE = re.compile(r"\s(all-reduce|all-gather|reduce-scatter|all-to-all|collective-permute)(?:-start)?\(")
+_GROUPS = re.compile(r"(?:replica_groups|source_target_pairs)=(\{[{}\d,]*\}|\[[\d,]+\]<=\[[\d,]+\](?:T\([\d,]+\))?)")
+_DCN = re.compile(r'MegascaleRendezvousKeyName="([^"]+)"')
+_IOTA = re.compile(r"\[([\d,]+)\]<=\[([\d,]+)\](?:T\(([\d,]+)\))?")
 _OPERANDS = re.compile(r"operand_layout_constraints=\{((?:\w+\[[\d,]*\](?:\{[\d,]*\})?(?:, )?)*)\}")
 
 
@@ -86,6 +91,32 @@ def exposed_permutes(hlo: str) -> tuple[int, list[str]]:
                 if open_.pop(done.group(1)) == kernels:
                     exposed.append(done.group(1))
     return count, exposed
+
+
+def collectives(hlo: str, devices: int) -> list[tuple[str, list[list[int]]]]:
+    """Every collective of compiled HLO text: (its op, the groups of devices it joins: a permute's source/target pairs,
+    a reduction's replica groups, as positions in the compiled mesh's device order; no groups = all `devices`)."""
+    found = []
+    for line in hlo.splitlines():
+        if op := _COLLECTIVE.search(line):
+            groups = _GROUPS.search(line)
+            found.append((op.group(1), _device_groups(groups.group(1) if groups else "{}", devices)))
+    return found
+
+
+def dcn_collectives(hlo: str) -> set[str]:
+    """The collectives a multi-slice TPU program sends between slices (over DCN, by the megascale runtime: each is
+    named after the collective it stands for, e.g. `all-reduce.36_0`)."""
+    return set(_DCN.findall(hlo))
+
+
+def _device_groups(text: str, devices: int) -> list[list[int]]:
+    """`{{0,1},{2,3}}` or the iota form `[2,4]<=[4,2]T(1,0)` (arange(8) shaped [4,2], transposed, reshaped [2,4])."""
+    ints = lambda s: [int(n) for n in s.split(",")]  # noqa: E731
+    if iota := _IOTA.fullmatch(text):
+        ids = np.arange(math.prod(ints(iota[2]))).reshape(ints(iota[2]))
+        return ids.transpose(ints(iota[3]) if iota[3] else None).reshape(ints(iota[1])).tolist()
+    return [ints(group) for group in re.findall(r"\{([\d,]+)\}", text)] or [list(range(devices))]
 
 
 def explain(error: Exception, target: str, hbm_knob: str = STEP_HBM_KNOB) -> Exception:
@@ -167,7 +198,7 @@ def lower_train_step(cfg, devices) -> jax.stages.Lowered:
     from freeatten_jax.training import state as train_state
     from freeatten_jax.training import step as train_step
 
-    mesh = sharding.make_mesh(cfg.mesh.shape, list(devices))
+    mesh = sharding.make_mesh(cfg.mesh.shape, list(devices), cfg.mesh.slices)
     abstract, shardings = train_state.abstract_state(cfg, mesh, optim.make(cfg.optim, cfg.train.steps))
     tokens = (cfg.train.batch_size, cfg.train.seq_len + 1)
     batch = jax.ShapeDtypeStruct(tokens, jnp.int32, sharding=sharding.batch_sharding(mesh, cfg.mesh.rules, tokens))

@@ -2,13 +2,14 @@
 
 A target gives the devices of a `jax.experimental.topologies` description (deviceless: nothing runs) and
 each device's HBM. TPU names follow Cloud TPU (`v5p-8`: 4 chips, 8 TensorCores; `tpu:<topology>` takes a
-libtpu topology such as `v5e:4x4`); GPU targets carry an XLA GpuTargetConfig written from the chips'
-public specifications (compute capability 9.0a, 132 SMs, 227 KiB shared memory per block).
+libtpu topology such as `v5e:4x4`; `2xv5p-32` is two slices joined over DCN); GPU targets carry an XLA
+GpuTargetConfig written from the chips' public specifications (compute capability 9.0a, 132 SMs, 227 KiB shared memory per block).
 """
 
 import functools
 import glob
 import os
+import re
 import shutil
 import sys
 from typing import NamedTuple
@@ -22,6 +23,7 @@ class Target(NamedTuple):
     chip_config: str  # libtpu chip_config_name ("" for GPUs)
     hbm_bytes: int  # per device
     device: str  # what the chip is (for GPUs: the device kind the config names)
+    slices: int = 1  # TPU slices joined over DCN (`2xv5p-32`)
 
 
 def _gpu_config(name: str, memory_bytes: int) -> str:
@@ -59,6 +61,8 @@ def parse(name: str) -> Target:
     """The Target of a name in TARGETS or `tpu:<libtpu topology>` (ValueError naming the valid ones)."""
     if name in TARGETS:
         return TARGETS[name]
+    if (several := re.fullmatch(r"(\d+)x(.+)", name)) and int(several[1]) > 1 and parse(several[2]).platform == "tpu":
+        return parse(several[2])._replace(slices=int(several[1]))
     if name.startswith("tpu:") and ":" in name[4:]:
         generation = name[4:].split(":")[0]
         if generation in TPU_HBM:
@@ -66,7 +70,7 @@ def parse(name: str) -> Target:
             return Target("tpu", name[4:], chip_config, TPU_HBM[generation], f"TPU {generation}")
     raise ValueError(
         f"unknown target {name!r}; valid: {', '.join(TARGETS)}, or tpu:<generation>:<topology> "
-        f"with generation one of {', '.join(TPU_HBM)} (e.g. tpu:v5e:4x4)"
+        f"with generation one of {', '.join(TPU_HBM)} (e.g. tpu:v5e:4x4), either as N slices: Nx<tpu target> (e.g. 2xv5p-32)"
     )
 
 
@@ -115,7 +119,7 @@ def devices(name: str):
     if target.platform == "tpu":
         os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")  # libtpu locks its temp dir against a second process
         _quiet_libtpu()
-        kwargs = dict(chip_config_name=target.chip_config)
+        kwargs = dict(chip_config_name=target.chip_config, num_slices=target.slices)
         if target.topology.count("1") == len(target.topology.split(":")[1].split("x")):
             kwargs["chips_per_host_bounds"] = (1, 1, 1)  # a one-chip topology
         return topologies.get_topology_desc(topology_name=target.topology, platform="tpu", **kwargs).devices

@@ -17,7 +17,9 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
+import numpy as np
 from flax import nnx
+from jax.experimental import mesh_utils
 from jax.sharding import AxisType, NamedSharding, PartitionSpec
 
 from freeatten_jax.attention.mesh_axes import BATCH, CHUNKS_PER_DEVICE, CONTEXT, FSDP, MESH, TENSOR
@@ -56,11 +58,37 @@ def mesh_shape(shape: Sequence[int], num_devices: int) -> tuple[int, ...]:
     return filled
 
 
-def make_mesh(shape: Sequence[int] = (-1, 1, 1), devices=None) -> jax.sharding.Mesh:
-    """The ('data', 'fsdp', 'tensor', 'context') mesh of `shape` (-1 fills; Auto axes: XLA propagates)."""
+def make_mesh(shape: Sequence[int] = (-1, 1, 1), devices=None, slices: int = 1) -> jax.sharding.Mesh:
+    """The ('data', 'fsdp', 'tensor', 'context') mesh of `shape` (-1 fills; Auto axes: XLA propagates). With `slices`
+    > 1, 'data' spans that many TPU slices (over DCN) and every other axis stays inside a slice, as MaxText's
+    `dcn_data_parallelism`: only the gradient reduction crosses slices, the ring's rotations never do."""
     devices = jax.devices() if devices is None else devices
     shape = mesh_shape(shape, len(devices))
-    return jax.make_mesh(shape, MESH_AXES, axis_types=(AxisType.Auto,) * len(MESH_AXES), devices=devices)
+    if shape[0] % slices:
+        raise ValueError(f"mesh.shape {shape}: its 'data' size {shape[0]} must be a multiple of mesh.slices={slices}")
+    granules = _slices(devices, slices)
+    axis_types = (AxisType.Auto,) * len(MESH_AXES)
+    if slices == 1:
+        return jax.make_mesh(shape, MESH_AXES, axis_types=axis_types, devices=devices)
+    per_slice = (shape[0] // slices, *shape[1:])
+    grid = np.concatenate([mesh_utils.create_device_mesh(per_slice, granule) for granule in granules])
+    return jax.sharding.Mesh(grid, MESH_AXES, axis_types=axis_types)
+
+
+def _slices(devices, slices: int) -> list[list]:
+    """The devices of each slice (by `slice_index`); devices without one (CPU, one GPU node) split in `slices`
+    consecutive groups, so the same mesh can be built and tested on host devices."""
+    if not hasattr(devices[0], "slice_index"):
+        size = len(devices) // slices
+        return [list(devices[i * size : (i + 1) * size]) for i in range(slices)]
+    by_slice: dict[int, list] = {}
+    for device in devices:
+        by_slice.setdefault(device.slice_index, []).append(device)
+    if len(by_slice) != slices:
+        raise ValueError(
+            f"mesh.slices={slices}, but the {len(devices)} devices are in {len(by_slice)} slices: set mesh.slices={len(by_slice)}"
+        )
+    return [by_slice[index] for index in sorted(by_slice)]
 
 
 def logical_spec(names: Sequence[str | None], shape: Sequence[int], mesh, rules: Rules) -> PartitionSpec:

@@ -151,6 +151,9 @@ class MeshConfig:
         check=_MESH_SHAPE,
     )
     rules: tuple[tuple[str, Any], ...] = option(sharding.DEFAULT_RULES, help="logical axis -> mesh axes")
+    slices: int = option(
+        1, help="TPU slices the 'data' axis spans over DCN (fsdp, tensor and context stay inside each slice)", check=integer(1)
+    )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -273,7 +276,9 @@ def parse(cfg: ml_collections.ConfigDict, *, reads_data: bool = True) -> Config:
         data=data_cfg,
         optim=_section(OptimConfig, cfg.optim),
         train=dataclasses.replace(train, profile_steps=tuple(train.profile_steps)),
-        mesh=MeshConfig(tuple(cfg.mesh.shape), tuple(tuple(rule) for rule in cfg.mesh.rules)),
+        mesh=dataclasses.replace(
+            _section(MeshConfig, cfg.mesh), shape=tuple(cfg.mesh.shape), rules=tuple(tuple(rule) for rule in cfg.mesh.rules)
+        ),
         checkpoint=_section(CheckpointConfig, cfg.checkpoint),
         init=_section(InitConfig, sections["init"]),
         source=to_json(cfg),

@@ -19,7 +19,7 @@ def make_mesh(cfg: config.Config):
     shape = cfg.mesh.shape
     devices = jax.devices() if -1 in shape or jax.process_count() > 1 else jax.devices()[: int(np.prod(shape))]
     try:
-        mesh = sharding.make_mesh(shape, devices)
+        mesh = sharding.make_mesh(shape, devices, cfg.mesh.slices)
     except ValueError as e:
         raise ConfigError(f"config.{e}") from None
     check_batch(cfg, mesh)
