@@ -99,6 +99,20 @@ def every_skipping(name: str, original: str, replacement: str) -> list[Mutant]:
 
 
 MUTANTS = [
+    Mutant(
+        "mesh.slices: each slice's chips interleaved along 'context' (the ring crosses slices)",
+        "freeatten_jax/nn/sharding.py",
+        "grid = np.concatenate([mesh_utils.create_device_mesh(per_slice, granule) for granule in granules])",
+        "grid = np.stack([mesh_utils.create_device_mesh(per_slice, granule) for granule in granules], -1).reshape(shape)",
+        ("tests/test_compile.py", "-k", "two_slices"),
+    ),
+    Mutant(
+        "loss: never chunked (a chip's whole logits live at the step's peak)",
+        "freeatten_jax/training/loss.py",
+        "MAX_LOGITS = 2**28",
+        "MAX_LOGITS = 2**40",
+        ("tests/test_memory_accounting.py",),
+    ),
     # --- attention/variants.py: one per formula (prepare or weight of each variant)
     Mutant(
         "softmax: 1/d instead of 1/sqrt(d)",
