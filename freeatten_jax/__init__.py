@@ -1,10 +1,14 @@
 """freeatten_jax: length-extrapolating attention (softmax, SSMax, LSSA, LSSAR) for JAX and Flax NNX.
 
 `freeatten_jax.load_run(workdir)` loads a trained run (needs the `train` extra; imported on first use, so
-the core install keeps working without it).
+the core install keeps working without it). On a host without the chips, the [compile] extra's accelerator plugins
+start quietly (`quiet_plugins`).
 """
 
+from freeatten_jax import quiet_plugins
+
 __version__ = "0.1.0"
+quiet_plugins.at_import()
 
 
 def __getattr__(name: str):

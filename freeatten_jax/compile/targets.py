@@ -14,6 +14,8 @@ import shutil
 import sys
 from typing import NamedTuple
 
+from freeatten_jax import quiet_plugins
+
 GIB = 2**30
 
 
@@ -88,26 +90,7 @@ def _with_ptxas() -> None:
             return
 
 
-# What libtpu learns from the cloud's metadata server on a TPU host: on a host without chips nothing answers and its
-# start-up prints 7 lines (one an `E0000 ... INVALID_ARGUMENT` about worker hostnames) before every deviceless compile.
-_ONE_HOST_WITHOUT_CHIPS = {
-    "TPU_SKIP_MDS_QUERY": "1",
-    "TPU_WORKER_ID": "0",
-    "TPU_WORKER_HOSTNAMES": "localhost",
-    "TPU_ACCELERATOR_TYPE": "v5litepod-8",  # any valid name: the topology compiled for is the target's own
-}
-
-
-@functools.cache
-def _quiet_libtpu() -> None:
-    """On a host without TPU chips (no /dev/accel*, no /dev/vfio), tells libtpu what it would ask the metadata server
-    (variables already set win) and says so once, in one line; a TPU host keeps libtpu's own discovery."""
-    if glob.glob("/dev/accel*") or os.path.isdir("/dev/vfio"):
-        return
-    given = {name: value for name, value in _ONE_HOST_WITHOUT_CHIPS.items() if name not in os.environ}
-    os.environ.update(given)
-    if given:
-        print("note: no TPU on this host: libtpu told it is one host of its own (its start-up lines silenced)", file=sys.stderr)
+_NO_TPU_NOTE = "note: no TPU on this host: libtpu told it is one host of its own (its start-up lines silenced)"
 
 
 @functools.cache
@@ -118,7 +101,10 @@ def devices(name: str):
     target = parse(name)
     if target.platform == "tpu":
         os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")  # libtpu locks its temp dir against a second process
-        _quiet_libtpu()
+        if quiet_plugins.libtpu():
+            print(
+                "note: no TPU on this host: libtpu told it is one host of its own (its start-up lines silenced)", file=sys.stderr
+            )
         kwargs = dict(chip_config_name=target.chip_config, num_slices=target.slices)
         if target.topology.count("1") == len(target.topology.split(":")[1].split("x")):
             kwargs["chips_per_host_bounds"] = (1, 1, 1)  # a one-chip topology
