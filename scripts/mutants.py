@@ -100,6 +100,13 @@ def every_skipping(name: str, original: str, replacement: str) -> list[Mutant]:
 
 MUTANTS = [
     Mutant(
+        "dense: the weight gradient free to be postponed (no barrier with the input's)",
+        "freeatten_jax/nn/dense.py",
+        "return jax.lax.optimization_barrier(vjp(g))",
+        "return vjp(g)",
+        ("tests/test_model.py", "-k", "projections"),
+    ),
+    Mutant(
         "mesh.slices: each slice's chips interleaved along 'context' (the ring crosses slices)",
         "freeatten_jax/nn/sharding.py",
         "grid = np.concatenate([mesh_utils.create_device_mesh(per_slice, granule) for granule in granules])",

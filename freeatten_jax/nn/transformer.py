@@ -16,6 +16,7 @@ from flax import nnx
 from freeatten_jax.nn import sharding
 from freeatten_jax.nn.attention_layer import Attention, KVCache, default_init
 from freeatten_jax.nn.config import ModelConfig
+from freeatten_jax.nn.dense import dense
 from freeatten_jax.nn.params import param
 from freeatten_jax.nn.rope import Scaling
 
@@ -87,7 +88,7 @@ class Mlp(nnx.Module):
         self.b_out_E = param(None, zeros, (e,), ("embed",), pdtype) if cfg.use_bias else None
 
     def _dense(self, x, w, b, spec):
-        y = jnp.einsum(spec, x, w[...].astype(self.dtype))
+        y = dense(spec, x, w[...].astype(self.dtype))
         return y if b is None else y + b[...].astype(self.dtype)
 
     def __call__(self, x_BTE):
