@@ -100,11 +100,18 @@ def every_skipping(name: str, original: str, replacement: str) -> list[Mutant]:
 
 MUTANTS = [
     Mutant(
+        "together.block: a block's parameter gradients free to be postponed (no barrier with its input's)",
+        "freeatten_jax/nn/together.py",
+        "lambda _, g: jax.lax.optimization_barrier(g))",
+        "lambda _, g: g)",
+        ("tests/test_model.py", "-k", "projections_and_blocks"),
+    ),
+    Mutant(
         "dense: the weight gradient free to be postponed (no barrier with the input's)",
-        "freeatten_jax/nn/dense.py",
+        "freeatten_jax/nn/together.py",
         "return jax.lax.optimization_barrier(vjp(g))",
         "return vjp(g)",
-        ("tests/test_model.py", "-k", "projections"),
+        ("tests/test_model.py", "-k", "projections_and_blocks"),
     ),
     Mutant(
         "mesh.slices: each slice's chips interleaved along 'context' (the ring crosses slices)",

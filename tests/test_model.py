@@ -13,8 +13,7 @@ from flax import nnx
 from helpers import walk_eqns
 
 from freeatten_jax.errors import ConfigError, UserError
-from freeatten_jax.nn import ModelConfig, Transformer, preset
-from freeatten_jax.nn.dense import dense
+from freeatten_jax.nn import ModelConfig, Transformer, preset, together
 from freeatten_jax.nn.rope import apply_rope
 
 
@@ -141,21 +140,24 @@ def test_remat_policies_give_the_same_gradients_and_none_adds_no_remat():
     assert "remat" not in jaxpr(models["none"]) and "remat" in jaxpr(models["full"])
 
 
-def test_each_projections_backward_hands_out_the_input_and_weight_gradients_together():
+def test_each_projections_and_blocks_backward_hands_out_its_gradients_together():
     """q, k, v, o and the MLP's two projections each end their backward in one optimization barrier over the input's
-    and the weight's gradients (nn.dense: XLA then cannot postpone a weight gradient past a later layer, which kept
-    that layer's activations alive: 8 x H100 at 512K, 1.44 -> 0.94 GiB a layer); values and gradients are
-    jnp.einsum's, bit for bit."""
+    and the weight's gradients, and each block in one over its parameters' and its input's (nn.together: XLA then
+    cannot postpone a weight, bias or norm gradient past a later layer, which kept that layer's activations alive:
+    8 x H100 at 512K, 1.44 -> 0.56 GiB a layer); a projection's values and gradients are jnp.einsum's, bit for bit."""
     layers, tokens = 2, _tokens()
-    model = Transformer(_cfg(num_layers=layers, remat="none"), rngs=nnx.Rngs(0))
+    model = Transformer(_cfg(num_layers=layers, remat="full"), rngs=nnx.Rngs(0))
     loss = lambda m: jnp.mean(jax.nn.log_softmax(m(tokens))[..., 0])  # noqa: E731
     jaxpr = jax.make_jaxpr(lambda s: nnx.grad(loss)(nnx.merge(nnx.graphdef(model), s)))(nnx.state(model)).jaxpr
     barriers = [e for e in walk_eqns(jaxpr) if e.primitive.name == "optimization_barrier"]
     weights = {tuple(x.shape) for x in jax.tree.leaves(nnx.state(model, nnx.Param))}
-    assert len(barriers) == 6 * layers and all(tuple(e.outvars[1].aval.shape) in weights for e in barriers)
+    projections = [e for e in barriers if len(e.outvars) == 2]
+    assert len(projections) == 6 * layers and all(tuple(e.outvars[1].aval.shape) in weights for e in projections)
+    per_block = len(jax.tree.leaves(nnx.state(model.blocks[0], nnx.Param))) + 1
+    assert [len(e.outvars) for e in barriers if len(e.outvars) > 2] == [per_block] * layers
     x, w, g = (jax.random.normal(jax.random.key(i), shape) for i, shape in enumerate([(2, 5, 8), (8, 3, 4), (2, 5, 3, 4)]))
     spec = "BTE,END->BTND"
-    ours, plain = (jax.vjp(f, x, w) for f in (functools.partial(dense, spec), functools.partial(jnp.einsum, spec)))
+    ours, plain = (jax.vjp(f, x, w) for f in (functools.partial(together.dense, spec), functools.partial(jnp.einsum, spec)))
     np.testing.assert_array_equal(ours[0], plain[0])
     for got, want in zip(ours[1](g), plain[1](g)):
         np.testing.assert_array_equal(got, want)

@@ -21,9 +21,8 @@ from jax.sharding import PartitionSpec
 
 from freeatten_jax import attention
 from freeatten_jax.attention.variants import is_concrete
-from freeatten_jax.nn import sharding
+from freeatten_jax.nn import sharding, together
 from freeatten_jax.nn.config import check_attention
-from freeatten_jax.nn.dense import dense
 from freeatten_jax.nn.params import Init, param
 from freeatten_jax.nn.rope import NO_SCALING, Scaling, apply_rope
 
@@ -252,7 +251,7 @@ class Attention(nnx.Module):
     def _qkv(self, x_BTE, positions_BT):
         """Projected, biased and rotated q, k, v in the compute dtype."""
         x_BTE = x_BTE.astype(self.dtype)
-        project = lambda w: dense("BTE,END->BTND", x_BTE, w[...].astype(self.dtype))
+        project = lambda w: together.dense("BTE,END->BTND", x_BTE, w[...].astype(self.dtype))
         q_BTHD, k_BTKD, v_BTKD = project(self.wq_EHD), project(self.wk_EKD), project(self.wv_EKD)
         if self.biases is not None:
             q_BTHD += self.biases["q_HD"][...].astype(self.dtype)
@@ -287,5 +286,5 @@ class Attention(nnx.Module):
         return attention.context_parallel_attend(q_BTHD, k_BSKD, v_BSKD, **context, **how, **options)
 
     def _project_out(self, out_BTHD):
-        y_BTE = dense("BTHD,HDE->BTE", out_BTHD, self.wo_HDE[...].astype(self.dtype))
+        y_BTE = together.dense("BTHD,HDE->BTE", out_BTHD, self.wo_HDE[...].astype(self.dtype))
         return y_BTE if self.biases is None else y_BTE + self.biases["o_E"][...].astype(self.dtype)

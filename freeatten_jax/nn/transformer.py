@@ -13,10 +13,9 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from freeatten_jax.nn import sharding
+from freeatten_jax.nn import sharding, together
 from freeatten_jax.nn.attention_layer import Attention, KVCache, default_init
 from freeatten_jax.nn.config import ModelConfig
-from freeatten_jax.nn.dense import dense
 from freeatten_jax.nn.params import param
 from freeatten_jax.nn.rope import Scaling
 
@@ -88,7 +87,7 @@ class Mlp(nnx.Module):
         self.b_out_E = param(None, zeros, (e,), ("embed",), pdtype) if cfg.use_bias else None
 
     def _dense(self, x, w, b, spec):
-        y = dense(spec, x, w[...].astype(self.dtype))
+        y = together.dense(spec, x, w[...].astype(self.dtype))
         return y if b is None else y + b[...].astype(self.dtype)
 
     def __call__(self, x_BTE):
@@ -143,6 +142,12 @@ def unembed(x_BTE, w_EV):
     """float32 logits [B, T, V] = x_BTE w_EV, sharded as the logits' logical axes say."""
     logits_BTV = jnp.einsum("BTE,EV->BTV", x_BTE, w_EV, preferred_element_type=jnp.float32)
     return sharding.constrain(logits_BTV, ("act_batch", "act_length", "act_vocab"))
+
+
+def _gradients_together(block: Block, x_BTE, positions_BT, segment_ids_BT, cache):
+    """The block, its parameters' gradients handed out with its input's (nn.together.block); inside a remat, where the
+    block is the remat's own copy and may be updated."""
+    return block(together.block(block, x_BTE), positions_BT, segment_ids_BT, cache)
 
 
 class Transformer(nnx.Module):
@@ -247,7 +252,7 @@ class Transformer(nnx.Module):
     def _blocks(self, tokens_BT, positions_BT, segment_ids_BT, cache):
         """The blocks' output after the final norm, and the updated caches (None entries without a cache)."""
         x_BTE = self._embed(tokens_BT)
-        run = Block.__call__ if self.remat == "none" else nnx.remat(Block.__call__, policy=REMAT_POLICIES[self.remat])
+        run = Block.__call__ if self.remat == "none" else nnx.remat(_gradients_together, policy=REMAT_POLICIES[self.remat])
         layer_caches = [None] * len(self.blocks) if cache is None else list(cache)
         for i, block in enumerate(self.blocks):
             x_BTE, layer_caches[i] = run(block, x_BTE, positions_BT, segment_ids_BT, layer_caches[i])
