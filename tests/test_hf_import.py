@@ -7,7 +7,10 @@ reference given those frequencies, in config.json's layouts of transformers 4 (r
 """
 
 import json
+import os
 import shutil
+import subprocess
+import sys
 
 import jax.numpy as jnp
 import numpy as np
@@ -320,6 +323,34 @@ def test_a_hub_folder_given_as_a_run_says_to_import_it_first(hub, run_cli, tmp_p
     for main, args in [(eval_cli.main, [f"--out={tmp_path / 'out'}"]), (generate_cli.main, ["--prompt=the"])]:
         assert run_cli(main, f"--workdir={folder}", *args) == (1, [expected])
     assert {str(p): p.stat().st_mtime_ns for p in tmp_path.rglob("*")} == before
+
+
+@pytest.mark.parametrize("script", ["evaluate", "import_"])
+def test_the_console_commands_print_one_line_for_a_hub_folder_not_imported_or_a_missing_one(script, hub, tmp_path):
+    """As a user runs them (a process of its own: absl's and orbax's log lines reach its stderr): freeatten-eval of a Hub
+    folder not imported and freeatten-import of a folder that does not exist print their error line and nothing else."""
+    folder = shutil.copytree(hub[2], tmp_path / "hub")
+    args = {
+        "evaluate": [f"--workdir={folder}", f"--out={tmp_path / 'out'}"],
+        "import_": [str(tmp_path / "nowhere"), f"--workdir={tmp_path / 'run'}"],
+    }[script]
+    expected = {
+        "evaluate": f"error: {folder} is a Hugging Face checkpoint folder, not a run: import it first with "
+        f"freeatten-import {folder} --workdir=WORKDIR",
+        "import_": f"error: {tmp_path / 'nowhere'} does not exist: give a Hugging Face model folder (config.json, "
+        "model.safetensors)",
+    }[script]
+    code = f"from freeatten_jax.cli import scripts; scripts.{script}()"
+    env = {**os.environ, "PYTHONPATH": os.getcwd()}
+    result = subprocess.run(
+        [sys.executable, "-c", code, *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
+        env=env,
+    )
+    assert (result.returncode, result.stdout, result.stderr) == (1, "", expected + "\n")
 
 
 def test_importing_a_folder_that_does_not_exist_is_one_line(run_cli, text_glob, tmp_path):

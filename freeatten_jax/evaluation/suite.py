@@ -293,7 +293,8 @@ def _saved_config(checkpoint_at: str) -> tuple[int, config.Config]:
         if step is not None and step not in ckpt.all_steps():
             raise UserError(f"--workdir={checkpoint_at}: no checkpoint step {step}; it has: {ckpt.all_steps() or 'none'}")
         step = ckpt.require_latest() if step is None else step
-        return step, ckpt.run_config(step)
+        with run_dir.damaged_in_one_line(ckpt, step):
+            return step, ckpt.run_config(step)
     finally:
         ckpt.close()
 

@@ -100,7 +100,8 @@ def _from_run(workdir: str, step: int | None) -> Source:
         step = ckpt.require_latest() if step is None else step
         if step not in steps:
             raise WarmStartError(f"{workdir} has no checkpoint step {step}; it has: {', '.join(map(str, steps)) or 'none'}")
-        cfg = ckpt.run_config(step)
+        with run_dir.damaged_in_one_line(ckpt, step):
+            cfg = ckpt.run_config(step)
     load = lambda: flat_params(run_dir.load_params(workdir, step)[0])
     data_settings = {f"data.{name}": value for name, value in dataclasses.asdict(cfg.data).items()}
     return Source(f"{workdir}@{step}", cfg.model, cfg.train.seq_len, data.run_tokenizer(workdir, cfg.data), data_settings, load)
