@@ -24,6 +24,7 @@ from freeatten_jax.cli import evaluate as eval_cli
 from freeatten_jax.cli import generate as generate_cli
 from freeatten_jax.cli import import_hf as import_cli
 from freeatten_jax.configs import base
+from freeatten_jax.evaluation import suite
 from freeatten_jax.formats import hf_llama
 from freeatten_jax.nn import generate
 from freeatten_jax.training import loop
@@ -233,6 +234,23 @@ def test_an_imported_llama_trains_on_with_lssar_and_the_loss_falls(hub, text_glo
     rows = read_metrics(tmp_path / "run")
     assert load_run(tmp_path / "run", step=0).config.model.attention == "lssar"
     assert rows[-1]["loss"] < rows[0]["loss"] and rows[-1]["val_loss"] < rows[3]["val_loss"], rows
+
+
+def test_a_run_started_from_an_import_keeps_the_hub_models_name_and_is_reported_per_token(hub, run_cli, text_glob, tmp_path):
+    """freeatten-import, then LSSAR from the imported run: the report names the Hub model (through the import's own
+    origin), and its losses are per token (the Hub tokenizer's), not per byte."""
+    _, _, single, _ = hub
+    _import(run_cli, single, tmp_path / "imported", text_glob)
+    cfg = base.get_config("lssar", "tiny", init=str(tmp_path / "imported"))
+    on_text = {"data.source": "text", "data.path": text_glob, "train.steps": 2, "train.eval_every": 2}
+    cfg.update_from_flattened_dict({**TRAIN_ON, **on_text})
+    loop.train_and_evaluate(cfg, tmp_path / "lssar")
+    settings = suite.Settings(multipliers=(1,), eval_tokens=2 * 33, passkey_depths=())
+    workdirs = [str(tmp_path / "imported"), str(tmp_path / "lssar")]
+    imported, started = suite.run_suite(workdirs, [], settings, str(tmp_path / "out"))
+    assert imported.variant == "softmax from single +0" and started.variant == "lssar from softmax@0 (single) +2"
+    assert imported.loss_unit == started.loss_unit == "nats per token"
+    assert "(mean next-token loss, nats per token, [95%" in (tmp_path / "out" / "report.md").read_text()
 
 
 # --- unsupported or broken folders: one `error:` line, nothing written ----------------------------------------------

@@ -178,6 +178,7 @@ def measure(checkpoint_at: str, switch: switches.Switch, settings: Settings, spl
         seed=cfg.train.seed,
         train_len=cfg.train.seq_len,
         rope_theta=float(model.attention_layers[0].rope_theta),
+        loss_unit=data.loss_unit(loaded.tokenizer),
     )
     if cfg.data.source == "mqar":
         run.mqar = []

@@ -89,14 +89,18 @@ def load_params(workdir, step: int | None = None, mesh=None):
 
 
 def origin(workdir) -> str:
-    """Where a warm-started run's weights came from, as reports name it (`softmax@450`: the source's variant and
-    checkpoint step, or its Hub folder's name); empty for a run trained from scratch."""
+    """Where a warm-started run's weights came from, as reports name it: the source's variant and checkpoint step
+    (`softmax@450`), followed by the source's own origin if it had one (`softmax@0 (SmolLM2-135M)`: a run started from
+    an import), or the Hub folder's name (`SmolLM2-135M`); empty for a run trained from scratch."""
     record = storage.path(workdir) / INIT_FILE
     if not record.exists():
         return ""
     record = json.loads(record.read_text())
     path, step = split_step(record["source"])
-    return f"{record.get('source_variant', 'source')}@{step}" if step is not None else storage.path(path).name
+    if step is None:
+        return storage.path(path).name
+    before = record.get("source_origin")
+    return f"{record.get('source_variant', 'source')}@{step}" + (f" ({before})" if before else "")
 
 
 @contextlib.contextmanager

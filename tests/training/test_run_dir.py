@@ -23,6 +23,9 @@ def test_the_origin_names_the_source_variant_and_step_or_the_hub_folder(tmp_path
     assert run_dir.origin(tmp_path) == "softmax@450"
     (tmp_path / run_dir.INIT_FILE).write_text(json.dumps({"source": "/hub/SmolLM2-135M", "source_variant": "softmax"}))
     assert run_dir.origin(tmp_path) == "SmolLM2-135M"
+    record = {"source": "runs/smollm2@0", "source_variant": "softmax", "source_origin": "SmolLM2-135M"}  # from an import
+    (tmp_path / run_dir.INIT_FILE).write_text(json.dumps(record))
+    assert run_dir.origin(tmp_path) == "softmax@0 (SmolLM2-135M)"
 
 
 def test_a_run_folder_is_read_without_writing_and_a_missing_checkpoint_is_one_user_error(tmp_path):
