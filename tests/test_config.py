@@ -177,14 +177,15 @@ def test_batch_must_split_into_micro_batches():
         config.parse(cfg)
 
 
-@pytest.mark.parametrize("source", ["text", "bin"])
+@pytest.mark.parametrize("source", ["text", "bin", "hf"])
 def test_files_need_a_path_unless_no_data_is_read(source):
     """Training reads the files: an empty data.path is refused; freeatten-compile reads none (reads_data=False)."""
     cfg = base.get_config("softmax", "tiny")
     cfg.data.source = source
-    with pytest.raises(ConfigError, match=f"config.data.path is empty; data.source='{source}' needs a glob of files"):
+    needs = {"hf": "a dataset's name or a glob of its files"}.get(source, "a glob of files")
+    with pytest.raises(ConfigError, match=f"^config.data.path is empty; data.source='{source}' needs {needs}$"):
         config.parse(cfg)
-    assert config.parse(cfg, reads_data=False).model.vocab_size == {"text": 256, "bin": 50257}[source]
+    assert config.parse(cfg, reads_data=False).model.vocab_size == {"text": 256, "bin": 50257, "hf": 257}[source]
 
 
 @pytest.mark.parametrize("name", ["path", "val_path"])
@@ -193,8 +194,12 @@ def test_a_data_path_without_a_file_source_is_refused(source, name):
     """data.path (or val_path) with a source that reads no files was ignored: the run trained on Shakespeare."""
     cfg = base.get_config("softmax", "tiny")
     cfg.data.source, cfg.data[name] = source, "corpus/*.txt"
-    with pytest.raises(ConfigError, match=f"config.data.{name} is set but data.source='{source}' reads no files"):
+    with pytest.raises(ConfigError, match=f"config.data.{name} is set but data.source='{source}' reads no files") as raised:
         config.parse(cfg)
+    assert str(raised.value).endswith(
+        "set config.data.source to 'text' (text files), 'bin' (.bin token shards) or 'hf' (a Hugging Face dataset: its "
+        "name, or its .parquet, .arrow or .jsonl files)"
+    )
     cfg.data.source = "text"
     config.parse(cfg, reads_data=False)
 

@@ -65,6 +65,7 @@ def test_suite_writes_every_output(trained, tmp_path, capsys):
         png = (tmp_path / f"{name}.png").read_bytes()
         assert png.startswith(b"\x89PNG") and len(png) > 1000
     report = (tmp_path / "report.md").read_text()
+    assert {r.loss_unit for r in runs} == {"nats per byte"} and "mean next-token loss, nats per byte, [95%" in report
     assert "Not scored (n/a):\n- length 32: the passkey prompt without filler is 247 tokens" in report
     for heading in ("Loss vs length", "Passkey retrieval", "Attention entropy", "Learned SSMax s", "loss_vs_length.png"):
         assert heading in report
@@ -312,6 +313,33 @@ def test_report_warns_when_compared_runs_differ_in_step_or_training_length():
         "Warning: the runs compared have different checkpoint steps (10: lssar1; 51: softmax0); their differences are not only the variant's.",  # noqa: E501
         "Warning: the runs compared have different training lengths (32: softmax0; 64: lssar1); their differences are not only the variant's.",  # noqa: E501
     ]
+
+
+@pytest.mark.parametrize(
+    "units, expected",
+    [
+        (["nats per byte"] * 2, "nats per byte"),
+        (["nats per token"] * 2, "nats per token"),
+        (["nats per byte", "nats per token"], results.MIXED_UNITS),
+        (["", ""], results.MIXED_UNITS),  # results files written before units were recorded
+    ],
+)
+def test_the_report_and_plots_state_the_runs_loss_unit(units, expected, tmp_path):
+    """nats per byte for runs of the byte tokenizer (as the README's demo table says), per token for any other; both
+    named where the runs differ or a merged file does not say. Attention entropy stays in nats."""
+    from freeatten_jax.evaluation import plots, report
+
+    runs = [_fake_run("softmax", "none", 0), _fake_run("lssar", "none", 0)]
+    for run, unit in zip(runs, units):
+        run.loss_unit = unit
+    text = report.markdown(runs, {**dataclasses.asdict(SETTINGS), "multipliers": [1, 2]}, {})
+    assert f"## Loss vs length (mean next-token loss, {expected}, [95% bootstrap interval over windows])" in text
+    assert f"Loss over all positions ({expected}): mean over runs" in text
+    assert f"Loss minus softmax's at the same length ({expected})" in text
+    assert f"Rise from 1x: loss at the length minus loss at 1x ({expected})" in text
+    assert f"the papers' comparison ({expected})" in text and "Attention entropy (nats)" in text
+    assert plots.draw_loss_vs_length(runs).axes[0].get_ylabel() == f"mean next-token loss ({expected})"
+    assert plots.draw_per_position(runs).axes[0].get_ylabel() == f"loss ({expected}, moving average)"
 
 
 def _typed(variant):

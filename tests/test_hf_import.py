@@ -7,7 +7,10 @@ reference given those frequencies, in config.json's layouts of transformers 4 (r
 """
 
 import json
+import os
 import shutil
+import subprocess
+import sys
 
 import jax.numpy as jnp
 import numpy as np
@@ -21,6 +24,7 @@ from freeatten_jax.cli import evaluate as eval_cli
 from freeatten_jax.cli import generate as generate_cli
 from freeatten_jax.cli import import_hf as import_cli
 from freeatten_jax.configs import base
+from freeatten_jax.evaluation import suite
 from freeatten_jax.formats import hf_llama
 from freeatten_jax.nn import generate
 from freeatten_jax.training import loop
@@ -232,6 +236,23 @@ def test_an_imported_llama_trains_on_with_lssar_and_the_loss_falls(hub, text_glo
     assert rows[-1]["loss"] < rows[0]["loss"] and rows[-1]["val_loss"] < rows[3]["val_loss"], rows
 
 
+def test_a_run_started_from_an_import_keeps_the_hub_models_name_and_is_reported_per_token(hub, run_cli, text_glob, tmp_path):
+    """freeatten-import, then LSSAR from the imported run: the report names the Hub model (through the import's own
+    origin), and its losses are per token (the Hub tokenizer's), not per byte."""
+    _, _, single, _ = hub
+    _import(run_cli, single, tmp_path / "imported", text_glob)
+    cfg = base.get_config("lssar", "tiny", init=str(tmp_path / "imported"))
+    on_text = {"data.source": "text", "data.path": text_glob, "train.steps": 2, "train.eval_every": 2}
+    cfg.update_from_flattened_dict({**TRAIN_ON, **on_text})
+    loop.train_and_evaluate(cfg, tmp_path / "lssar")
+    settings = suite.Settings(multipliers=(1,), eval_tokens=2 * 33, passkey_depths=())
+    workdirs = [str(tmp_path / "imported"), str(tmp_path / "lssar")]
+    imported, started = suite.run_suite(workdirs, [], settings, str(tmp_path / "out"))
+    assert imported.variant == "softmax from single +0" and started.variant == "lssar from softmax@0 (single) +2"
+    assert imported.loss_unit == started.loss_unit == "nats per token"
+    assert "(mean next-token loss, nats per token, [95%" in (tmp_path / "out" / "report.md").read_text()
+
+
 # --- unsupported or broken folders: one `error:` line, nothing written ----------------------------------------------
 
 
@@ -320,6 +341,34 @@ def test_a_hub_folder_given_as_a_run_says_to_import_it_first(hub, run_cli, tmp_p
     for main, args in [(eval_cli.main, [f"--out={tmp_path / 'out'}"]), (generate_cli.main, ["--prompt=the"])]:
         assert run_cli(main, f"--workdir={folder}", *args) == (1, [expected])
     assert {str(p): p.stat().st_mtime_ns for p in tmp_path.rglob("*")} == before
+
+
+@pytest.mark.parametrize("script", ["evaluate", "import_"])
+def test_the_console_commands_print_one_line_for_a_hub_folder_not_imported_or_a_missing_one(script, hub, tmp_path):
+    """As a user runs them (a process of its own: absl's and orbax's log lines reach its stderr): freeatten-eval of a Hub
+    folder not imported and freeatten-import of a folder that does not exist print their error line and nothing else."""
+    folder = shutil.copytree(hub[2], tmp_path / "hub")
+    args = {
+        "evaluate": [f"--workdir={folder}", f"--out={tmp_path / 'out'}"],
+        "import_": [str(tmp_path / "nowhere"), f"--workdir={tmp_path / 'run'}"],
+    }[script]
+    expected = {
+        "evaluate": f"error: {folder} is a Hugging Face checkpoint folder, not a run: import it first with "
+        f"freeatten-import {folder} --workdir=WORKDIR",
+        "import_": f"error: {tmp_path / 'nowhere'} does not exist: give a Hugging Face model folder (config.json, "
+        "model.safetensors)",
+    }[script]
+    code = f"from freeatten_jax.cli import scripts; scripts.{script}()"
+    env = {**os.environ, "PYTHONPATH": os.getcwd()}
+    result = subprocess.run(
+        [sys.executable, "-c", code, *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
+        env=env,
+    )
+    assert (result.returncode, result.stdout, result.stderr) == (1, "", expected + "\n")
 
 
 def test_importing_a_folder_that_does_not_exist_is_one_line(run_cli, text_glob, tmp_path):

@@ -68,3 +68,9 @@ def test_the_tokenizer_module_is_not_shadowed_by_a_function():
     from freeatten_jax.data import tokenizer
 
     assert isinstance(tokenizer, types.ModuleType) and data_package.tokenizer is tokenizer and tokenizer.ByteTokenizer
+
+
+def test_a_runs_loss_unit_is_per_byte_for_the_byte_tokenizer_only(tmp_path):
+    assert data.loss_unit(ByteTokenizer()) == "nats per byte"
+    bpe = BpeTokenizer(tmp_path / "bpe.json", 260, [TEXT])
+    assert [data.loss_unit(t) for t in (bpe, FileTokenizer(text=bpe.to_str()), None)] == ["nats per token"] * 3

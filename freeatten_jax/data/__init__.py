@@ -20,7 +20,7 @@ from freeatten_jax.data.sources import (
     synthetic_windows,
     vocab_size,
 )
-from freeatten_jax.data.tokenizer import TOKENIZERS, save_to_run
+from freeatten_jax.data.tokenizer import TOKENIZERS, loss_unit, save_to_run
 from freeatten_jax.data.watch import DataChangedError, FileWatch
 
 

@@ -1,10 +1,12 @@
-"""Where the tokens come from: the default corpus, user text files, .bin token shards, or a synthetic task (mqar).
+"""Where the tokens come from: the default corpus, user text files, .bin token shards, a Hugging Face dataset, or a
+synthetic task (mqar).
 
-Every source yields a train and a validation list of 1-D token sequences. The split is deterministic:
-the last `val_fraction` of each text file or shard is held out (or the `val_path` shards, if given).
+Every source yields a train and a validation list of 1-D token sequences, which the Grain pipelines cut into windows.
+The split is deterministic: the last `val_fraction` of each text file or shard is held out (or the `val_path` shards,
+if given), of a dataset the last `val_fraction` of its rows (or the rows of the `val_path` files).
 Document masking (`document_masking`, data.documents): .bin shards already open each document with
 EOS (GPT-2's 50256 in llm.c shards); text sources then insert an EOS before each file's train and
-validation part, by default a new token just past the tokenizer's vocabulary.
+validation part, and a dataset before each row, by default a new token just past the tokenizer's vocabulary.
 """
 
 import dataclasses
@@ -14,14 +16,14 @@ import pathlib
 import numpy as np
 from etils import epath
 
-from freeatten_jax.data import corpus, mqar, shards
+from freeatten_jax.data import corpus, hf_datasets, mqar, shards
 from freeatten_jax.data.pipeline import eval_windows
 from freeatten_jax.data.tokenizer import TOKENIZERS, FileTokenizer, load_from_run
 from freeatten_jax.errors import UserError
 
 GPT2_VOCAB = 50257  # the token ids in llm.c / modded-nanogpt FineWeb shards
 GPT2_EOS = 50256  # <|endoftext|>, written before every document of those shards
-DOCUMENT_MASKING = {"auto": lambda source: source == "bin", "on": lambda source: True, "off": lambda source: False}
+DOCUMENT_MASKING = {"auto": lambda source: source in ("bin", "hf"), "on": lambda source: True, "off": lambda source: False}
 
 
 class DataError(UserError, ValueError):
@@ -77,15 +79,22 @@ def _check_tokens(shard: shards.Shard, vocab: int, block: int = 1 << 24) -> shar
     return shard
 
 
-def _text_splits(paths, cfg, data_dir: pathlib.Path) -> Splits:
-    texts = [_decode(p, cfg) for p in paths]
-    cut = [_split_point(len(t), cfg.val_fraction) for t in texts]
-    tok = TOKENIZERS[cfg.tokenizer](cfg, data_dir, [t[:c] for t, c in zip(texts, cut)])
+def _tokenized(train_parts: list[str], val_parts: list[str], cfg, data_dir: pathlib.Path) -> Splits:
+    """Text documents as one train and one validation token stream, tokenized with data.tokenizer (a BPE fitted on
+    the training parts), each part opened by the document EOS when document masking is on."""
+    tok = TOKENIZERS[cfg.tokenizer](cfg, data_dir, train_parts)
     eos = document_eos(cfg)
     opening = [] if eos is None else [np.asarray([eos], np.int32)]  # an EOS opens each part (int32: it may be 65536)
     stream = lambda parts: np.concatenate([piece for part in parts for piece in (*opening, tok.encode(part))])
-    train, val = stream(t[:c] for t, c in zip(texts, cut)), stream(t[c:] for t, c in zip(texts, cut))
-    return Splits([train], [val], tok.vocab_size if eos is None else max(tok.vocab_size, eos + 1), tok)
+    return Splits(
+        [stream(train_parts)], [stream(val_parts)], tok.vocab_size if eos is None else max(tok.vocab_size, eos + 1), tok
+    )
+
+
+def _text_splits(paths, cfg, data_dir: pathlib.Path) -> Splits:
+    texts = [_decode(p, cfg) for p in paths]
+    cut = [_split_point(len(t), cfg.val_fraction) for t in texts]
+    return _tokenized([t[:c] for t, c in zip(texts, cut)], [t[c:] for t, c in zip(texts, cut)], cfg, data_dir)
 
 
 def _shakespeare_dir(cfg):
@@ -96,7 +105,17 @@ def _text_dir(cfg):
     return _glob(cfg.path, "path")[0].parent
 
 
-TEXT_DIRS = {"shakespeare": _shakespeare_dir, "text": _text_dir}  # where a text source keeps its trained tokenizer
+def _dataset_files(cfg) -> list:
+    """The local files data.path names; none for a dataset on the Hub."""
+    return _glob(cfg.path, "path") if hf_datasets.is_files(cfg.path) else []
+
+
+def _dataset_dir(cfg):
+    return hf_datasets.tokenizer_dir(cfg, _dataset_files(cfg))
+
+
+# where a text source keeps its trained tokenizer
+TEXT_DIRS = {"shakespeare": _shakespeare_dir, "text": _text_dir, "hf": _dataset_dir}
 
 
 def shakespeare(cfg) -> Splits:
@@ -105,6 +124,20 @@ def shakespeare(cfg) -> Splits:
 
 def text(cfg) -> Splits:
     return _text_splits(_glob(cfg.path, "path"), cfg, _text_dir(cfg))
+
+
+def hf_dataset(cfg) -> Splits:
+    """A Hugging Face dataset's rows as documents: the last val_fraction of them held out, or data.val_path's files."""
+    rows = hf_datasets.documents(cfg, _dataset_files(cfg))
+    if cfg.val_path:
+        return _tokenized(rows, hf_datasets.documents(cfg, _glob(cfg.val_path, "val_path")), cfg, _dataset_dir(cfg))
+    cut = _split_point(len(rows), cfg.val_fraction)
+    if not 0 < cut < len(rows):
+        raise DataError(
+            f"config.data.path={cfg.path!r}: {len(rows)} row(s) cannot be split into training and validation rows at "
+            f"config.data.val_fraction={cfg.val_fraction}; give more rows or set config.data.val_path"
+        )
+    return _tokenized(rows[:cut], rows[cut:], cfg, _dataset_dir(cfg))
 
 
 def bin_shards(cfg) -> Splits:
@@ -148,7 +181,7 @@ def mqar_source(cfg_data) -> Splits:
     return Splits([], [], mqar_task(cfg_data).vocab_size, None)
 
 
-SOURCES = {"shakespeare": shakespeare, "text": text, "bin": bin_shards, "mqar": mqar_source}
+SOURCES = {"shakespeare": shakespeare, "text": text, "bin": bin_shards, "hf": hf_dataset, "mqar": mqar_source}
 
 
 def synthetic_windows(cfg_data, seq_len: int, seed: int):
@@ -228,7 +261,8 @@ def files(cfg_data) -> list:
         return corpus.shakespeare_files(cfg_data.cache_dir)
     if cfg_data.source == "mqar":
         return []
-    return _glob(cfg_data.path, "path") + (_glob(cfg_data.val_path, "val_path") if cfg_data.val_path else [])
+    train = _dataset_files(cfg_data) if cfg_data.source == "hf" else _glob(cfg_data.path, "path")  # Hub data: none
+    return train + (_glob(cfg_data.val_path, "val_path") if cfg_data.val_path else [])
 
 
 def load_splits(cfg_data) -> Splits:

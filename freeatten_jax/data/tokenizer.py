@@ -108,6 +108,11 @@ TOKENIZERS = {"byte": byte_tokenizer, "bpe": bpe_tokenizer, "file": file_tokeniz
 KINDS = {ByteTokenizer: "byte", BpeTokenizer: "bpe", FileTokenizer: "file"}
 
 
+def loss_unit(tokenizer) -> str:
+    """The unit of a loss over `tokenizer`'s tokens, as reports state it: a byte tokenizer's token is a byte."""
+    return "nats per byte" if isinstance(tokenizer, ByteTokenizer) else "nats per token"
+
+
 def save_to_run(tokenizer, run_dir: epath.PathLike) -> None:
     """Writes the tokenizer into the run folder (nothing for a run without one)."""
     if tokenizer is None:

@@ -8,7 +8,7 @@ Glossary: R runs (seeds both groups have), W windows at one length.
 import numpy as np
 
 from freeatten_jax.evaluation import plots, stats
-from freeatten_jax.evaluation.results import RunResult
+from freeatten_jax.evaluation.results import RunResult, loss_unit
 
 BASELINE = ("softmax", "none")
 
@@ -58,14 +58,13 @@ def markdown(runs: list[RunResult], multipliers: list[int]) -> str:
             [names[g]] + [f"{_cell(stats.contrast([(1, diff[m]), (-1, diff[1])]))} ({ratio(m):.2f}x)" for m in longer]
         )
         relative_seeds.append([names[g]] + [_cell(stats.seed_level([(1, diff[m]), (-1, diff[1])])) for m in longer])
-    lengths = [f"{m}x" for m in multipliers]
+    lengths, unit = [f"{m}x" for m in multipliers], loss_unit(runs)
     return "\n\n".join(
         [
             "## Paired against softmax (seeds both have; 95% interval: seeds, then windows, resampled)",
-            "Loss minus softmax's at the same length (nats per token; per byte for the byte tokenizer)\n\n"
-            + _md(["variant", *lengths], difference),
-            "Rise from 1x: loss at the length minus loss at 1x (nats per token)\n\n" + _md(["variant", *lengths[1:]], rise),
-            "Rise minus softmax's rise, the papers' comparison (nats per token), and (the rise as a multiple of softmax's)\n\n"
+            f"Loss minus softmax's at the same length ({unit})\n\n" + _md(["variant", *lengths], difference),
+            f"Rise from 1x: loss at the length minus loss at 1x ({unit})\n\n" + _md(["variant", *lengths[1:]], rise),
+            f"Rise minus softmax's rise, the papers' comparison ({unit}), and (the rise as a multiple of softmax's)\n\n"
             + _md(["variant", *lengths[1:]], relative),
             "## Paired against softmax over seeds (each seed's difference over its windows; 95% Student t interval over "
             "the seeds, which covers which runs were trained only: a difference is resolved where it excludes 0)",

@@ -16,7 +16,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
 from freeatten_jax.evaluation import stats  # noqa: E402
-from freeatten_jax.evaluation.results import RunResult  # noqa: E402
+from freeatten_jax.evaluation.results import RunResult, loss_unit  # noqa: E402
 
 COLOURS = {
     "softmax": "tab:blue",
@@ -104,7 +104,9 @@ def _legend(ax) -> None:
 def draw_loss_vs_length(runs: list[RunResult]):
     """Mean loss by length per group, its 95% interval (seeds, then windows, resampled) as a band, the training
     length marked."""
-    fig, ax = _new("Loss vs length (same held-out span)", "evaluation length (tokens)", "mean next-token loss (nats)")
+    fig, ax = _new(
+        "Loss vs length (same held-out span)", "evaluation length (tokens)", f"mean next-token loss ({loss_unit(runs)})"
+    )
     style, lows, highs = styles(runs), [], []
     for (variant, switch), rs in groups(runs).items():
         x = [p.length for p in rs[0].lengths]
@@ -121,7 +123,7 @@ def draw_loss_vs_length(runs: list[RunResult]):
 
 
 def draw_per_position(runs: list[RunResult]):
-    fig, ax = _new("Per-position loss at the longest length", "position", "loss (nats, moving average)")
+    fig, ax = _new("Per-position loss at the longest length", "position", f"loss ({loss_unit(runs)}, moving average)")
     style, lows, highs = styles(runs), [], []
     for (variant, switch), rs in groups(runs).items():
         losses_RT = np.asarray([r.per_position for r in rs])

@@ -110,7 +110,8 @@ def grouped_tables(runs: list[RunResult], multipliers, candidates: int) -> str:
         [[names[g], *map(_fmt, s_L)] for g, s_L in s_by_layer.items()],
     )
     return (
-        "Loss over all positions: mean over runs [lowest low, highest high of the runs' 95% intervals]\n\n"
+        f"Loss over all positions ({results.loss_unit(runs)}): mean over runs [lowest low, highest high of the runs' 95% "
+        "intervals]\n\n"
         + loss("loss")
         + "\n\nLoss over the last training-length positions of each window (same format)\n\n"
         + loss("loss_last_train_len")
@@ -249,7 +250,7 @@ def markdown(runs: list[RunResult], settings: dict, figures: dict[str, str]) -> 
         "## Checkpoints\n\n" + checkpoints,
         "## Summary by variant and switch\n\n" + grouped_tables(runs, multipliers, settings["passkey_candidates"]),
         *[part for part in [paired.markdown(runs, multipliers)] if part],
-        f"## Loss vs length (mean next-token loss, nats, [95% bootstrap interval over windows])\n\n"
+        f"## Loss vs length (mean next-token loss, {results.loss_unit(runs)}, [95% bootstrap interval over windows])\n\n"
         f"Every length scores the same held-out span: the first {spans} validation tokens, cut into non-overlapping "
         f"windows of each length ({windows}).\n\n"
         + _md_table(["run", *mult_header], [[r.label, *by_mult(r, "loss")] for r in runs]),

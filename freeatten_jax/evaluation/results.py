@@ -88,6 +88,7 @@ class RunResult:
     needle_mass: list = dataclasses.field(default_factory=list)  # [layers, H], mean over the longest prompts
     ssmax_s: list | None = None  # [layers, H] for SSMax runs
     mqar: list[MqarLength] | None = None  # MQAR runs only
+    loss_unit: str = ""  # data.tokenizer.loss_unit of the run's tokenizer; "" in results files written before it
 
     @property
     def label(self) -> str:
@@ -101,6 +102,15 @@ class RunResult:
 
     def at(self, multiplier: int) -> LengthLoss:
         return next(x for x in self.lengths if x.multiplier == multiplier)
+
+
+MIXED_UNITS = "nats per token; per byte for the byte tokenizer"  # runs of both kinds, or of results files before units
+
+
+def loss_unit(runs: list[RunResult]) -> str:
+    """The unit of the runs' losses, as reports state it: theirs when they share one, else MIXED_UNITS."""
+    units = {r.loss_unit for r in runs}
+    return units.pop() if len(units) == 1 and "" not in units else MIXED_UNITS
 
 
 def write(path: pathlib.Path, runs: list[RunResult], settings: dict) -> None:

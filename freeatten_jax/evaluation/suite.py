@@ -178,6 +178,7 @@ def measure(checkpoint_at: str, switch: switches.Switch, settings: Settings, spl
         seed=cfg.train.seed,
         train_len=cfg.train.seq_len,
         rope_theta=float(model.attention_layers[0].rope_theta),
+        loss_unit=data.loss_unit(loaded.tokenizer),
     )
     if cfg.data.source == "mqar":
         run.mqar = []
@@ -293,7 +294,8 @@ def _saved_config(checkpoint_at: str) -> tuple[int, config.Config]:
         if step is not None and step not in ckpt.all_steps():
             raise UserError(f"--workdir={checkpoint_at}: no checkpoint step {step}; it has: {ckpt.all_steps() or 'none'}")
         step = ckpt.require_latest() if step is None else step
-        return step, ckpt.run_config(step)
+        with run_dir.damaged_in_one_line(ckpt, step):
+            return step, ckpt.run_config(step)
     finally:
         ckpt.close()
 

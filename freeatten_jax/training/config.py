@@ -39,7 +39,8 @@ _MESH_SHAPE = (
 _PROFILE_STEPS = (_profile_steps, "() for none, or (first, last) steps with 1 <= first <= last, e.g. '(10,12)'")
 
 
-FILE_SOURCES = ("text", "bin")  # the data sources that read data.path (and data.val_path)
+# the data sources that read data.path (and data.val_path) -> what data.path names for them
+FILE_SOURCES = {"text": "a glob of files", "bin": "a glob of files", "hf": "a dataset's name or a glob of its files"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -47,11 +48,14 @@ class DataConfig:
     source: str = option(
         "shakespeare",
         help="shakespeare (the default corpus) | text (data.path glob) | bin (llm.c token shards) "
+        "| hf (a Hugging Face dataset: data.path its name, or a glob of its .parquet/.arrow/.jsonl files; data.hf_*) "
         "| mqar (synthetic multi-query associative recall, data.mqar_*)",
         check=one_of(tuple(data.SOURCES)),
     )
-    path: str = option("", help="glob of text files or .bin training shards")
-    val_path: str = option("", help="optional glob of .bin validation shards; else the last val_fraction of each file")
+    path: str = option("", help="glob of text files or .bin training shards; hf: a dataset's name or a glob of its files")
+    val_path: str = option(
+        "", help="optional glob of .bin validation shards (hf: the dataset's files); else the last val_fraction of each file"
+    )
     tokenizer: str = option(
         "byte",
         help="text sources' tokenizer (.bin shards are tokenized already); file: data.tokenizer_path's",
@@ -69,7 +73,7 @@ class DataConfig:
     num_workers: int = option(0, help="grain worker processes (0: load in the training process)", check=integer(0))
     document_masking: str = option(
         "auto",
-        help="attention restarts per document: auto (on for .bin shards) | on | off",
+        help="attention restarts per document: auto (on for .bin shards and hf rows) | on | off",
         check=one_of(tuple(data.DOCUMENT_MASKING)),
     )
     eos_id: int | None = option(
@@ -92,6 +96,9 @@ class DataConfig:
         0.0, help="fraction of training windows replaced by synthetic passkey sequences", check=FRACTION
     )
     allow_changed: bool = option(False, help="resume although the data files differ from the checkpoint's", check=BOOL)
+    hf_split: str = option("train", help="hf: the dataset's split (local files have one, train)")
+    hf_subset: str = option("", help="hf: the dataset's configuration on the Hub (e.g. wikitext-103-raw-v1), if it has several")
+    hf_column: str = option("text", help="hf: the column holding each row's text (a document)")
     mqar_form: str = option(
         "fused", help="mqar: fused (one token per key-value pair) | two_token (key, then value)", check=one_of(data.mqar.FORMS)
     )
@@ -263,12 +270,13 @@ def parse(cfg: ml_collections.ConfigDict, *, reads_data: bool = True) -> Config:
             f"config.train.grad_accum_steps={cfg.train.grad_accum_steps}"
         )
     if reads_data and cfg.data.source in FILE_SOURCES and not cfg.data.path:
-        raise ConfigError(f"config.data.path is empty; data.source={cfg.data.source!r} needs a glob of files")
+        raise ConfigError(f"config.data.path is empty; data.source={cfg.data.source!r} needs {FILE_SOURCES[cfg.data.source]}")
     files = [f"data.{name}" for name in ("path", "val_path") if cfg.data.get(name)]
     if files and cfg.data.source not in FILE_SOURCES:
         raise ConfigError(
             f"config.{files[0]} is set but data.source={cfg.data.source!r} reads no files; set config.data.source to "
-            "'text' (text files) or 'bin' (.bin token shards)"
+            "'text' (text files), 'bin' (.bin token shards) or 'hf' (a Hugging Face dataset: its name, or its .parquet, .arrow "
+            "or .jsonl files)"
         )
     data_cfg, train = _section(DataConfig, cfg.data), _section(TrainConfig, cfg.train)
     return Config(

@@ -50,14 +50,30 @@ def _root_cause(error: Exception) -> Exception:
     return error
 
 
+@contextlib.contextmanager
+def damaged_in_one_line(ckpt: Checkpointer, step: int):
+    """Reading checkpoint `step` of `ckpt`: missing, truncated or garbage files (orbax, tensorstore and json raise many
+    types) are one CheckpointNotFoundError saying what is wrong and naming WORKDIR@STEP of the checkpoint before it."""
+    try:
+        yield
+    except UserError:
+        raise
+    except Exception as e:
+        earlier = [s for s in ckpt.all_steps() if s < step]
+        hint = f"; the checkpoint before it: {ckpt.workdir}@{earlier[-1]}" if earlier else ""
+        raise CheckpointNotFoundError(
+            f"checkpoint step {step} in {ckpt.directory} cannot be read ({describe(_root_cause(e))}){hint}"
+        ) from e
+
+
 def load_params(workdir, step: int | None = None, mesh=None):
     """(model in eval mode, its typed Config, step) from a run's checkpoint (the latest by default).
 
     Reads the parameters and model variables only (no optimizer state); `mesh` defaults to one device.
     """
     with reading(workdir) as ckpt:
-        try:
-            step = ckpt.require_latest() if step is None else step
+        step = ckpt.require_latest() if step is None else step
+        with damaged_in_one_line(ckpt, step):
             cfg = ckpt.run_config(step)
             mesh = mesh or sharding.make_mesh((1, 1, 1), jax.devices()[:1])
             target, _ = sharding.abstract(lambda: state.model_state(cfg.model, cfg.train.seed), mesh, cfg.mesh.rules)
@@ -68,27 +84,23 @@ def load_params(workdir, step: int | None = None, mesh=None):
             saved = (ckpt.fingerprints(step) or {}).get("state")
             if saved is not None and (bad := [k for k, v in integrity.arrays(restored).items() if saved.get(k) != v]):
                 raise CheckpointMismatchError(f"array {bad[0]} differs from its fingerprint")
-        except UserError:
-            raise
-        except Exception as e:  # missing, truncated or garbage files: orbax, tensorstore and json raise many types
-            earlier = [s for s in ckpt.all_steps() if s < step]
-            hint = f"; the checkpoint before it: {workdir}@{earlier[-1]}" if earlier else ""
-            raise CheckpointNotFoundError(
-                f"checkpoint step {step} in {ckpt.directory} cannot be read ({describe(_root_cause(e))}){hint}"
-            ) from e
     _, eval_def = state.graphdefs(cfg.model)
     return state.model_of(eval_def, restored), cfg, step
 
 
 def origin(workdir) -> str:
-    """Where a warm-started run's weights came from, as reports name it (`softmax@450`: the source's variant and
-    checkpoint step, or its Hub folder's name); empty for a run trained from scratch."""
+    """Where a warm-started run's weights came from, as reports name it: the source's variant and checkpoint step
+    (`softmax@450`), followed by the source's own origin if it had one (`softmax@0 (SmolLM2-135M)`: a run started from
+    an import), or the Hub folder's name (`SmolLM2-135M`); empty for a run trained from scratch."""
     record = storage.path(workdir) / INIT_FILE
     if not record.exists():
         return ""
     record = json.loads(record.read_text())
     path, step = split_step(record["source"])
-    return f"{record.get('source_variant', 'source')}@{step}" if step is not None else storage.path(path).name
+    if step is None:
+        return storage.path(path).name
+    before = record.get("source_origin")
+    return f"{record.get('source_variant', 'source')}@{step}" + (f" ({before})" if before else "")
 
 
 @contextlib.contextmanager

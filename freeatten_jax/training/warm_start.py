@@ -64,8 +64,9 @@ class WarmStartError(UserError, ValueError):
 @dataclasses.dataclass(frozen=True)
 class Source:
     """A model to start from: `name` as recorded (WORKDIR@STEP or the Hub folder), its ModelConfig, the length it was
-    trained at, its tokenizer (None if it has none), the data fields that tokenize as it did, and
-    `load() -> {parameter path: array}` in our layout."""
+    trained at, its tokenizer (None if it has none), the data fields that tokenize as it did,
+    `load() -> {parameter path: array}` in our layout, and where a source run's own weights came from (run_dir.origin:
+    an import's Hub model, kept in the reports' labels of the runs started from it)."""
 
     name: str
     model: ModelConfig
@@ -73,6 +74,7 @@ class Source:
     tokenizer: object | None
     data_settings: dict
     load: Callable[[], dict[str, np.ndarray]]
+    origin: str = ""
 
 
 def _path_name(path) -> str:
@@ -100,10 +102,12 @@ def _from_run(workdir: str, step: int | None) -> Source:
         step = ckpt.require_latest() if step is None else step
         if step not in steps:
             raise WarmStartError(f"{workdir} has no checkpoint step {step}; it has: {', '.join(map(str, steps)) or 'none'}")
-        cfg = ckpt.run_config(step)
+        with run_dir.damaged_in_one_line(ckpt, step):
+            cfg = ckpt.run_config(step)
     load = lambda: flat_params(run_dir.load_params(workdir, step)[0])
     data_settings = {f"data.{name}": value for name, value in dataclasses.asdict(cfg.data).items()}
-    return Source(f"{workdir}@{step}", cfg.model, cfg.train.seq_len, data.run_tokenizer(workdir, cfg.data), data_settings, load)
+    tokenizer = data.run_tokenizer(workdir, cfg.data)
+    return Source(f"{workdir}@{step}", cfg.model, cfg.train.seq_len, tokenizer, data_settings, load, run_dir.origin(workdir))
 
 
 def _from_hub(folder: str) -> Source:
@@ -190,6 +194,7 @@ def apply(cfg, state: dict, source: Source, workdir) -> dict:
         "training_length": source.training_length,
         "attention": cfg.model.attention,
         "source_variant": source.model.variant_name,
+        "source_origin": source.origin,
         "copied": len(set(arrays) & set(shapes)),
         "new": new,
         "dropped": sorted(set(arrays) - set(shapes)),
