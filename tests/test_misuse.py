@@ -1,30 +1,49 @@
 """Misuse of the library (issue 53 item 3): every wrong argument to `attend`, `context_parallel_attend`, the Flax
-adapter and the KV cache raises one ValueError / TypeError naming the argument and what it allows, while the
-arguments are parsed (before anything is traced or compiled); none returns NaN or broadcasts silently.
+adapter, the KV cache, `sharded_decode_attend` and the lm-evaluation-harness model raises one ValueError / TypeError
+naming the argument and what it allows, while the arguments are parsed (before anything is traced or compiled); none
+returns NaN or broadcasts silently.
 
 Glossary: B batch, T queries, S keys, H heads, K kv heads, D head dim.
 """
 
 import functools
+import math
 
 import jax
 import jax.numpy as jnp
 import pytest
 
 from freeatten_jax import attention
-from freeatten_jax.attention import context_parallel
+from freeatten_jax.attention import context_parallel, sharded_decode
 from freeatten_jax.attention.flax_adapter import flax_attention_fn
 from freeatten_jax.nn.attention_layer import KVCache
 
+Auto = jax.sharding.AxisType.Auto
 q_BTHD = jnp.zeros((1, 8, 4, 16), jnp.float32)
 k_BSKD = jnp.zeros((1, 8, 2, 16), jnp.float32)
 attend = functools.partial(attention.attend, variant="softmax")
 
 
 def _ring(length: int = 20, axis_name: str = "context", **options):
-    mesh = jax.make_mesh((4,), ("context",), devices=jax.devices()[:4], axis_types=(jax.sharding.AxisType.Auto,))
+    mesh = jax.make_mesh((4,), ("context",), devices=jax.devices()[:4], axis_types=(Auto,))
     q = jnp.zeros((1, length, 2, 8))
     return context_parallel.context_parallel_attend(q, q, q, mesh=mesh, axis_name=axis_name, **options)
+
+
+def _decode(mesh_shape=(4,), k_len: int = 16, heads: int = 2, **options):
+    """One decoding query against a cache of `k_len` slots split over the mesh's first axis, 'context'."""
+    names = ("context", "tensor")[: len(mesh_shape)]
+    mesh = jax.make_mesh(mesh_shape, names, devices=jax.devices()[: math.prod(mesh_shape)], axis_types=(Auto,) * len(names))
+    k = jnp.zeros((1, k_len, 2, 8))
+    arguments = {"mesh": mesh, "axis_name": "context", "variant": "lssar", **options}
+    return sharded_decode.sharded_decode_attend(jnp.zeros((1, 1, heads, 8)), k, k, **arguments)
+
+
+def _harness_model(workdir=__file__, **arguments):
+    """The lm-evaluation-harness model `freeatten` (this file is no run: a call that gets past its checks says so)."""
+    from freeatten_jax.evaluation.harness import FreeattenLM
+
+    return FreeattenLM(workdir, **arguments)
 
 
 def _cache_append(t: int, filled: int):
@@ -151,6 +170,16 @@ MISUSES = {  # name: (call, error, a regular expression the one-line message mus
         ValueError,
         "q, k, v must share one dtype",
     ),
+    "ring: a mesh that is not a Mesh": (
+        lambda: context_parallel.context_parallel_attend(q_BTHD, k_BSKD, k_BSKD, mesh=(4,), axis_name="context", variant="lssa"),
+        TypeError,
+        "mesh must be a jax.sharding.Mesh or AbstractMesh, got tuple",
+    ),
+    "ring: a batch axis the mesh lacks": (
+        lambda: _ring(16, variant="lssa", batch_axis="data"),
+        ValueError,
+        r"batch_axis 'data' is invalid; allowed: None, or axes of the mesh other than 'context': \[\]",
+    ),
     "flax adapter: a mask option": (lambda: flax_attention_fn("lssa", causal=True), ValueError, "takes no mask option"),
     "flax adapter: dropout": (
         lambda: flax_attention_fn("lssa")(q_BTHD, q_BTHD, q_BTHD, dropout_rate=0.1),
@@ -167,6 +196,84 @@ MISUSES = {  # name: (call, error, a regular expression the one-line message mus
         lambda: _cache_append(3, 6),
         ValueError,
         "3 new tokens do not fit the KV cache: 2 of its 8 slots are free",
+    ),
+    "sharded decode: a mesh that is not a Mesh": (lambda: _decode(mesh=None), TypeError, "mesh must be a jax.sharding.Mesh"),
+    "sharded decode: an axis the mesh lacks": (
+        lambda: _decode(axis_name="sequence"),
+        ValueError,
+        r"axis_name 'sequence' is not an axis of the mesh \{'context': 4\}",
+    ),
+    "sharded decode: the cache not a multiple of the axis": (
+        lambda: _decode(k_len=18),
+        ValueError,
+        r"kv_len 18 must be a multiple of the 'context' axis size \(4\)",
+    ),
+    "sharded decode: the batch axis is the cache's": (
+        lambda: _decode(batch_axis="context"),
+        ValueError,
+        r"batch_axis 'context' is invalid; allowed: None, or axes of the mesh other than 'context': \[\]",
+    ),
+    "sharded decode: a head axis that does not divide the kv heads": (
+        lambda: _decode((2, 4), heads=4, head_axis="tensor"),
+        ValueError,
+        r"head_axis 'tensor' cannot split num_kv_heads 2 over 4 devices; allowed: axes whose size divides it, or None",
+    ),
+    "sharded decode: a dense mask": (
+        lambda: _decode(mask=jnp.ones((1, 1, 1, 16), bool)),
+        ValueError,
+        "does not support a dense mask",
+    ),
+    "sharded decode: an option it lacks": (
+        lambda: _decode(implementation="pallas"),
+        ValueError,
+        r"unknown option\(s\) \['implementation'\] for sharded_decode_attend; it takes block_k",
+    ),
+    "sharded decode: block_k 0": (lambda: _decode(block_k=0), ValueError, r"block_k must be a positive int \(or None\), got 0"),
+    "sharded decode: p = 0": (lambda: _decode(p=0.0), ValueError, "p must be > 0 and finite, got 0.0"),
+    "sharded decode: q_offset beyond the cache": (
+        lambda: _decode(q_offset=16),
+        ValueError,
+        r"q_offset must be in \[0, kv_len - q_len\] = \[0, 15\]",
+    ),
+    "harness model: multiplier 0": (
+        lambda: _harness_model(multiplier=0),
+        ValueError,
+        "multiplier must be an integer >= 1, got 0",
+    ),
+    "harness model: multiplier a string": (
+        lambda: _harness_model(multiplier="4"),
+        ValueError,
+        "multiplier must be an integer >= 1, got '4'",
+    ),
+    "harness model: batch_tokens 0": (
+        lambda: _harness_model(batch_tokens=0),
+        ValueError,
+        "batch_tokens must be an integer >= 1, got 0",
+    ),
+    "harness model: unknown implementation": (
+        lambda: _harness_model(implementation="magic"),
+        ValueError,
+        "implementation 'magic' is unknown; allowed: reference, blockwise, pallas, auto",
+    ),
+    "harness model: unknown switch": (
+        lambda: _harness_model(switch="q=3"),
+        ValueError,
+        "unknown switch 'q' in 'q=3'; valid switches: p, rope_theta",
+    ),
+    "harness model: a switch value that is not a number": (
+        lambda: _harness_model(switch="p=abc"),
+        ValueError,
+        r"switch p='abc' is not a number",
+    ),
+    "harness model: a workdir that is not a run": (
+        lambda: _harness_model(),
+        ValueError,
+        r"workdir '.*test_misuse.py' is not a trained run \(no checkpoint in .*\); allowed: a run's WORKDIR or WORKDIR@STEP",
+    ),
+    "harness model: a workdir that is no path": (
+        lambda: _harness_model(None),
+        TypeError,
+        "workdir must be a path .* or a loaded Run, got NoneType",
     ),
 }
 

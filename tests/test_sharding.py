@@ -2,6 +2,7 @@
 parameters and optimizer state placed as intended, activation constraints, multi-process detection."""
 
 import re
+import types
 
 import jax
 import jax.numpy as jnp
@@ -232,8 +233,30 @@ def test_multi_process_detection(environ, multi, monkeypatch):
     calls = []
     monkeypatch.setattr(jax.distributed, "initialize", lambda *a, **k: calls.append(1))
     assert distributed.is_multi_process(environ) is multi
+    assert distributed.multi_process_sign(environ) == ("=".join(*environ.items()) if multi else None)
     assert distributed.initialize_distributed(environ) is multi
     assert len(calls) == int(multi)
+
+
+@pytest.mark.parametrize(
+    "shape, expected",
+    [
+        ((2, 1, 1, 4), (0, 2)),  # the data axis across processes 0, 1 | 2, 3
+        ((4, 1, 1, 2), (1, 4)),  # each process its own rows
+        ((2, 2, 1, 2), (1, 4)),  # over data x fsdp
+        ((1, 2, 2, 2), (0, 2)),
+        ((1, 1, 1, 8), (0, 1)),  # the context axis across all four: one block
+        ((1, 1, 2, 4), (0, 1)),
+    ],
+)
+def test_processes_holding_the_same_batch_rows_read_the_same_windows(shape, expected):
+    """data_shard on 8 devices of 4 processes (2 each, in order), seen from process 1: its block of batch rows among
+    the distinct blocks; a 'context' or 'tensor' axis across processes makes them share one."""
+    devices = np.array([types.SimpleNamespace(process_index=i // 2) for i in range(8)]).reshape(shape)
+    mesh = types.SimpleNamespace(axis_names=sharding.MESH_AXES, devices=devices)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(jax, "process_index", lambda: 1)
+        assert distributed.data_shard(mesh, RULES) == expected
 
 
 def test_host_local_batch_becomes_the_global_sharded_batch():

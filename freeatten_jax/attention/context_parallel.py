@@ -146,8 +146,7 @@ def context_parallel_attend(
             "context_parallel_attend does not support a dense mask (option `mask`): "
             "use the structured options (positions, segments, kv_mask, window)"
         )
-    if axis_name not in mesh.shape:
-        raise ValueError(f"axis_name {axis_name!r} is not an axis of the mesh {dict(mesh.shape)}")
+    mesh_axes.check_mesh(mesh, axis_name, batch_axis, head_axis, q.shape, k.shape)
     if strategy not in STRATEGIES:
         raise ValueError(f"unknown strategy {strategy!r}; valid: {', '.join(STRATEGIES)}")
     if implementation not in IMPLEMENTATIONS:

@@ -15,7 +15,7 @@ import functools
 import jax
 from jax.sharding import PartitionSpec as P
 
-from freeatten_jax.attention import arguments, blockwise
+from freeatten_jax.attention import arguments, blockwise, mesh_axes
 from freeatten_jax.attention.blockwise_rules import Rule
 from freeatten_jax.attention.ring_mask import KV_FIELDS
 from freeatten_jax.attention.rules import Family
@@ -51,8 +51,7 @@ def sharded_decode_attend(
         raise ValueError(f"unknown option(s) {sorted(rest)} for sharded_decode_attend; it takes block_k")
     if mask.dense is not None:
         raise ValueError("sharded_decode_attend does not support a dense mask (option `mask`): use the structured options")
-    if axis_name not in mesh.shape:
-        raise ValueError(f"axis_name {axis_name!r} is not an axis of the mesh {dict(mesh.shape)}")
+    mesh_axes.check_mesh(mesh, axis_name, batch_axis, head_axis, q.shape, k.shape)
     size = mesh.shape[axis_name]
     if k.shape[1] % size:
         raise ValueError(

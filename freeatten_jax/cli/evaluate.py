@@ -73,7 +73,13 @@ def main() -> None:
 
     def evaluate(_):
         from freeatten_jax.evaluation import suite
+        from freeatten_jax.training import distributed
 
+        if sign := distributed.multi_process_sign():
+            raise UserError(
+                f"freeatten-eval runs in one process, its --context over that host's devices, but {sign} says this job has "
+                "several: run it once, on one host, outside the multi-process launcher"
+            )
         for text in switches.value:
             _check_switch(text)
         chosen = fields.value(Settings, settings)

@@ -10,6 +10,7 @@ Glossary: R rows (requests, or windows of a long text), B rows in a batch, L = T
 """
 
 import functools
+import os
 
 import jax
 import jax.numpy as jnp
@@ -23,6 +24,7 @@ from freeatten_jax import attention, data
 from freeatten_jax.data import documents
 from freeatten_jax.evaluation import switches
 from freeatten_jax.nn.decoding import generate
+from freeatten_jax.training.checkpoint import CheckpointNotFoundError
 from freeatten_jax.training.loss import next_token_losses
 from freeatten_jax.training.run_dir import Run, load_run
 
@@ -49,6 +51,17 @@ def _positive_int(name: str, value) -> int:
     return value
 
 
+def _load(workdir) -> Run:
+    """The run in `workdir` (WORKDIR or WORKDIR@STEP); a path that holds no checkpoint is a ValueError naming it."""
+    if not isinstance(workdir, (str, os.PathLike)):
+        raise TypeError(f"workdir must be a path (WORKDIR or WORKDIR@STEP) or a loaded Run, got {type(workdir).__name__}")
+    path = os.fspath(workdir)
+    try:
+        return load_run(path)
+    except CheckpointNotFoundError as e:
+        raise ValueError(f"workdir {path!r} is not a trained run ({e}); allowed: a run's WORKDIR or WORKDIR@STEP") from None
+
+
 @register_model("freeatten")
 class FreeattenLM(TemplateLM):
     """A checkpoint (`workdir`: WORKDIR, WORKDIR@STEP or a Run loaded already) as an lm-eval model: context = `multiplier`
@@ -64,8 +77,8 @@ class FreeattenLM(TemplateLM):
         self.batch_tokens = _positive_int("batch_tokens", batch_tokens)
         if implementation not in attention.IMPLEMENTATIONS:
             raise ValueError(f"implementation {implementation!r} is unknown; allowed: {', '.join(attention.IMPLEMENTATIONS)}")
-        self.run = workdir if isinstance(workdir, Run) else load_run(str(workdir))
         self.switch = switches.parse(str(switch).replace(";", ",")) if switch else switches.NONE
+        self.run = workdir if isinstance(workdir, Run) else _load(workdir)
         switches.apply(self.run.model, self.run.config, self.switch)  # idempotent: one Run may serve several multipliers
         self.run.model.set_implementation(implementation)
         self.max_length = self.multiplier * self.run.config.train.seq_len

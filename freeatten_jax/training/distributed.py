@@ -57,7 +57,15 @@ class Cluster:
 
 def is_multi_process(environ=os.environ) -> bool:
     """True when the environment describes several JAX processes (TPU slice, SLURM, MPI)."""
-    return any(sign(environ[name]) for name, sign in _MULTI_PROCESS_SIGNS.items() if environ.get(name))
+    return multi_process_sign(environ) is not None
+
+
+def multi_process_sign(environ=os.environ) -> str | None:
+    """`NAME=value` of the first environment variable that describes several JAX processes, else None."""
+    for name, sign in _MULTI_PROCESS_SIGNS.items():
+        if environ.get(name) and sign(environ[name]):
+            return f"{name}={environ[name]}"
+    return None
 
 
 def initialize_distributed(environ=os.environ, cluster: Cluster | None = None) -> bool:
@@ -157,8 +165,21 @@ class PeerWatch:
             pass
 
 
+def data_shard(mesh, rules: Rules) -> tuple[int, int]:
+    """(this process's index, their count) among the distinct blocks of batch rows that the processes' devices hold:
+    processes that a 'context' or 'tensor' axis spans hold the same rows (each its part of them), so they read the
+    same windows; with the batch axes alone across processes, each process is its own block."""
+    target = dict(rules).get("batch")
+    axes = [mesh.axis_names.index(a) for a in ((target,) if isinstance(target, str) else tuple(target or ()))]
+    rows: dict[int, set] = {}
+    for coords in np.ndindex(mesh.devices.shape):
+        rows.setdefault(mesh.devices[coords].process_index, set()).add(tuple(coords[a] for a in axes))
+    blocks = sorted({frozenset(r) for r in rows.values()}, key=min)
+    return blocks.index(frozenset(rows[jax.process_index()])), len(blocks)
+
+
 def host_local_batch_to_global(batch: np.ndarray, mesh, rules: Rules) -> jax.Array:
-    """Assembles each process's rows of a [B, T] batch into one global, sharded jax.Array."""
-    global_shape = (batch.shape[0] * jax.process_count(), *batch.shape[1:])
+    """Assembles each process's rows of a [B, T] batch (its block's: `data_shard`) into one global, sharded jax.Array."""
+    global_shape = (batch.shape[0] * data_shard(mesh, rules)[1], *batch.shape[1:])
     sharding = batch_sharding(mesh, rules, global_shape)
     return jax.make_array_from_process_local_data(sharding, batch, global_shape)

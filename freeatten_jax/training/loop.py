@@ -102,14 +102,15 @@ def _checked_and_trained(cfg_dict, workdir, initialise_only: bool) -> RunMetrics
 
 def _train(run: _Run, initialise_only: bool) -> RunMetrics:
     """Resumes or starts the state (a warm start saves its start as checkpoint 0), then runs the loop."""
-    cfg, hosts = run.cfg, jax.process_count()
+    cfg = run.cfg
+    block, blocks = distributed.data_shard(run.mesh, cfg.mesh.rules)  # processes holding the same rows read the same
     train_iter = data.train_iterator(
         run.splits.train,
         cfg.train.seq_len,
-        cfg.train.batch_size // hosts,
+        cfg.train.batch_size // blocks,
         seed=cfg.train.seed,
-        process_index=jax.process_index(),
-        process_count=hosts,
+        process_index=block,
+        process_count=blocks,
         num_workers=cfg.data.num_workers,
         mix=data.retrieval_mix(cfg.data, run.splits.tokenizer, cfg.train.seq_len, cfg.train.seed),
         windows=data.synthetic_windows(cfg.data, cfg.train.seq_len, cfg.train.seed),

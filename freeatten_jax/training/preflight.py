@@ -10,7 +10,7 @@ from freeatten_jax import data
 from freeatten_jax.attention import mesh_axes
 from freeatten_jax.errors import ConfigError
 from freeatten_jax.nn import sharding
-from freeatten_jax.training import config
+from freeatten_jax.training import config, distributed
 
 
 def make_mesh(cfg: config.Config):
@@ -27,12 +27,12 @@ def make_mesh(cfg: config.Config):
 
 
 def check_batch(cfg: config.Config, mesh) -> None:
-    hosts, batch = jax.process_count(), cfg.train.batch_size
+    readers, batch = distributed.data_shard(mesh, cfg.mesh.rules)[1], cfg.train.batch_size
     replicas = math.prod(mesh.shape[axis] for axis in mesh_axes.BATCH)
     micro = batch // cfg.train.grad_accum_steps
-    if batch % hosts or micro % replicas:
+    if batch % readers or micro % replicas:
         raise ConfigError(
-            f"config.train.batch_size={batch} must be divisible by the {hosts} processes, and "
+            f"config.train.batch_size={batch} must be divisible by the {readers} processes reading different rows, and "
             f"each of its {cfg.train.grad_accum_steps} micro-batches ({micro}) by the "
             f"{replicas} data-parallel devices (mesh data x fsdp)"
         )

@@ -29,8 +29,8 @@ def test_a_single_process_takes_the_first_devices_its_mesh_needs_or_all_of_them_
 def test_a_micro_batch_that_does_not_divide_over_the_data_parallel_devices_is_refused(text_glob):
     with pytest.raises(
         ConfigError,
-        match=r"^config.train.batch_size=8 must be divisible by the 1 processes, and each of its 2 micro-batches \(4\) by "
-        r"the 8 data-parallel devices \(mesh data x fsdp\)$",
+        match=r"^config.train.batch_size=8 must be divisible by the 1 processes reading different rows, and each of its 2 "
+        r"micro-batches \(4\) by the 8 data-parallel devices \(mesh data x fsdp\)$",
     ):
         preflight.make_mesh(_cfg(text_glob, **{"mesh.shape": (4, 2, 1), "train.grad_accum_steps": 2}))
     preflight.make_mesh(_cfg(text_glob, **{"mesh.shape": (2, 2, 2), "train.grad_accum_steps": 2}))
