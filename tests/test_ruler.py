@@ -15,6 +15,7 @@ import pytest
 from flax import nnx
 from helpers import tiny_config
 
+from freeatten_jax import attention
 from freeatten_jax.cli import evaluate as eval_cli
 from freeatten_jax.data import ruler
 from freeatten_jax.data.tokenizer import BpeTokenizer, ByteTokenizer
@@ -235,12 +236,23 @@ def test_freeatten_eval_writes_the_ruler_table_and_resumes_skipping_finished_cel
 
 
 @pytest.mark.slow
-def test_ruler_over_a_context_axis_scores_as_on_one_device(run, tmp_path):
+def test_ruler_over_a_context_axis_scores_as_on_one_device(run, tmp_path, monkeypatch):
+    """At 1024 tokens (64x) over context=2: the KV cache decoded on both devices' slots, the candidates' log-likelihoods
+    round the ring (padded to a multiple of 2 x 2), the same scores as on one device."""
+    decoded, ring = [], []
+    real_decode, real_ring = attention.sharded_decode_attend, attention.context_parallel_attend
+    monkeypatch.setattr(attention, "sharded_decode_attend", lambda *a, **k: decoded.append(1) or real_decode(*a, **k))
+    monkeypatch.setattr(
+        attention, "context_parallel_attend", lambda *a, **k: ring.append((a[0].shape[1], "kv_mask" in k)) or real_ring(*a, **k)
+    )
     settings = suite.Settings(
         multipliers=(64,), eval_tokens=1025, passkey_depths=(), ruler=("niah_single", "vt"), ruler_examples=2, ruler_candidates=4
     )
     (single,) = suite.run_suite([run], [], settings, str(tmp_path / "1"))
+    assert not decoded and not ring
     (sharded,) = suite.run_suite([run], [], dataclasses.replace(settings, context=2), str(tmp_path / "2"))
+    scored = {q for q, cache in ring if not cache and q > 1024}  # the candidates after the prompt
+    assert decoded and scored and all(q % 4 == 0 for q in scored), ring
     assert [c.task for c in sharded.ruler] == ["niah_single", "vt"] and all(len(c.match) == 2 for c in sharded.ruler)
     for a, b in zip(single.ruler, sharded.ruler):
         assert (a.match, a.rank, a.top1, a.depth) == (b.match, b.rank, b.top1, b.depth)
