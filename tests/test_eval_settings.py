@@ -57,8 +57,14 @@ def test_every_setting_is_a_flag_with_its_default_and_the_compared_ones_are_mark
     assert fields.value(Settings, holders) == Settings()
     assert [f.name for f in dataclasses.fields(Settings)] == [name for name in holders]
     text = ("multipliers", "eval_tokens", "span_windows", "passkey_depths", "passkey_keys", "passkey_candidates")
-    assert compared(Settings, mqar=False) == (*text, "analysis_windows", "seed")  # not implementation nor context
-    assert compared(Settings, mqar=True) == (*text, "analysis_windows", "seed", "mqar_instances", "mqar_placements")
+    text += ("analysis_windows", "seed", "ruler", "ruler_examples", "ruler_candidates")
+    assert compared(Settings, mqar=False) == text  # not implementation, context nor ruler_keep (the report's)
+    assert compared(Settings, mqar=True) == (*text, "mqar_instances", "mqar_placements")
+
+
+def test_a_list_setting_off_by_default_takes_an_empty_value():
+    assert fields.value(Settings, _flags(Settings, "--ruler=niah_single,vt")[1]).ruler == ("niah_single", "vt")
+    assert fields.value(Settings, _flags(Settings, "--ruler=")[1]).ruler == ()  # while --mqar_placements= is refused
 
 
 @pytest.mark.parametrize(
@@ -66,6 +72,8 @@ def test_every_setting_is_a_flag_with_its_default_and_the_compared_ones_are_mark
     [
         ("--mqar_placements=start,middle", "start, end or both"),
         ("--mqar_placements=", "start, end or both"),
+        ("--ruler=vt,niah", "some of niah_single, niah_multikey, niah_multivalue, niah_multiquery, vt, cwe, fwe"),
+        ("--ruler_keep=0", "a number in (0, 1]"),
         ("--passkey_depths=0.5,nan", "numbers in [0, 1]"),
         ("--eval_tokens=1.5", "an integer >= 0"),
         ("--seed=-1", "an integer >= 0"),

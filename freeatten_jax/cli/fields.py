@@ -13,8 +13,9 @@ class FieldParser(flags.ArgumentParser):
     """A value of one field's type, or its comma separated values for a tuple field, refused unless the field's check
     holds; the check's text is the flag's allowed values in --help and in the error."""
 
-    def __init__(self, annotation, check: Check | None):
+    def __init__(self, annotation, check: Check | None, empty_ok: bool = False):
         super().__init__()
+        self.empty_ok = empty_ok  # a tuple field off by default (empty) takes an empty value
         self.is_tuple = base_type(annotation) is tuple
         self.kind = typing.get_args(annotation)[0] if self.is_tuple else base_type(annotation)
         self.check, self.syntactic_help = check, check[1] if check else ""
@@ -27,7 +28,7 @@ class FieldParser(flags.ArgumentParser):
             value = [self.kind(v) for v in flags.ListParser().parse(argument)] if self.is_tuple else self.kind(argument)
         except ValueError:
             value = None
-        if value is None or value == [] or self.check and not self.check[0](value):
+        if value is None or value == [] and not self.empty_ok or self.check and not self.check[0](value):
             raise ValueError("is invalid" + (f"; allowed: {self.syntactic_help}" if self.check else ""))
         return value
 
@@ -47,7 +48,7 @@ def define(cls, module: str, flag_values: flags.FlagValues = flags.FLAGS) -> dic
         elif f.type is bool:
             holders[f.name] = flags.DEFINE_bool(f.name, f.default, help_text(f), **where)
         else:
-            parser = FieldParser(f.type, f.metadata.get("check"))
+            parser = FieldParser(f.type, f.metadata.get("check"), empty_ok=f.default == ())
             holders[f.name] = flags.DEFINE(parser, f.name, _default_text(f.default), help_text(f), **where)
     return holders
 

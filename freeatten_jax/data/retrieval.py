@@ -22,8 +22,8 @@ def _encode(tokenizer, text: str) -> np.ndarray:
     return np.asarray(tokenizer.encode(text), np.int32)
 
 
-def _filler(tokenizer, tokens: int) -> np.ndarray:
-    """At least `tokens` tokens of filler."""
+def filler_tokens(tokenizer, tokens: int) -> np.ndarray:
+    """At least `tokens` tokens of filler (also the noise haystack of data.ruler)."""
     chars = max(tokens, 1)
     while len(ids := _encode(tokenizer, " ".join([FILLER] * (chars // len(FILLER) + 1)))) < tokens:
         chars *= 2
@@ -37,7 +37,7 @@ def example(tokenizer, length: int, depth: float, key: str) -> tuple[np.ndarray,
     budget = length - len(needle) - len(query) - len(answer)
     if budget < 0:
         raise ValueError(f"the retrieval sequence without filler is {length - budget} tokens, longer than {length}")
-    filler = _filler(tokenizer, budget)
+    filler = filler_tokens(tokenizer, budget)
     before = int(round(depth * budget))
     tokens = np.concatenate([filler[:before], needle, filler[before:budget], query, answer])
     return tokens, slice(before, before + len(needle)), len(answer)

@@ -186,10 +186,17 @@ def draw_accuracy(runs: list[RunResult], task: str, title: str):
         ax.set_ylim(-0.03, 1.03)
         _legend(ax)
         return fig
+    names = {key: group_name(*key, len(rs)) for key, rs in grouped.items()}
+    return draw_heatmaps({names[key]: grid for key, grid in grids.items()}, title, "needle depth", "greedy accuracy")
+
+
+def draw_heatmaps(grids: dict[str, tuple[list[int], list[float], np.ndarray]], title: str, ylabel: str, label: str):
+    """One panel per named grid (lengths, rows, values [row, length] in [0, 1]; NaN: nothing scored), each value
+    written in its cell."""
     fig, axes = plt.subplots(1, len(grids), figsize=(3.2 * len(grids) + 1, 3.4), squeeze=False, constrained_layout=True)
-    for ax, ((variant, switch), (lengths, depths, acc_DL)) in zip(axes[0], grids.items()):
-        image = ax.imshow(acc_DL, vmin=0, vmax=1, cmap="viridis", aspect="auto", origin="lower")
-        for (d, n), value in np.ndenumerate(acc_DL):
+    for ax, (name, (lengths, rows, values_DL)) in zip(axes[0], grids.items()):
+        image = ax.imshow(values_DL, vmin=0, vmax=1, cmap="viridis", aspect="auto", origin="lower")
+        for (d, n), value in np.ndenumerate(values_DL):
             ax.text(
                 n,
                 d,
@@ -200,11 +207,11 @@ def draw_accuracy(runs: list[RunResult], task: str, title: str):
                 color="grey" if np.isnan(value) else "white" if value < 0.5 else "black",
             )
         ax.set_xticks(range(len(lengths)), [str(n) for n in lengths], fontsize=7, rotation=45)
-        ax.set_yticks(range(len(depths)), [f"{d:g}" for d in depths], fontsize=7)
-        ax.set(title=group_name(variant, switch, len(grouped[variant, switch])), xlabel="prompt length (tokens)")
+        ax.set_yticks(range(len(rows)), [f"{d:g}" for d in rows], fontsize=7)
+        ax.set(title=name, xlabel="prompt length (tokens)")
         ax.title.set_fontsize(8)
-    axes[0, 0].set_ylabel("needle depth")
-    fig.colorbar(image, ax=axes[0].tolist(), label="greedy accuracy")
+    axes[0, 0].set_ylabel(ylabel)
+    fig.colorbar(image, ax=axes[0].tolist(), label=label)
     fig.suptitle(title, fontsize=9)
     return fig
 

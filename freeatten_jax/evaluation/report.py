@@ -5,7 +5,7 @@ import pathlib
 
 import numpy as np
 
-from freeatten_jax.evaluation import mqar_report, paired, plots, results
+from freeatten_jax.evaluation import mqar_report, paired, plots, results, ruler_report
 from freeatten_jax.evaluation.results import RetrievalCell, RunResult
 
 
@@ -275,19 +275,20 @@ def markdown(runs: list[RunResult], settings: dict, figures: dict[str, str]) -> 
                 [[r.label, *[_fmt(float(np.mean(row))) for row in r.ssmax_s]] for r in ssmax],
             )
         )
+    parts += ruler_report.markdown(runs, settings)
     parts.append("## Plots\n\n" + "\n".join(f"![{name}]({path})" for name, path in figures.items()))
     return "\n\n".join(parts) + "\n"
 
 
 def write(out: pathlib.Path, runs: list[RunResult], settings: dict) -> None:
-    """All outputs of the suite into `out`: results.json, then report.md with its CSVs and plots for text runs, and
-    mqar.md, mqar.csv and mqar.png for MQAR runs."""
+    """All outputs of the suite into `out`: results.json, then report.md with its CSVs and plots for text runs (the
+    RULER-style section's too), and mqar.md, mqar.csv and mqar.png for MQAR runs."""
     out.mkdir(parents=True, exist_ok=True)
     results.write(out / "results.json", runs, settings)
     text = [r for r in runs if r.mqar is None]
     if text:
         write_csvs(out, text)
-        figures = plots.write_all(out, text)
+        figures = {**plots.write_all(out, text), **ruler_report.write(out, text)}
         (out / "report.md").write_text(markdown(text, settings, figures))
     if mqar := [r for r in runs if r.mqar is not None]:
         _write_csv(out / "mqar.csv", *mqar_report.csv_rows(mqar))

@@ -44,6 +44,22 @@ class RetrievalCell:
 
 
 @dataclasses.dataclass
+class RulerCell:
+    """One RULER-style task at one length, per example: the fraction of references the greedy output contains, each
+    reference's likelihood rank among the wrong answers (mean over references) and whether it ranked first (fraction),
+    and the needle's depth where there is one needle; empty lists and `reason` where it could not be scored."""
+
+    task: str
+    length: int
+    multiplier: int
+    match: list[float] = dataclasses.field(default_factory=list)
+    rank: list[float] = dataclasses.field(default_factory=list)
+    top1: list[float] = dataclasses.field(default_factory=list)
+    depth: list = dataclasses.field(default_factory=list)  # float, or None for several needles or none
+    reason: str = ""
+
+
+@dataclasses.dataclass
 class AttentionStats:
     """Entropy and max weight [layers, H, U] by bucket of visible keys N_i >= n_from[u], at the longest length."""
 
@@ -87,6 +103,7 @@ class RunResult:
     retrieval: list[RetrievalCell] = dataclasses.field(default_factory=list)
     needle_mass: list = dataclasses.field(default_factory=list)  # [layers, H], mean over the longest prompts
     ssmax_s: list | None = None  # [layers, H] for SSMax runs
+    ruler: list[RulerCell] = dataclasses.field(default_factory=list)  # the RULER-style tasks asked for
     mqar: list[MqarLength] | None = None  # MQAR runs only
     loss_unit: str = ""  # data.tokenizer.loss_unit of the run's tokenizer; "" in results files written before it
 
@@ -174,6 +191,7 @@ def from_dict(r: dict) -> RunResult:
             "attention": AttentionStats(**r["attention"]) if r.get("attention") else None,
             "passkey": [RetrievalCell(**c) for c in r.get("passkey", [])],
             "retrieval": [RetrievalCell(**c) for c in r.get("retrieval", [])],
+            "ruler": [RulerCell(**c) for c in r.get("ruler", [])],
             "mqar": None if r.get("mqar") is None else [MqarLength(**x) for x in r["mqar"]],
         }
     )

@@ -7,7 +7,8 @@ import typing
 
 from freeatten_jax.attention import IMPLEMENTATIONS
 from freeatten_jax.data.mqar import PLACEMENTS
-from freeatten_jax.schema import Check, integer, option
+from freeatten_jax.data.ruler import TASKS
+from freeatten_jax.schema import Check, integer, number, option
 
 TEXT, MQAR = "text", "mqar"  # the kinds of run a setting shapes
 
@@ -57,12 +58,29 @@ class Settings:
         1, help="Windows of the longest length for the entropy analysis.", check=integer(1), shapes=(TEXT,)
     )
     implementation: typing.Literal[tuple(IMPLEMENTATIONS)] = option("auto", help="Attention implementation at every length.")
-    seed: int = option(0, help="Seed of the passkey keys.", check=integer(0), shapes=(TEXT,))
+    seed: int = option(0, help="Seed of the passkey keys and the RULER examples.", check=integer(0), shapes=(TEXT,))
     context: int = option(
         1,
         help="Devices sharing each window's sequence (context parallelism; lengths must be multiples of 2x it) for the "
         "loss vs length, and each retrieval prompt's KV cache (prefilled round the ring, decoded on every device's slots).",
         check=integer(1),
+    )
+    ruler: tuple[str, ...] = option(
+        (),
+        help="RULER-style tasks scored at every length (docs/method.md), e.g. niah_single,vt; none by default.",
+        check=_each(lambda t: t in TASKS, f"some of {', '.join(TASKS)}"),
+        shapes=(TEXT,),
+    )
+    ruler_examples: int = option(
+        4, help="Examples per RULER task and length (the same keys and needles at each length).", check=integer(1), shapes=(TEXT,)
+    )
+    ruler_candidates: int = option(
+        10, help="Answers each RULER reference is ranked among by likelihood, itself included.", check=integer(2), shapes=(TEXT,)
+    )
+    ruler_keep: float = option(
+        0.85,
+        help="RULER effective length: the longest multiplier up to which the score keeps this fraction of the shortest length's.",
+        check=number(lambda v: 0 < v <= 1, "a number in (0, 1]"),
     )
     mqar_instances: int = option(
         256,

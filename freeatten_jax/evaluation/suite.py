@@ -13,20 +13,18 @@ import time
 import jax
 import jax.numpy as jnp
 import numpy as np
-from flax import nnx
 from tqdm import tqdm
 
 from freeatten_jax import data
 from freeatten_jax.attention import mesh_axes
 from freeatten_jax.data import retrieval
 from freeatten_jax.errors import UserError
-from freeatten_jax.evaluation import attention_stats, cells, loss, mqar, passkey, report, results, switches
+from freeatten_jax.evaluation import attention_stats, cells, likelihood, loss, mqar, passkey, report, results, ruler, switches
 from freeatten_jax.evaluation.cells import Cells
 from freeatten_jax.evaluation.settings import Settings, compared
 from freeatten_jax.nn import sharding
 from freeatten_jax.nn.decoding import generate
 from freeatten_jax.training import checkpoint, config, lock, run_dir, signals
-from freeatten_jax.training.loss import next_token_losses
 from freeatten_jax.training.run_dir import load_run
 
 
@@ -59,31 +57,6 @@ def _windows(splits: data.Splits, length: int, tokens: int, multiplier: int) -> 
     return loss.span_windows(splits.val, length, tokens)
 
 
-@functools.partial(jax.jit, static_argnames=("graphdef",))
-def _token_log_probs(state, tokens_CL, *, graphdef):
-    """log p(token_l | tokens_<l) for l >= 1: [C, L - 1]."""
-    return -next_token_losses(nnx.merge(graphdef, state), tokens_CL)
-
-
-def _key_log_likelihoods(model, prompt_T: np.ndarray, candidates: list[np.ndarray], mesh) -> np.ndarray:
-    """Total log-likelihood of each candidate key's tokens after the prompt: [C]. Over a 'context' axis of n devices
-    the inputs are padded at the end to a multiple of 2n (the ring's chunks): causal attention keeps that padding out
-    of every log-likelihood read."""
-    graphdef, state = nnx.split(model)
-    devices = mesh.shape[mesh_axes.CONTEXT]
-    ring = mesh_axes.CHUNKS_PER_DEVICE * devices if devices > 1 else 1
-    totals = np.zeros(len(candidates))
-    for size in sorted({len(c) for c in candidates}):  # candidates of one token length form one batch
-        index = [i for i, c in enumerate(candidates) if len(c) == size]
-        tokens_CL = np.stack([np.concatenate([prompt_T, candidates[i]]) for i in index]).astype(np.int32)
-        length = tokens_CL.shape[1]
-        padded_CL = np.pad(tokens_CL, ((0, 0), (0, -(length - 1) % ring)))
-        with sharding.use_mesh(mesh, sharding.DEFAULT_RULES):
-            log_probs = np.asarray(_token_log_probs(state, jnp.asarray(padded_CL), graphdef=graphdef))
-        totals[index] = log_probs[:, len(prompt_T) - 1 : length - 1].sum(-1)
-    return totals
-
-
 def _score_prompt(model, tokenizer, prompt_T: np.ndarray, key: str, others: list[str], mesh) -> tuple[bool, float, int]:
     """(greedy first-integer hit, log-likelihood of the key after the prompt, its rank among the candidates); over the
     mesh's 'context' axis: the KV cache split over it (nn.decoding)."""
@@ -92,7 +65,7 @@ def _score_prompt(model, tokenizer, prompt_T: np.ndarray, key: str, others: list
         out = generate(model, prompt_T[None], len(key_tokens) + 2, temperature=0.0)  # room to overrun the key
     hit = passkey.is_retrieved(tokenizer.decode(np.asarray(out[0, len(prompt_T) :])), key)
     candidates = [key_tokens] + [np.asarray(tokenizer.encode(" " + k), np.int32) for k in others]
-    totals = _key_log_likelihoods(model, prompt_T, candidates, mesh)
+    totals = likelihood.continuations(model, prompt_T, candidates, mesh)
     return hit, float(totals[0]), passkey.key_rank(totals[0], totals[1:])
 
 
@@ -223,11 +196,11 @@ def _drive(measurements, progress, before_each=lambda: None) -> results.RunResul
 
 
 def tasks_per_run(settings: Settings, is_mqar: bool) -> int:
-    """Cells `measure` measures for one run: one per length, the analysis and each retrieval cell (MQAR: one per
-    length and placement)."""
+    """Cells `measure` measures for one run: one per length, the analysis, each retrieval cell and each RULER task at
+    each length (MQAR: one per length and placement)."""
     if is_mqar:
         return len(settings.multipliers) * len(settings.mqar_placements)
-    return len(settings.multipliers) + 1 + 2 * len(settings.multipliers) * len(settings.passkey_depths)
+    return len(settings.multipliers) * (1 + 2 * len(settings.passkey_depths) + len(settings.ruler)) + 1
 
 
 def _loss_cell(model, cfg, splits: data.Splits, span: int, m: int, settings: Settings, mesh, longest: bool) -> dict:
@@ -250,7 +223,8 @@ def _analysis_cell(model, splits: data.Splits, span: int, m: int, length: int, s
 
 
 def _text_measurements(run: results.RunResult, model, cfg, tokenizer, settings: Settings, splits: data.Splits, mesh, store):
-    """Loss by length on the held-out span, attention analysis, passkey and training-format retrieval, into `run`."""
+    """Loss by length on the held-out span, attention analysis, passkey and training-format retrieval and the RULER-style
+    tasks asked for, into `run`."""
     train_len = cfg.train.seq_len
     run.span_tokens = min(span_tokens(settings, train_len), sum(len(s) for s in splits.val))
     multipliers = sorted(settings.multipliers)  # the last one is the longest: per-position loss and analysis
@@ -269,6 +243,12 @@ def _text_measurements(run: results.RunResult, model, cfg, tokenizer, settings: 
         model, tokenizer, "retrieval", retrieval.build_prompt, lengths, settings, mesh, store
     )
     run.needle_mass = np.mean(masses, axis=0).tolist() if masses else []
+    text_T = ruler.held_out(splits, 2 * lengths[-1], data.document_eos(cfg.data)) if settings.ruler else None
+    for task in settings.ruler:
+        for m, length in zip(multipliers, lengths):
+            score = functools.partial(ruler.cell, model, tokenizer, task, length, m, settings, text_T, mesh)
+            saved = yield from _cell(store, f"ruler-{task}-{length}", f"RULER {task} at length {length}", score)
+            run.ruler.append(results.RulerCell(**saved))
     s = attention_stats.ssmax_s(model)
     run.ssmax_s = None if s is None else s.tolist()
 
