@@ -1240,8 +1240,8 @@ MUTANTS = [
     Mutant(
         "eval flags: a setting's check not applied",
         "freeatten_jax/cli/fields.py",
-        "if value is None or value == [] or self.check and not self.check[0](value):",
-        "if value is None or value == []:",
+        "if value is None or value == [] and not self.empty_ok or self.check and not self.check[0](value):",
+        "if value is None or value == [] and not self.empty_ok:",
         ("tests/test_eval_settings.py",),
     ),
     Mutant(
