@@ -2,13 +2,13 @@
 
 `freeatten_jax.load_run(workdir)` loads a trained run (needs the `train` extra; imported on first use, so
 the core install keeps working without it). On a host without the chips, the [compile] extra's accelerator plugins
-start quietly (`quiet_plugins`).
+stay quiet (`quiet_plugins`: JAX_PLATFORMS=cpu unless set).
 """
 
 from freeatten_jax import quiet_plugins
 
 __version__ = "0.1.0"
-quiet_plugins.at_import()
+quiet_plugins.quiet_platforms()
 
 
 def __getattr__(name: str):

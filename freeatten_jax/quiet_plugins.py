@@ -1,16 +1,19 @@
-"""The accelerator plugins' start-up noise on a host without the chips, silenced with one line saying what was.
+"""The accelerator plugins kept quiet on a host without the chips.
 
-The [compile] extra installs libtpu, which asks the cloud's metadata server for its TPU workers and prints 7 lines
-(one an `E0000 ... INVALID_ARGUMENT`), and the CUDA plugin, whose failed start logs a 25-line "Unable to load cuDNN"
-traceback: both at jax's first use in any script, or before a deviceless compile.
+The [compile] extra installs libtpu and the CUDA plugin. Where no accelerator's device file exists, both can only
+print why they cannot start (libtpu's host-bounds lines and an `E0000 ... INVALID_ARGUMENT`, a 25-line "Unable to load
+cuDNN" traceback) at jax's first use, in a command or in a user's script: importing freeatten_jax then sets
+JAX_PLATFORMS=cpu (a value already set is kept), and a deviceless compile still reaches both compilers through their
+topologies, libtpu told what it would ask the cloud's metadata server.
 """
 
 import functools
 import glob
 import importlib.util
-import logging
 import os
 import sys
+
+ACCELERATOR_DEVICES = ("/dev/accel*", "/dev/vfio/[0-9]*", "/dev/nvidia[0-9]*")  # a TPU VM's (accel, vfio), NVIDIA's
 
 # What libtpu would learn from the metadata server on a TPU host (variables already set win).
 _ONE_HOST_WITHOUT_CHIPS = {
@@ -21,38 +24,21 @@ _ONE_HOST_WITHOUT_CHIPS = {
 }
 
 
-class _NoPluginErrors(logging.Filter):
-    def filter(self, record: logging.LogRecord) -> bool:
-        return not record.getMessage().startswith("Jax plugin configuration error")
-
-
-def _installed(module: str) -> bool:
-    try:
-        return importlib.util.find_spec(module) is not None
-    except ModuleNotFoundError:
-        return False
+def quiet_platforms(environ=os.environ, devices=ACCELERATOR_DEVICES) -> None:
+    """JAX_PLATFORMS=cpu where no accelerator's device file exists and none is set (and in jax's config, which read the
+    variable when jax was imported: a script may import jax first)."""
+    if "JAX_PLATFORMS" not in environ and not any(glob.glob(pattern) for pattern in devices):
+        environ["JAX_PLATFORMS"] = "cpu"
+        if environ is os.environ and "jax" in sys.modules:
+            sys.modules["jax"].config.update("jax_platforms", "cpu")
 
 
 @functools.cache
 def libtpu() -> bool:
-    """On a host without TPU chips (no /dev/accel*, no /dev/vfio), tells libtpu what it would ask the metadata server;
+    """On a host without TPU chips, tells libtpu what it would ask the metadata server before a deviceless compile;
     True when that silenced anything (a TPU host keeps libtpu's own discovery)."""
-    if not _installed("libtpu") or glob.glob("/dev/accel*") or os.path.isdir("/dev/vfio"):
+    if importlib.util.find_spec("libtpu") is None or any(glob.glob(pattern) for pattern in ACCELERATOR_DEVICES[:2]):
         return False
     given = {name: value for name, value in _ONE_HOST_WITHOUT_CHIPS.items() if name not in os.environ}
     os.environ.update(given)
     return bool(given)
-
-
-@functools.cache
-def at_import() -> None:
-    """Where jax will start every plugin (JAX_PLATFORMS unset) on a host without the chips: libtpu quiet, the CUDA
-    plugin's failure dropped from jax's log; one line if either was silenced."""
-    if os.environ.get("JAX_PLATFORMS"):
-        return
-    silenced = ["libtpu's"] if libtpu() else []
-    if _installed("jax_plugins.xla_cuda13") and not glob.glob("/dev/nvidia[0-9]*"):
-        logging.getLogger("jax._src.xla_bridge").addFilter(_NoPluginErrors())
-        silenced.append("the CUDA plugin's")
-    if silenced:
-        print(f"note: no TPU or GPU on this host: {' and '.join(silenced)} start-up lines silenced", file=sys.stderr)

@@ -12,7 +12,7 @@ import tempfile
 
 import pytest
 
-from freeatten_jax.cli import scripts
+from freeatten_jax import quiet_plugins
 from freeatten_jax.training.config import SECTIONS
 
 BIN = pathlib.Path(sys.executable).parent
@@ -105,5 +105,5 @@ def test_quiet_platforms_keeps_an_accelerator_and_a_choice():
         ({}, ("/",), None),  # an accelerator's device file exists
         ({"JAX_PLATFORMS": "tpu"}, ("/nonexistent*",), "tpu"),
     ]:
-        scripts.quiet_platforms(environ, devices)
+        quiet_plugins.quiet_platforms(environ, devices)
         assert environ.get("JAX_PLATFORMS") == want
