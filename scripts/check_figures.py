@@ -16,14 +16,15 @@ In a table template `{1}`, `{2}` are the row's first and second cells and `{h}` 
 serves the remaining columns.
 
 A figure group is a number, the intervals after it ([lo, hi]), a multiple right after those ((0.30x)) and a
-Holm-adjusted p-value (p=0.04); it must equal its source at the decimals printed: the number the value (or its
-multiple, for `1.30x`), each interval the source's interval of the type the document states, t (over seeds),
-bootstrap or range (lowest low, highest high). The document states it in a table's caption and heading, in order,
-one per bracket of a cell (unless the cell names its own); in prose by the nearest of "over seeds" or "t interval"
-(t), "bootstrap" (bootstrap) or "lowest low" (range) in the same sentence. Figures quoted from the papers and the
-method's constants cite docs/results/quoted.csv (`quoted.csv#figure=0.89/figure`). Every figure in a checked region
-must be cited; in docs/results.md that is every figure after the first marker (before it, an error), in the README
-only those in regions. Integers, percentages, times, links and code are not figures.
+Holm-adjusted p-value after them (p=0.04; one after another p is a figure alone); it must equal its source at the
+decimals printed: the number the value (or its multiple, for `1.30x`), each interval the source's interval of the type
+the document states, t (over seeds), bootstrap or range (lowest low, highest high). The document states it in a
+table's caption and heading, in order, one per bracket of a cell (unless the cell names its own); in prose by the
+nearest of "over seeds" or "t interval" (t), "bootstrap" (bootstrap) or "lowest low" (range) in the same sentence.
+Figures quoted from the papers and the method's constants cite docs/results/quoted.csv
+(`quoted.csv#figure=0.89/figure`). Every figure in a checked region must be cited; in docs/results.md that is every
+figure after the first marker (before it, an error), in the README only those in regions. Integers, percentages,
+times, links and code are not figures.
 
     python scripts/check_figures.py            # one line per figure that does not match; exit 1 if any
 """
@@ -169,11 +170,13 @@ def _groups(text: str, kinds: list[str] | None = None) -> list[Group]:
             groups[-1].intervals.append((m.group(1), m.group(2), kind))
         elif m.group(4) and groups and re.search(r"\]\s*\($", text[: m.start()]):
             groups[-1].multiple = m.group(3)
-        elif groups and re.search(r"\bp=$", text[: m.start()]):
+        elif re.search(r"\bp=$", text[: m.start()]):  # the p-value of the figure before it, or a figure alone
+            if not groups or groups[-1].p:
+                groups.append(Group(m.start()))
             groups[-1].p = m.group(3)
         else:
             times = bool(m.group(4) or re.match(rf"-{NUMBER}x", text[m.end() :]))  # 1.27 in 1.27-1.32x
-            groups.append(Group(m.start(), m.group(3), times=times))
+            groups.append(Group(m.start(), value=m.group(3), times=times))
     return groups
 
 

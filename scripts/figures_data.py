@@ -7,11 +7,14 @@ paired contrast carries its hierarchical bootstrap interval, its Student t inter
 a family of tests (docs/method.md §7), its Holm-adjusted p-value over that family. "Extrapolates better" is scored one
 way for loss and accuracy: the change from 1x that worsens it (loss: the rise; accuracy: the drop) minus softmax's.
 
+    python -m scripts.figures_data mqar "drop minus" t   # a computed table's rows, as the pages print them
+
 Glossary: R runs (seeds), W windows (or MQAR instances).
 """
 
 import functools
 import pathlib
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -281,3 +284,27 @@ SOURCES: dict[str, Callable[[], list[Table]]] = {
     "switch": lambda: _loss_tables(Runs(DATA / "switch" / "results.json.gz"), DIRECT["switch"]),
     "mqar": lambda: _mqar_tables(Runs(DATA / "mqar_results.json.gz")),
 }
+
+
+def _signed(x: float) -> str:
+    return f"{x:+.3f}".replace("-", "−")
+
+
+def cell_text(value: Value, kinds: list[str]) -> str:
+    """A cell as the pages print it: the value, its intervals of these types in order, the multiple, the Holm p."""
+    parts = [_signed(value.value), *(f"[{_signed(lo)}, {_signed(hi)}]" for lo, hi in (value.intervals[k] for k in kinds))]
+    parts += [f"({value.multiple:.2f}x)"] if value.multiple is not None else []
+    return " ".join(parts + ([f"p={value.p:.3f}"] if value.p is not None else []))
+
+
+def main(source: str, title: str, kinds: str = "") -> None:
+    """Prints the rows of the computed tables of `source` whose title holds `title`."""
+    for table in (t for t in tables(source) if title in t.title):
+        print(f"{table.title}\n| row | " + " | ".join(table.columns) + " |")
+        for row in table.rows:
+            cells = [cell_text(table.compute(row, c), kinds.split(",") if kinds else []) for c in table.columns]
+            print(f"| {row} | " + " | ".join(cells) + " |")
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:])

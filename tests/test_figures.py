@@ -127,3 +127,11 @@ def test_the_p_value_is_the_one_sample_t_test_its_t_interval_inverts():
     per_seed = np.array([-0.69, -0.80, -0.41])
     assert fd.t_p_value(per_seed) == pytest.approx(scipy_stats.ttest_1samp(per_seed, 0.0).pvalue)
     assert (fd.t_p_value(np.zeros(3)), fd.t_p_value(np.full(3, 0.25))) == (1.0, 0.0)  # every seed alike
+
+
+def test_a_p_value_and_a_per_seed_figure_are_checked_against_the_computation():
+    text = (ROOT / "docs/results.md").read_text()
+    row = next(line for line in text.splitlines() if line.startswith("| lssa | end |") and "p=" in line)
+    p = re.search(r"p=(\d\.\d+)", row).group(1)  # type: ignore[union-attr]
+    wrong = text.replace(row, row.replace(f"p={p}", f"p={_last_digit(p)}", 1))
+    assert [line for line in _problems("docs/results.md", wrong) if "(p) is" in line]
