@@ -1303,9 +1303,23 @@ MUTANTS = [
     Mutant(
         "check_figures: an interval compared with its cell's interval of either type",
         "scripts/check_figures.py",
-        "        found = [c.intervals[kind] for _, c in cells if c and kind in c.intervals]",
-        "        found = [i for _, c in cells if c for i in c.intervals.values()]",
+        "        found = cell.intervals.get(kind) if kind else None",
+        "        found = next(iter(cell.intervals.values()), None) if kind else None",
         ("tests/test_figures.py::test_the_results_and_the_readme_pass",),
+    ),
+    Mutant(
+        "check_figures: a Holm p-value not compared with its computation",
+        "scripts/check_figures.py",
+        '    for name, printed, computed in (("x", group.multiple, cell.multiple), ("p", group.p, cell.p)):',
+        '    for name, printed, computed in (("x", group.multiple, cell.multiple),):',
+        ("tests/test_figures.py::test_a_p_value_and_a_per_seed_figure_are_checked_against_the_computation",),
+    ),
+    Mutant(
+        "figures_data: Holm's adjustment without its step-down factor",
+        "scripts/figures_data.py",
+        "        running = max(running, (len(p_values) - rank) * p_values[i])",
+        "        running = max(running, p_values[i])",
+        ("tests/test_figures.py::test_holm_adjusts_the_kth_smallest_by_the_cells_left_and_keeps_the_order",),
     ),
     Mutant(
         "mqar: the end placement leaves the pairs where training put them",

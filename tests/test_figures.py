@@ -1,13 +1,16 @@
-"""Every measured figure in docs/results.md and the README equals the source cell it cites (scripts/check_figures.py),
-and the check fails on each figure of the real documents changed as a referee would change it: a last digit, a sign,
-an interval's type label, a figure with no source."""
+"""Every measured figure in docs/results.md and the README equals its source recomputed from the committed data
+(scripts/check_figures.py, scripts/figures_data.py), and the check fails on each figure of the real documents changed
+as a referee would change it: a last digit, a sign, an interval's type label, a figure with no source."""
 
 import pathlib
 import re
 
+import numpy as np
 import pytest
+from scipy import stats as scipy_stats
 
 from scripts import check_figures as cf
+from scripts import figures_data as fd
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 SOURCES = cf.Sources()
@@ -111,3 +114,24 @@ def test_a_figure_with_no_source_fails():
     added = text.replace("What the tables say:\n", "What the tables say (softmax's rise at 16x is +0.910):\n")
     line = text.splitlines().index("What the tables say:") + 1
     assert _problems("docs/results.md", added) == [f"docs/results.md:{line}: +0.910 cites no source"]
+
+
+def test_holm_adjusts_the_kth_smallest_by_the_cells_left_and_keeps_the_order():
+    # sorted 0.01, 0.03, 0.04: 3 * 0.01, 2 * 0.03, then max(0.06, 1 * 0.04); 0.5 * 4 is capped at 1
+    assert fd.holm([0.04, 0.01, 0.03]) == pytest.approx([0.06, 0.03, 0.06])
+    assert fd.holm([0.5, 0.01, 0.2, 0.3]) == pytest.approx([0.6, 0.04, 0.6, 0.6])
+    assert fd.holm([0.5, 0.9]) == pytest.approx([1.0, 1.0])
+
+
+def test_the_p_value_is_the_one_sample_t_test_its_t_interval_inverts():
+    per_seed = np.array([-0.69, -0.80, -0.41])
+    assert fd.t_p_value(per_seed) == pytest.approx(scipy_stats.ttest_1samp(per_seed, 0.0).pvalue)
+    assert (fd.t_p_value(np.zeros(3)), fd.t_p_value(np.full(3, 0.25))) == (1.0, 0.0)  # every seed alike
+
+
+def test_a_p_value_and_a_per_seed_figure_are_checked_against_the_computation():
+    text = (ROOT / "docs/results.md").read_text()
+    row = next(line for line in text.splitlines() if line.startswith("| lssa | end |") and "p=" in line)
+    p = re.search(r"p=(\d\.\d+)", row).group(1)  # type: ignore[union-attr]
+    wrong = text.replace(row, row.replace(f"p={p}", f"p={_last_digit(p)}", 1))
+    assert [line for line in _problems("docs/results.md", wrong) if "(p) is" in line]
