@@ -18,6 +18,17 @@ QUERY = "\nThe pass key is"
 ANSWER = " {key}"
 
 
+def largest_that_fits(size, budget: int) -> int:
+    """The largest n >= 0 with size(n) <= budget, for a size that grows with n (double, then bisect); 0 if none."""
+    low, high = 0, 1
+    while size(high) <= budget:
+        low, high = high, 2 * high
+    while high - low > 1:
+        mid = (low + high) // 2
+        low, high = (mid, high) if size(mid) <= budget else (low, mid)
+    return low
+
+
 def _encode(tokenizer, text: str) -> np.ndarray:
     return np.asarray(tokenizer.encode(text), np.int32)
 

@@ -16,7 +16,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from freeatten_jax.data.retrieval import filler_tokens
+from freeatten_jax.data.retrieval import filler_tokens, largest_that_fits
 
 DEPTHS = np.linspace(0, 1, 40)  # RULER's 40 evenly spaced needle depths; each needle draws one (several: distinct)
 NEEDLES = 4  # needles of niah_multivalue and niah_multiquery
@@ -205,12 +205,7 @@ def _word_list(tokenizer, fill, counts_of: Callable[[int], dict[str, int]], top:
     size = lambda n: sum(sizes[w] * c for w, c in counts_of(n).items())
 
     def haystack(budget):
-        low, high = 0, 1
-        while size(high) <= budget:  # the list grows with N: double, then bisect the largest that fits
-            low, high = high, 2 * high
-        while high - low > 1:
-            mid = (low + high) // 2
-            low, high = (mid, high) if size(mid) <= budget else (low, mid)
+        low = largest_that_fits(size, budget)  # the list grows with N
         counts = counts_of(low)
         if min(counts.get(w, 0) for w in top) <= max((c for w, c in counts.items() if w not in top), default=0):
             raise ValueError(f"a list of {low} words is too short to rank its {len(top)} most frequent words")

@@ -8,7 +8,7 @@ import re
 
 import numpy as np
 
-from freeatten_jax.data.retrieval import FILLER  # Landmark's filler sentences, also the training mix's
+from freeatten_jax.data.retrieval import FILLER, largest_that_fits  # FILLER: Landmark's sentences, also the training mix's
 
 OPENING = (
     "There is an important info hidden inside a lot of irrelevant text. Find it and memorize them. "
@@ -54,12 +54,7 @@ def build_prompt(tokenizer, length: int, depth: float, key: str) -> tuple[np.nda
     size = lambda chars: sum(len(p) for p in encode(chars))
     if (shortest := size(0)) > length:
         raise ValueError(f"the passkey prompt without filler is {shortest} tokens, longer than the length {length}")
-    low, high = 0, 1
-    while size(high) <= length:  # tokens grow with the filler: double, then bisect the largest that fits
-        low, high = high, 2 * high
-    while high - low > 1:
-        mid = (low + high) // 2
-        low, high = (mid, high) if size(mid) <= length else (low, mid)
+    low = largest_that_fits(size, length)  # tokens grow with the filler
     head, needle, tail = encode(low)
     return np.concatenate([head, needle, tail]), slice(len(head), len(head) + len(needle))
 
