@@ -3,6 +3,7 @@
 as a referee would change it: a last digit, a sign, an interval's type label, a figure with no source."""
 
 import pathlib
+import random
 import re
 
 import numpy as np
@@ -103,9 +104,10 @@ def test_the_results_and_the_readme_pass():
 def test_every_change_to_a_figure_of_the_real_documents_fails(kind):
     make = {"figures": _mutants, "labels": _label_swaps, "sources": _unsourced}[kind]
     mutants = [m for path in cf.DOCUMENTS for m in make(path)]
-    missed = [what for what, text in mutants if not _problems(what.split(":")[0], text)]
-    print(f"{kind}: {len(mutants) - len(missed)} of {len(mutants)} changes detected")
     assert len(mutants) > {"figures": 2000, "labels": 30, "sources": 40}[kind]
+    tried = random.Random(0).sample(mutants, min(len(mutants), 500))  # each check re-reads a document: ~30 ms
+    missed = [what for what, text in tried if not _problems(what.split(":")[0], text)]
+    print(f"{kind}: {len(tried) - len(missed)} of {len(tried)} changes detected ({len(mutants)} possible)")
     assert missed == []
 
 
