@@ -102,9 +102,7 @@ def devices(name: str):
     if target.platform == "tpu":
         os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")  # libtpu locks its temp dir against a second process
         if quiet_plugins.libtpu():
-            print(
-                "note: no TPU on this host: libtpu told it is one host of its own (its start-up lines silenced)", file=sys.stderr
-            )
+            print(_NO_TPU_NOTE, file=sys.stderr)
         kwargs = dict(chip_config_name=target.chip_config, num_slices=target.slices)
         if target.topology.count("1") == len(target.topology.split(":")[1].split("x")):
             kwargs["chips_per_host_bounds"] = (1, 1, 1)  # a one-chip topology
