@@ -213,8 +213,8 @@ def gpu_table(args, dump: str) -> None:
     d = 128
     print(
         f"H100 sm_90a, T={args.seq_len}, D={d}, bf16, causal, each family's default blocks (gpu.GPU_BLOCKS; dK/dV's "
-        f"key block {args.block_k_dkv or 'the key block'}), {gpu.TRITON_WARPS} warps; per score, the kernel's sweeps "
-        "summed; interior = mask-free blocks, edge = masked ones"
+        f"key block {args.block_k_dkv or 'the key block'}), {gpu.TRITON_WARPS} warps ({gpu.FUSED_WARPS} in the fused "
+        "backward); per score, the kernel's sweeps summed; interior = mask-free blocks, edge = masked ones"
     )
     print(
         "| kernel | tensor FLOP | MUFU | FP32 | other ALU | all | spill ld/st per iteration | registers, spill bytes | bound "
@@ -237,7 +237,7 @@ def gpu_table(args, dump: str) -> None:
                 name = f"{variant} {kind}" if gradients else f"{variant} {kind}, no gradient"
                 registers, spills = ptxas(ptx, ptx + ".cubin")
                 warps = int(re.search(r"\.reqntid\s+(\d+)", open(ptx).read()).group(1)) // 32  # the kernel's own
-                keys = args.block_k_dkv or block_k if kind == "dkv" else block_k  # a loop iteration's keys
+                keys = args.block_k_dkv or block_k if kind in ("dkv", "bwd") else block_k  # a loop iteration's keys
                 for part, (per_score, flop) in budget(ptx + ".cubin", block_q, keys, warps).items():
                     time = clocks(per_score, flop)
                     if gradients:
@@ -255,13 +255,12 @@ def gpu_table(args, dump: str) -> None:
                         flush=True,
                     )
         for part, kinds in times.items():
-            model = MODEL_FLOP["bwd"] * d
-            backward, ceiling = (
-                model / RATES["tensor"] / (kinds["dq"] + kinds["dkv"]),
-                model / (flops[part]["dq"] + flops[part]["dkv"]),
-            )
+            model, names = MODEL_FLOP["bwd"] * d, [kind for kind in ("dq", "dkv", "bwd") if kind in kinds]
+            backward = model / RATES["tensor"] / sum(kinds[kind] for kind in names)
+            ceiling = model / sum(flops[part][kind] for kind in names)
             print(
-                f"| {variant} backward {part} (dq + dkv at 10·D per score) | | | | | | | | {backward:.2f} | {ceiling:.2f} |",
+                f"| {variant} backward {part} ({' + '.join(names)} at 10·D per score) | | | | | | | | {backward:.2f} "
+                f"| {ceiling:.2f} |",
                 flush=True,
             )
 

@@ -1455,6 +1455,27 @@ MUTANTS = [
         ("tests/test_kernel_budget.py::test_tpu_bundle_table",),
     ),
     Mutant(
+        "gpu fused backward: keys no query of the block sees reach dq (their NaN/Inf leak)",
+        "freeatten_jax/attention/pallas/gpu.py",
+        "        k = jnp.where(jnp.max(vis_t.astype(jnp.float32), axis=1, keepdims=True) > 0, k, 0)\n",
+        "",
+        ("tests/test_pallas.py", "-k", "never_leak and lssar"),
+    ),
+    Mutant(
+        "gpu fused backward: dL/dp's row shares not added",
+        "freeatten_jax/attention/pallas/gpu.py",
+        "    if cfg.p_grad:\n        pltriton.atomic_add(",
+        "    if False:\n        pltriton.atomic_add(",
+        ("tests/test_pallas.py", "-k", "power_gradient"),
+    ),
+    Mutant(
+        "gpu fused backward: dq without the key factors b_j",
+        "freeatten_jax/attention/pallas/gpu.py",
+        "ds_t if ks is None else ds_t * ks, k)",
+        "ds_t, k)",
+        ("tests/test_pallas.py", "-k", "matches_reference and lssar"),
+    ),
+    Mutant(
         "gpu dkv kernel: a key sub-block reads the span of the block of its own index",
         "freeatten_jax/attention/pallas/gpu.py",
         "b, j = pl.program_id(0), pl.program_id(2) // dkv_split(cfg)",

@@ -17,6 +17,7 @@ from freeatten_jax.attention.rules import FAMILIES, Ctx, Family, output_only
 
 NT = (((1,), (1,)), ((), ()))  # a [M, D] x b [N, D] -> [M, N]
 NN = (((1,), (0,)), ((), ()))  # a [M, N] x b [N, D] -> [M, D]
+TN = (((0,), (0,)), ((), ()))  # a [N, M] x b [N, D] -> [M, D]
 
 
 class BlockSizes(NamedTuple):
@@ -88,15 +89,20 @@ def scaled_scores(a, b, a_scale, b_scale):
     return s if b_scale is None else s * b_scale
 
 
+def halves(split: bool, w, dtype) -> list:
+    """w (float32: weights or ds) as a matmul on the tensor cores takes it: rounded to `dtype`, or with `split` (and
+    dtype not float32) as two halves in dtype, [lo, hi] with w = hi + lo: as exact as float32 w (error ~2^-17 of w
+    instead of bfloat16's 2^-9) for one more matmul."""
+    hi = w.astype(dtype)
+    return [(w - hi.astype(jnp.float32)).astype(dtype), hi] if split and dtype != jnp.float32 else [hi]
+
+
 def weighted_dot(split: bool, w, x, acc):
-    """acc + w @ x (w float32: weights or ds) on the tensor cores, accumulated in float32. With `split` (and x not
-    float32), w runs as two halves in x's dtype, w = hi + lo: the result is as exact as with float32 w (error
-    ~2^-17 of w instead of bfloat16's 2^-9) for one more matmul. Each matmul's sum is `dot + acc`, the form
-    Triton folds into the matmul's own accumulator (acc + (hi + lo) cost two float32 adds per element)."""
-    hi = w.astype(x.dtype)
-    if split and x.dtype != jnp.float32:
-        acc = dot((w - hi.astype(jnp.float32)).astype(x.dtype), x, NN) + acc
-    return dot(hi, x, NN) + acc
+    """acc + w @ x, w in halves(split) on the tensor cores, accumulated in float32. Each matmul's sum is `dot + acc`,
+    the form Triton folds into the matmul's own accumulator (acc + (hi + lo) cost two float32 adds per element)."""
+    for part in halves(split, w, x.dtype):
+        acc = dot(part, x, NN) + acc
+    return acc
 
 
 def kernel_family(cfg: Static) -> Family:
