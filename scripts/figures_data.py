@@ -21,13 +21,13 @@ from dataclasses import dataclass, field
 import numpy as np
 from scipy import stats as scipy_stats
 
+from freeatten_jax.data import mqar
 from freeatten_jax.evaluation import mqar_report, paired, plots, results, stats
 from freeatten_jax.evaluation.results import RunResult
 
 DATA = pathlib.Path(__file__).resolve().parent.parent / "docs" / "results"
 BASELINE = ("softmax", "none")
 MULTIPLIERS = (1, 2, 4, 8, 16)
-PLACEMENTS = ("start", "end")
 # the direct contrasts the claims rest on: (variant, switch) minus (variant, switch), both paired by seed and window
 DIRECT = {
     "text": [(("lssar_fixed", "none"), ("lssar", "none")), (("lssa_fixed", "none"), ("lssa", "none"))],
@@ -89,6 +89,27 @@ def holm(p_values: list[float]) -> list[float]:
         running = max(running, (len(p_values) - rank) * p_values[i])
         adjusted[i] = min(running, 1.0)
     return [float(a) for a in adjusted]
+
+
+# the columns of "Seeds for the direct contrast": the per-seed differences' standard deviation at 16x (the seeds run so
+# far), half the adaptive twin's rise at 16x (the width to get below), the seeds needed, and the t interval's width
+# at that many seeds and at one fewer (the sd taken as known)
+SEEDS_NEEDED = ("sd", "target", "seeds", "width", "width, one fewer")
+
+
+def t_width(sd: float, seeds: int) -> float:
+    """The width of a 95% Student t interval over `seeds` values of standard deviation `sd` (df = seeds - 1)."""
+    return float(2 * scipy_stats.t.ppf(0.975, seeds - 1) * sd / np.sqrt(seeds)) if seeds > 1 else float("inf")
+
+
+def seeds_for_width(sd: float, width: float) -> int:
+    """The fewest seeds (2 or more) whose t interval, at standard deviation `sd`, is narrower than `width`."""
+    if not width > 0:
+        raise ValueError(f"no number of seeds gives a t interval narrower than {width}")
+    seeds = 2
+    while t_width(sd, seeds) >= width:
+        seeds += 1
+    return seeds
 
 
 def _contrast(terms: list[tuple[float, np.ndarray]]) -> Value:
@@ -173,6 +194,22 @@ def _loss_tables(runs: Runs, direct: list) -> list[Table]:
         d = {k: paired.per_window(a, seeds, k) - paired.per_window(b, seeds, k) for k in (1, m)}
         return _contrast([(1, d[m]), (-1, d[1])])
 
+    def seeds_needed(row: str, column: str) -> Value:
+        """How many seeds the direct contrast at the longest length needs for its t interval to be narrower than half
+        the adaptive twin's own rise there (`column`: which of these figures)."""
+        longest = _x(MULTIPLIERS[-1])
+        sd = float(np.std(direct_rise(row, longest).per_seed, ddof=1))
+        target = rise(plots.group_name(*pairs[row][1], 1), longest).value / 2
+        seeds = seeds_for_width(sd, target)
+        figures = {
+            "sd": sd,
+            "target": target,
+            "seeds": seeds,
+            "width": t_width(sd, seeds),
+            "width, one fewer": t_width(sd, seeds - 1),
+        }
+        return Value(float(figures[column]))
+
     at_1x = lambda column: "loss at 1x" if column == "1x" else "loss beyond 1x"
     return _with_holm(
         [
@@ -181,6 +218,7 @@ def _loss_tables(runs: Runs, direct: list) -> list[Table]:
             Table("Loss minus", others, [_x(m) for m in MULTIPLIERS], loss_minus, at_1x),
             Table("Rise minus", others, longer, rise_minus, lambda c: "rise"),
             Table("Rise, direct", list(pairs), longer, direct_rise, lambda c: "direct"),
+            Table("Seeds for the direct contrast", list(pairs), list(SEEDS_NEEDED), seeds_needed),
         ]
     )
 
@@ -213,9 +251,14 @@ def _run_tables(runs: Runs) -> list[Table]:
 
 
 def _mqar_tables(runs: Runs) -> list[Table]:
-    """Per placement: accuracy (all and first-time queries), minus softmax's, the drop from 1x and that drop minus
-    softmax's; and start minus end per variant (what reaching further back costs at the same N_i)."""
+    """Per placement measured: accuracy (all and first-time queries), minus softmax's, the drop from 1x and that drop
+    minus softmax's; and per variant start minus end (what reaching further back costs at the same N_i) and dilute
+    minus end (what competing keys cost). Dilution is a question of its own: its cells are families of their own, so
+    that measuring it leaves start's and end's p-values as they were."""
     base, rows = runs.groups[BASELINE], list(runs.names)
+    measured = {x.placement for rs in runs.groups.values() for r in rs for x in r.mqar}
+    placements = [p for p in mqar.PLACEMENTS if p in measured]
+    question = lambda placement: "" if placement in ("start", "end") else f", {placement}"
     others = [n for n in rows if runs.names[n] != BASELINE]
     columns, longer = [_x(m) for m in MULTIPLIERS], [_x(m) for m in MULTIPLIERS[1:]]
 
@@ -254,23 +297,21 @@ def _mqar_tables(runs: Runs) -> list[Table]:
         return lambda column: f"level at 1x, {placement}" if column == "1x" else None
 
     tables = []
-    for placement in PLACEMENTS:
+    for placement in placements:
         at = lambda compute, placement=placement: functools.partial(compute, placement=placement)
+        family = lambda name, placement=placement: lambda c: name + question(placement)
         tables += [
             Table(f"{placement}: per-query", rows, columns, accuracy(placement, False)),
             Table(f"{placement}: first-time", rows, columns, accuracy(placement, True)),
             Table(f"{placement}: minus softmax's", others, columns, at(minus), at_1x(placement)),
-            Table(f"{placement}: drop from 1x", rows, longer, at(drop), lambda c: "own drop"),
-            Table(f"{placement}: drop minus softmax's", others, longer, at(drop_minus), lambda c: "drop"),
+            Table(f"{placement}: drop from 1x", rows, longer, at(drop), family("own drop")),
+            Table(f"{placement}: drop minus softmax's", others, longer, at(drop_minus), family("drop")),
         ]
-    distance = Table(
-        "start minus end",
-        rows,
-        longer,
-        lambda row, column: _contrast([(1, own(row, column, "start")), (-1, own(row, column, "end"))]),
-        lambda c: "distance",
-    )
-    return _with_holm([*tables, distance])
+    for a, b, _ in mqar_report.CONTRASTS:
+        if {a, b} <= measured:
+            cost = lambda row, column, a=a, b=b: _contrast([(1, own(row, column, a)), (-1, own(row, column, b))])
+            tables.append(Table(f"{a} minus {b}", rows, longer, cost, lambda c, name=f"{a} minus {b}": name))
+    return _with_holm(tables)
 
 
 @functools.cache
