@@ -66,5 +66,5 @@ for seed in $SEEDS; do
   checkpoints+=("--workdir=$RUNS/e_softmax-ssmax-seed$seed@0" "--workdir=$RUNS/lssa-lssar-seed$seed@0")
 done
 "$PY" eval.py "${checkpoints[@]}" --switch=rope_theta=50x@softmax+ssmax --eval_tokens="${EVAL_TOKENS:-32800}" \
-  --passkey_keys=0 --out="$OUT" ${EVAL_FLAGS:-}
+  --passkey_keys=1 --passkey_depths=0.5 --out="$OUT" ${EVAL_FLAGS:-}
 echo "total: $(( $(date +%s) - start )) s"
