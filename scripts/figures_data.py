@@ -2,7 +2,7 @@
 figures from the committed data in docs/results/ (the suite's results.json.gz files), so a figure is checked against
 the data itself, not against a report printed from it.
 
-A source (`text`, `switch`, `mqar`) is a list of tables; a table's cell is computed when first asked for. Every
+A source (`text`, `switch`, `switch_control`, `mqar`) is a list of tables; a table's cell is computed when first asked for. Every
 paired contrast carries its hierarchical bootstrap interval, its Student t interval over seeds and, where its table is
 a family of tests (docs/method.md §7), its Holm-adjusted p-value over that family. "Extrapolates better" is scored one
 way for loss and accuracy: the change from 1x that worsens it (loss: the rise; accuracy: the drop) minus softmax's.
@@ -316,13 +316,15 @@ def _mqar_tables(runs: Runs) -> list[Table]:
 
 @functools.cache
 def tables(source: str) -> list[Table]:
-    """The computed tables of a source (`text`, `switch`, `mqar`), each read from its committed results file once."""
+    """The computed tables of a source (see SOURCES), each read from its committed results file once."""
     return SOURCES[source]()
 
 
 SOURCES: dict[str, Callable[[], list[Table]]] = {
     "text": lambda: (lambda runs: _loss_tables(runs, DIRECT["text"]) + _run_tables(runs))(Runs(DATA / "results.json.gz")),
     "switch": lambda: _loss_tables(Runs(DATA / "switch" / "results.json.gz"), DIRECT["switch"]),
+    # the softmax -> softmax continuation control, with its own softmax runs (retrained: the switch runs are not kept)
+    "switch_control": lambda: _loss_tables(Runs(DATA / "switch_control" / "results.json.gz"), []),
     "mqar": lambda: _mqar_tables(Runs(DATA / "mqar_results.json.gz")),
 }
 
