@@ -1308,10 +1308,10 @@ MUTANTS = [
         (RESUME, "-k", "owns"),
     ),
     Mutant(
-        "mqar report: the cost of distance taken as end minus start",
+        "mqar report: a placement's cost taken the wrong way round (end minus start, end minus dilute)",
         "freeatten_jax/evaluation/mqar_report.py",
-        'stats.seed_level([(1, per_instance(rs, multiplier, "start")), (-1, per_instance(rs, multiplier, "end"))])',
-        'stats.seed_level([(-1, per_instance(rs, multiplier, "start")), (1, per_instance(rs, multiplier, "end"))])',
+        "stats.seed_level([(1, per_instance(rs, multiplier, a)), (-1, per_instance(rs, multiplier, b))])",
+        "stats.seed_level([(-1, per_instance(rs, multiplier, a)), (1, per_instance(rs, multiplier, b))])",
         ("tests/test_mqar_training.py::test_the_report_gives_placement_start_minus_end_per_variant_over_seeds",),
     ),
     Mutant(
