@@ -1,8 +1,9 @@
 """The named computations that docs/results.md and the README cite (scripts/check_figures.py): each recomputes its
-figures from the committed data in docs/results/ (the suite's results.json.gz files), so a figure is checked against
-the data itself, not against a report printed from it.
+figures from the committed data in docs/results/ (the suite's results.json.gz files; `make demo`'s in docs/demo/), so
+a figure is checked against the data itself, not against a report printed from it.
 
-A source (`text`, `switch`, `switch_control`, `mqar`) is a list of tables; a table's cell is computed when first asked for. Every
+A source (`text`, `switch`, `switch_control`, `mqar`, `demo`) is a list of tables; a table's cell is computed when
+first asked for. Every
 paired contrast carries its hierarchical bootstrap interval, its Student t interval over seeds and, where its table is
 a family of tests (docs/method.md §7), its Holm-adjusted p-value over that family. "Extrapolates better" is scored one
 way for loss and accuracy: the change from 1x that worsens it (loss: the rise; accuracy: the drop) minus softmax's.
@@ -74,6 +75,8 @@ def _multiplier(column: str) -> int:
 def t_p_value(per_seed_R: np.ndarray) -> float:
     """Two-sided one-sample t test of the per-seed differences against 0 (df = seeds - 1)."""
     per_seed_R = np.asarray(per_seed_R, np.float64)
+    if len(per_seed_R) < 2:  # one seed (`make demo`): no test
+        return float("nan")
     scale, mean = np.std(per_seed_R, ddof=1) / np.sqrt(len(per_seed_R)), abs(per_seed_R.mean())
     if scale == 0:  # every seed the same: no doubt about the sign, or nothing to test
         return 0.0 if mean else 1.0
@@ -168,7 +171,8 @@ def _loss_tables(runs: Runs, direct: list) -> list[Table]:
     def loss(row: str, column: str) -> Value:
         xs = [r.at(_multiplier(column)) for r in runs.group(row)]
         low, high = min(x.loss_ci[0] for x in xs), max(x.loss_ci[1] for x in xs)
-        return Value(float(np.mean([x.loss for x in xs])), {"range": (low, high)})
+        one = {"bootstrap": xs[0].loss_ci} if len(xs) == 1 else {}  # one run: its own bootstrap interval over windows
+        return Value(float(np.mean([x.loss for x in xs])), {"range": (low, high), **one})
 
     def rise(row: str, column: str) -> Value:
         rs = runs.group(row)
@@ -326,6 +330,7 @@ SOURCES: dict[str, Callable[[], list[Table]]] = {
     # the softmax -> softmax continuation control, with its own softmax runs (retrained: the switch runs are not kept)
     "switch_control": lambda: _loss_tables(Runs(DATA / "switch_control" / "results.json.gz"), []),
     "mqar": lambda: _mqar_tables(Runs(DATA / "mqar_results.json.gz")),
+    "demo": lambda: _loss_tables(Runs(DATA.parent / "demo" / "results.json.gz"), []),
 }
 
 
