@@ -2,7 +2,7 @@
 figures from the committed data in docs/results/ (the suite's results.json.gz files), so a figure is checked against
 the data itself, not against a report printed from it.
 
-A source (`text`, `switch`, `mqar`) is a list of tables; a table's cell is computed when first asked for. Every
+A source (`text`, `switch`, `mqar`, `ruler`) is a list of tables; a table's cell is computed when first asked for. Every
 paired contrast carries its hierarchical bootstrap interval, its Student t interval over seeds and, where its table is
 a family of tests (docs/method.md §7), its Holm-adjusted p-value over that family. "Extrapolates better" is scored one
 way for loss and accuracy: the change from 1x that worsens it (loss: the rise; accuracy: the drop) minus softmax's.
@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from scipy import stats as scipy_stats
 
-from freeatten_jax.evaluation import mqar_report, paired, plots, results, stats
+from freeatten_jax.evaluation import mqar_report, paired, plots, results, ruler_report, stats
 from freeatten_jax.evaluation.results import RunResult
 
 DATA = pathlib.Path(__file__).resolve().parent.parent / "docs" / "results"
@@ -273,6 +273,53 @@ def _mqar_tables(runs: Runs) -> list[Table]:
     return _with_holm([*tables, distance])
 
 
+def _ruler_tables(runs: Runs) -> list[Table]:
+    """Per RULER-style score (ruler_report.METRICS): each variant's mean by task and length with its Student t interval
+    over seeds (each seed's examples averaged first, as the suite's report), and its difference from softmax's, paired
+    by seed and example (every variant answers the same examples), Holm-adjusted over the score's cells. A task not
+    scored at every length (n/a in the report) has no difference row; its level is a LookupError where not scored."""
+    base_name = plots.group_name(*BASELINE, 1)
+    tasks = [*dict.fromkeys(c.task for r in runs.groups[BASELINE] for c in r.ruler), ruler_report.AVERAGE]
+    rows = {f"{name} {task}": (name, task) for name in runs.names for task in tasks}
+    columns = [_x(m) for m in MULTIPLIERS]
+
+    def scores(name: str, seeds: list[int], task: str, column: str, metric: str) -> np.ndarray:
+        """[R, W] of the group `name`'s runs of these seeds, in this order."""
+        picked = [r for s in seeds for r in runs.group(name) if r.seed == s]
+        values_RW = ruler_report.values(picked, task, _multiplier(column), metric)
+        if values_RW is None:
+            raise LookupError(f"{name} {task} is not scored at {column}")
+        return values_RW
+
+    def level(metric: str) -> Callable[[str, str], Value]:
+        def compute(row: str, column: str) -> Value:
+            name, task = rows[row]
+            summary = stats.seed_level([(1.0, scores(name, runs.seeds(runs.group(name)), task, column, metric))])
+            return Value(summary["difference"], {"t": summary["ci"]}, per_seed=summary["per_seed"])
+
+        return compute
+
+    def minus(metric: str) -> Callable[[str, str], Value]:
+        def compute(row: str, column: str) -> Value:
+            name, task = rows[row]
+            seeds = runs.seeds(runs.group(name), runs.groups[BASELINE])
+            return _contrast([(1, scores(name, seeds, task, column, metric)), (-1, scores(base_name, seeds, task, column, metric))])
+
+        return compute
+
+    def scored(name: str, task: str) -> bool:
+        return all(ruler_report.values(runs.group(name), task, _multiplier(c), "match") is not None for c in columns)
+
+    others = [r for r, (name, task) in rows.items() if name != base_name and scored(name, task) and scored(base_name, task)]
+    tables = []
+    for metric in ruler_report.METRICS:
+        tables += [
+            Table(f"RULER {metric}", list(rows), columns, level(metric)),
+            Table(f"RULER minus softmax's {metric}", others, columns, minus(metric), lambda c, metric=metric: metric),
+        ]
+    return _with_holm(tables)
+
+
 @functools.cache
 def tables(source: str) -> list[Table]:
     """The computed tables of a source (`text`, `switch`, `mqar`), each read from its committed results file once."""
@@ -283,6 +330,7 @@ SOURCES: dict[str, Callable[[], list[Table]]] = {
     "text": lambda: (lambda runs: _loss_tables(runs, DIRECT["text"]) + _run_tables(runs))(Runs(DATA / "results.json.gz")),
     "switch": lambda: _loss_tables(Runs(DATA / "switch" / "results.json.gz"), DIRECT["switch"]),
     "mqar": lambda: _mqar_tables(Runs(DATA / "mqar_results.json.gz")),
+    "ruler": lambda: _ruler_tables(Runs(DATA / "ruler" / "results.json.gz")),
 }
 
 
