@@ -303,7 +303,8 @@ def _ruler_tables(runs: Runs) -> list[Table]:
         def compute(row: str, column: str) -> Value:
             name, task = rows[row]
             seeds = runs.seeds(runs.group(name), runs.groups[BASELINE])
-            return _contrast([(1, scores(name, seeds, task, column, metric)), (-1, scores(base_name, seeds, task, column, metric))])
+            ours, softmax = (scores(n, seeds, task, column, metric) for n in (name, base_name))
+            return _contrast([(1, ours), (-1, softmax)])
 
         return compute
 
