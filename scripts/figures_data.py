@@ -2,10 +2,9 @@
 figures from the committed data in docs/results/ (the suite's results.json.gz files; `make demo`'s in docs/demo/), so
 a figure is checked against the data itself, not against a report printed from it.
 
-A source (`text`, `switch`, `switch_control`, `mqar`, `demo`) is a list of tables; a table's cell is computed when
-first asked for. Every
-paired contrast carries its hierarchical bootstrap interval, its Student t interval over seeds and, where its table is
-a family of tests (docs/method.md §7), its Holm-adjusted p-value over that family. "Extrapolates better" is scored one
+A source (`text`, `switch`, `switch_control`, `mqar`, `demo`, `ruler`) is a list of tables; a table's cell is computed
+when first asked for. Every paired contrast carries its hierarchical bootstrap interval, its Student t interval over
+seeds and, where its table is a family of tests (docs/method.md §7), its Holm-adjusted p-value over that family. "Extrapolates better" is scored one
 way for loss and accuracy: the change from 1x that worsens it (loss: the rise; accuracy: the drop) minus softmax's.
 
     python -m scripts.figures_data mqar "drop minus" t   # a computed table's rows, as the pages print them
@@ -23,7 +22,7 @@ import numpy as np
 from scipy import stats as scipy_stats
 
 from freeatten_jax.data import mqar
-from freeatten_jax.evaluation import mqar_report, paired, plots, results, stats
+from freeatten_jax.evaluation import mqar_report, paired, plots, results, ruler_report, stats
 from freeatten_jax.evaluation.results import RunResult
 
 DATA = pathlib.Path(__file__).resolve().parent.parent / "docs" / "results"
@@ -318,6 +317,54 @@ def _mqar_tables(runs: Runs) -> list[Table]:
     return _with_holm(tables)
 
 
+def _ruler_tables(runs: Runs) -> list[Table]:
+    """Per RULER-style score (ruler_report.METRICS): each variant's mean by task and length with its Student t interval
+    over seeds (each seed's examples averaged first, as the suite's report), and its difference from softmax's, paired
+    by seed and example (every variant answers the same examples), Holm-adjusted over the score's cells. A task not
+    scored at every length (n/a in the report) has no difference row; its level is a LookupError where not scored."""
+    base_name = plots.group_name(*BASELINE, 1)
+    tasks = [*dict.fromkeys(c.task for r in runs.groups[BASELINE] for c in r.ruler), ruler_report.AVERAGE]
+    rows = {f"{name} {task}": (name, task) for name in runs.names for task in tasks}
+    columns = [_x(m) for m in MULTIPLIERS]
+
+    def scores(name: str, seeds: list[int], task: str, column: str, metric: str) -> np.ndarray:
+        """[R, W] of the group `name`'s runs of these seeds, in this order."""
+        picked = [r for s in seeds for r in runs.group(name) if r.seed == s]
+        values_RW = ruler_report.values(picked, task, _multiplier(column), metric)
+        if values_RW is None:
+            raise LookupError(f"{name} {task} is not scored at {column}")
+        return values_RW
+
+    def level(metric: str) -> Callable[[str, str], Value]:
+        def compute(row: str, column: str) -> Value:
+            name, task = rows[row]
+            summary = stats.seed_level([(1.0, scores(name, runs.seeds(runs.group(name)), task, column, metric))])
+            return Value(summary["difference"], {"t": summary["ci"]}, per_seed=summary["per_seed"])
+
+        return compute
+
+    def minus(metric: str) -> Callable[[str, str], Value]:
+        def compute(row: str, column: str) -> Value:
+            name, task = rows[row]
+            seeds = runs.seeds(runs.group(name), runs.groups[BASELINE])
+            ours, softmax = (scores(n, seeds, task, column, metric) for n in (name, base_name))
+            return _contrast([(1, ours), (-1, softmax)])
+
+        return compute
+
+    def scored(name: str, task: str) -> bool:
+        return all(ruler_report.values(runs.group(name), task, _multiplier(c), "match") is not None for c in columns)
+
+    others = [r for r, (name, task) in rows.items() if name != base_name and scored(name, task) and scored(base_name, task)]
+    tables = []
+    for metric in ruler_report.METRICS:
+        tables += [
+            Table(f"RULER {metric}", list(rows), columns, level(metric)),
+            Table(f"RULER minus softmax's {metric}", others, columns, minus(metric), lambda c, metric=metric: metric),
+        ]
+    return _with_holm(tables)
+
+
 @functools.cache
 def tables(source: str) -> list[Table]:
     """The computed tables of a source (see SOURCES), each read from its committed results file once."""
@@ -331,6 +378,7 @@ SOURCES: dict[str, Callable[[], list[Table]]] = {
     "switch_control": lambda: _loss_tables(Runs(DATA / "switch_control" / "results.json.gz"), []),
     "mqar": lambda: _mqar_tables(Runs(DATA / "mqar_results.json.gz")),
     "demo": lambda: _loss_tables(Runs(DATA.parent / "demo" / "results.json.gz"), []),
+    "ruler": lambda: _ruler_tables(Runs(DATA / "ruler" / "results.json.gz")),
 }
 
 
