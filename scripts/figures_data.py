@@ -4,8 +4,9 @@ a figure is checked against the data itself, not against a report printed from i
 
 A source (`text`, `switch`, `switch_control`, `mqar`, `demo`, `ruler`) is a list of tables; a table's cell is computed
 when first asked for. Every paired contrast carries its hierarchical bootstrap interval, its Student t interval over
-seeds and, where its table is a family of tests (docs/method.md §7), its Holm-adjusted p-value over that family. "Extrapolates better" is scored one
-way for loss and accuracy: the change from 1x that worsens it (loss: the rise; accuracy: the drop) minus softmax's.
+seeds and, where its table is a family of tests (docs/method.md §7), its Holm-adjusted p-value over that family.
+"Extrapolates better" is scored one way for loss and accuracy: the change from 1x that worsens it (loss: the rise;
+accuracy: the drop) minus softmax's.
 
     python -m scripts.figures_data mqar "drop minus" t   # a computed table's rows, as the pages print them
 
