@@ -1,6 +1,6 @@
 """Re-checks every measured figure in docs/results.md and the README by value: each cites its source, and the check
 recomputes it there. A source is a named computation over the committed data (scripts/figures_data.py: `text`,
-`switch`, `mqar`), or a CSV in docs/results/. Markers:
+`switch`, `mqar`, `demo`), or a committed CSV (docs/results/, benchmarks/). Markers:
 
     <!-- figures: text results/mqar.csv -->   a region: its figures are checked, and may cite these sources
     <!-- figures: off -->                     a region of setups and benchmarks: not checked

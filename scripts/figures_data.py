@@ -1,11 +1,12 @@
 """The named computations that docs/results.md and the README cite (scripts/check_figures.py): each recomputes its
-figures from the committed data in docs/results/ (the suite's results.json.gz files), so a figure is checked against
-the data itself, not against a report printed from it.
+figures from the committed data in docs/results/ (the suite's results.json.gz files; `make demo`'s in docs/demo/), so
+a figure is checked against the data itself, not against a report printed from it.
 
-A source (`text`, `switch`, `mqar`) is a list of tables; a table's cell is computed when first asked for. Every
-paired contrast carries its hierarchical bootstrap interval, its Student t interval over seeds and, where its table is
-a family of tests (docs/method.md §7), its Holm-adjusted p-value over that family. "Extrapolates better" is scored one
-way for loss and accuracy: the change from 1x that worsens it (loss: the rise; accuracy: the drop) minus softmax's.
+A source (`text`, `switch`, `switch_control`, `mqar`, `demo`, `ruler`) is a list of tables; a table's cell is computed
+when first asked for. Every paired contrast carries its hierarchical bootstrap interval, its Student t interval over
+seeds and, where its table is a family of tests (docs/method.md §7), its Holm-adjusted p-value over that family.
+"Extrapolates better" is scored one way for loss and accuracy: the change from 1x that worsens it (loss: the rise;
+accuracy: the drop) minus softmax's.
 
     python -m scripts.figures_data mqar "drop minus" t   # a computed table's rows, as the pages print them
 
@@ -21,13 +22,13 @@ from dataclasses import dataclass, field
 import numpy as np
 from scipy import stats as scipy_stats
 
-from freeatten_jax.evaluation import mqar_report, paired, plots, results, stats
+from freeatten_jax.data import mqar
+from freeatten_jax.evaluation import mqar_report, paired, plots, results, ruler_report, stats
 from freeatten_jax.evaluation.results import RunResult
 
 DATA = pathlib.Path(__file__).resolve().parent.parent / "docs" / "results"
 BASELINE = ("softmax", "none")
 MULTIPLIERS = (1, 2, 4, 8, 16)
-PLACEMENTS = ("start", "end")
 # the direct contrasts the claims rest on: (variant, switch) minus (variant, switch), both paired by seed and window
 DIRECT = {
     "text": [(("lssar_fixed", "none"), ("lssar", "none")), (("lssa_fixed", "none"), ("lssa", "none"))],
@@ -74,6 +75,8 @@ def _multiplier(column: str) -> int:
 def t_p_value(per_seed_R: np.ndarray) -> float:
     """Two-sided one-sample t test of the per-seed differences against 0 (df = seeds - 1)."""
     per_seed_R = np.asarray(per_seed_R, np.float64)
+    if len(per_seed_R) < 2:  # one seed (`make demo`): no test
+        return float("nan")
     scale, mean = np.std(per_seed_R, ddof=1) / np.sqrt(len(per_seed_R)), abs(per_seed_R.mean())
     if scale == 0:  # every seed the same: no doubt about the sign, or nothing to test
         return 0.0 if mean else 1.0
@@ -89,6 +92,27 @@ def holm(p_values: list[float]) -> list[float]:
         running = max(running, (len(p_values) - rank) * p_values[i])
         adjusted[i] = min(running, 1.0)
     return [float(a) for a in adjusted]
+
+
+# the columns of "Seeds for the direct contrast": the per-seed differences' standard deviation at 16x (the seeds run so
+# far), half the adaptive twin's rise at 16x (the width to get below), the seeds needed, and the t interval's width
+# at that many seeds and at one fewer (the sd taken as known)
+SEEDS_NEEDED = ("sd", "target", "seeds", "width", "width, one fewer")
+
+
+def t_width(sd: float, seeds: int) -> float:
+    """The width of a 95% Student t interval over `seeds` values of standard deviation `sd` (df = seeds - 1)."""
+    return float(2 * scipy_stats.t.ppf(0.975, seeds - 1) * sd / np.sqrt(seeds)) if seeds > 1 else float("inf")
+
+
+def seeds_for_width(sd: float, width: float) -> int:
+    """The fewest seeds (2 or more) whose t interval, at standard deviation `sd`, is narrower than `width`."""
+    if not width > 0:
+        raise ValueError(f"no number of seeds gives a t interval narrower than {width}")
+    seeds = 2
+    while t_width(sd, seeds) >= width:
+        seeds += 1
+    return seeds
 
 
 def _contrast(terms: list[tuple[float, np.ndarray]]) -> Value:
@@ -147,7 +171,8 @@ def _loss_tables(runs: Runs, direct: list) -> list[Table]:
     def loss(row: str, column: str) -> Value:
         xs = [r.at(_multiplier(column)) for r in runs.group(row)]
         low, high = min(x.loss_ci[0] for x in xs), max(x.loss_ci[1] for x in xs)
-        return Value(float(np.mean([x.loss for x in xs])), {"range": (low, high)})
+        one = {"bootstrap": xs[0].loss_ci} if len(xs) == 1 else {}  # one run: its own bootstrap interval over windows
+        return Value(float(np.mean([x.loss for x in xs])), {"range": (low, high), **one})
 
     def rise(row: str, column: str) -> Value:
         rs = runs.group(row)
@@ -173,6 +198,22 @@ def _loss_tables(runs: Runs, direct: list) -> list[Table]:
         d = {k: paired.per_window(a, seeds, k) - paired.per_window(b, seeds, k) for k in (1, m)}
         return _contrast([(1, d[m]), (-1, d[1])])
 
+    def seeds_needed(row: str, column: str) -> Value:
+        """How many seeds the direct contrast at the longest length needs for its t interval to be narrower than half
+        the adaptive twin's own rise there (`column`: which of these figures)."""
+        longest = _x(MULTIPLIERS[-1])
+        sd = float(np.std(direct_rise(row, longest).per_seed, ddof=1))
+        target = rise(plots.group_name(*pairs[row][1], 1), longest).value / 2
+        seeds = seeds_for_width(sd, target)
+        figures = {
+            "sd": sd,
+            "target": target,
+            "seeds": seeds,
+            "width": t_width(sd, seeds),
+            "width, one fewer": t_width(sd, seeds - 1),
+        }
+        return Value(float(figures[column]))
+
     at_1x = lambda column: "loss at 1x" if column == "1x" else "loss beyond 1x"
     return _with_holm(
         [
@@ -181,6 +222,7 @@ def _loss_tables(runs: Runs, direct: list) -> list[Table]:
             Table("Loss minus", others, [_x(m) for m in MULTIPLIERS], loss_minus, at_1x),
             Table("Rise minus", others, longer, rise_minus, lambda c: "rise"),
             Table("Rise, direct", list(pairs), longer, direct_rise, lambda c: "direct"),
+            Table("Seeds for the direct contrast", list(pairs), list(SEEDS_NEEDED), seeds_needed),
         ]
     )
 
@@ -213,9 +255,14 @@ def _run_tables(runs: Runs) -> list[Table]:
 
 
 def _mqar_tables(runs: Runs) -> list[Table]:
-    """Per placement: accuracy (all and first-time queries), minus softmax's, the drop from 1x and that drop minus
-    softmax's; and start minus end per variant (what reaching further back costs at the same N_i)."""
+    """Per placement measured: accuracy (all and first-time queries), minus softmax's, the drop from 1x and that drop
+    minus softmax's; and per variant start minus end (what reaching further back costs at the same N_i) and dilute
+    minus end (what competing keys cost). Dilution is a question of its own: its cells are families of their own, so
+    that measuring it leaves start's and end's p-values as they were."""
     base, rows = runs.groups[BASELINE], list(runs.names)
+    measured = {x.placement for rs in runs.groups.values() for r in rs for x in r.mqar}
+    placements = [p for p in mqar.PLACEMENTS if p in measured]
+    question = lambda placement: "" if placement in ("start", "end") else f", {placement}"
     others = [n for n in rows if runs.names[n] != BASELINE]
     columns, longer = [_x(m) for m in MULTIPLIERS], [_x(m) for m in MULTIPLIERS[1:]]
 
@@ -254,35 +301,85 @@ def _mqar_tables(runs: Runs) -> list[Table]:
         return lambda column: f"level at 1x, {placement}" if column == "1x" else None
 
     tables = []
-    for placement in PLACEMENTS:
+    for placement in placements:
         at = lambda compute, placement=placement: functools.partial(compute, placement=placement)
+        family = lambda name, placement=placement: lambda c: name + question(placement)
         tables += [
             Table(f"{placement}: per-query", rows, columns, accuracy(placement, False)),
             Table(f"{placement}: first-time", rows, columns, accuracy(placement, True)),
             Table(f"{placement}: minus softmax's", others, columns, at(minus), at_1x(placement)),
-            Table(f"{placement}: drop from 1x", rows, longer, at(drop), lambda c: "own drop"),
-            Table(f"{placement}: drop minus softmax's", others, longer, at(drop_minus), lambda c: "drop"),
+            Table(f"{placement}: drop from 1x", rows, longer, at(drop), family("own drop")),
+            Table(f"{placement}: drop minus softmax's", others, longer, at(drop_minus), family("drop")),
         ]
-    distance = Table(
-        "start minus end",
-        rows,
-        longer,
-        lambda row, column: _contrast([(1, own(row, column, "start")), (-1, own(row, column, "end"))]),
-        lambda c: "distance",
-    )
-    return _with_holm([*tables, distance])
+    for a, b, _ in mqar_report.CONTRASTS:
+        if {a, b} <= measured:
+            cost = lambda row, column, a=a, b=b: _contrast([(1, own(row, column, a)), (-1, own(row, column, b))])
+            tables.append(Table(f"{a} minus {b}", rows, longer, cost, lambda c, name=f"{a} minus {b}": name))
+    return _with_holm(tables)
+
+
+def _ruler_tables(runs: Runs) -> list[Table]:
+    """Per RULER-style score (ruler_report.METRICS): each variant's mean by task and length with its Student t interval
+    over seeds (each seed's examples averaged first, as the suite's report), and its difference from softmax's, paired
+    by seed and example (every variant answers the same examples), Holm-adjusted over the score's cells. A task not
+    scored at every length (n/a in the report) has no difference row; its level is a LookupError where not scored."""
+    base_name = plots.group_name(*BASELINE, 1)
+    tasks = [*dict.fromkeys(c.task for r in runs.groups[BASELINE] for c in r.ruler), ruler_report.AVERAGE]
+    rows = {f"{name} {task}": (name, task) for name in runs.names for task in tasks}
+    columns = [_x(m) for m in MULTIPLIERS]
+
+    def scores(name: str, seeds: list[int], task: str, column: str, metric: str) -> np.ndarray:
+        """[R, W] of the group `name`'s runs of these seeds, in this order."""
+        picked = [r for s in seeds for r in runs.group(name) if r.seed == s]
+        values_RW = ruler_report.values(picked, task, _multiplier(column), metric)
+        if values_RW is None:
+            raise LookupError(f"{name} {task} is not scored at {column}")
+        return values_RW
+
+    def level(metric: str) -> Callable[[str, str], Value]:
+        def compute(row: str, column: str) -> Value:
+            name, task = rows[row]
+            summary = stats.seed_level([(1.0, scores(name, runs.seeds(runs.group(name)), task, column, metric))])
+            return Value(summary["difference"], {"t": summary["ci"]}, per_seed=summary["per_seed"])
+
+        return compute
+
+    def minus(metric: str) -> Callable[[str, str], Value]:
+        def compute(row: str, column: str) -> Value:
+            name, task = rows[row]
+            seeds = runs.seeds(runs.group(name), runs.groups[BASELINE])
+            ours, softmax = (scores(n, seeds, task, column, metric) for n in (name, base_name))
+            return _contrast([(1, ours), (-1, softmax)])
+
+        return compute
+
+    def scored(name: str, task: str) -> bool:
+        return all(ruler_report.values(runs.group(name), task, _multiplier(c), "match") is not None for c in columns)
+
+    others = [r for r, (name, task) in rows.items() if name != base_name and scored(name, task) and scored(base_name, task)]
+    tables = []
+    for metric in ruler_report.METRICS:
+        tables += [
+            Table(f"RULER {metric}", list(rows), columns, level(metric)),
+            Table(f"RULER minus softmax's {metric}", others, columns, minus(metric), lambda c, metric=metric: metric),
+        ]
+    return _with_holm(tables)
 
 
 @functools.cache
 def tables(source: str) -> list[Table]:
-    """The computed tables of a source (`text`, `switch`, `mqar`), each read from its committed results file once."""
+    """The computed tables of a source (see SOURCES), each read from its committed results file once."""
     return SOURCES[source]()
 
 
 SOURCES: dict[str, Callable[[], list[Table]]] = {
     "text": lambda: (lambda runs: _loss_tables(runs, DIRECT["text"]) + _run_tables(runs))(Runs(DATA / "results.json.gz")),
     "switch": lambda: _loss_tables(Runs(DATA / "switch" / "results.json.gz"), DIRECT["switch"]),
+    # the softmax -> softmax continuation control, with its own softmax runs (retrained: the switch runs are not kept)
+    "switch_control": lambda: _loss_tables(Runs(DATA / "switch_control" / "results.json.gz"), []),
     "mqar": lambda: _mqar_tables(Runs(DATA / "mqar_results.json.gz")),
+    "demo": lambda: _loss_tables(Runs(DATA.parent / "demo" / "results.json.gz"), []),
+    "ruler": lambda: _ruler_tables(Runs(DATA / "ruler" / "results.json.gz")),
 }
 
 

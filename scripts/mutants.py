@@ -100,6 +100,27 @@ def every_skipping(name: str, original: str, replacement: str) -> list[Mutant]:
 
 MUTANTS = [
     Mutant(
+        "data.mqar.competing: dilute's competing pairs may take the instance's keys (one can answer a query)",
+        "freeatten_jax/data/mqar.py",
+        "free_F = np.setdiff1d(np.arange(task.num_keys), instance.keys_P)",
+        "free_F = np.arange(task.num_keys)",
+        ("tests/test_mqar.py", "-k", "dilute"),
+    ),
+    Mutant(
+        "data.mqar.competing: dilute holds a fixed 4 competing pairs at every length (no growth with length)",
+        "freeatten_jax/data/mqar.py",
+        "count = task.pairs * prefix // instance.train_len",
+        "count = task.pairs * bool(prefix)",
+        ("tests/test_mqar.py", "-k", "dilute"),
+    ),
+    Mutant(
+        "suite.measure: eval-time switches skipped on MQAR runs (rope_theta=50x scores the checkpoint as trained)",
+        "freeatten_jax/evaluation/suite.py",
+        "    switches.apply(model, cfg, switch)\n",
+        '    switches.apply(model, cfg, switch) if cfg.data.source != "mqar" else None\n',
+        ("tests/test_mqar_training.py", "-k", "rope_theta"),
+    ),
+    Mutant(
         "together.block: a block's parameter gradients free to be postponed (no barrier with its input's)",
         "freeatten_jax/nn/together.py",
         "lambda _, g: jax.lax.optimization_barrier(g))",
@@ -1287,10 +1308,10 @@ MUTANTS = [
         (RESUME, "-k", "owns"),
     ),
     Mutant(
-        "mqar report: the cost of distance taken as end minus start",
+        "mqar report: a placement's cost taken the wrong way round (end minus start, end minus dilute)",
         "freeatten_jax/evaluation/mqar_report.py",
-        'stats.seed_level([(1, per_instance(rs, multiplier, "start")), (-1, per_instance(rs, multiplier, "end"))])',
-        'stats.seed_level([(-1, per_instance(rs, multiplier, "start")), (1, per_instance(rs, multiplier, "end"))])',
+        "stats.seed_level([(1, per_instance(rs, multiplier, a)), (-1, per_instance(rs, multiplier, b))])",
+        "stats.seed_level([(-1, per_instance(rs, multiplier, a)), (1, per_instance(rs, multiplier, b))])",
         ("tests/test_mqar_training.py::test_the_report_gives_placement_start_minus_end_per_variant_over_seeds",),
     ),
     Mutant(

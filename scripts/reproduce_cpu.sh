@@ -8,7 +8,8 @@
 # (seeds, then windows, resampled), Landmark passkey and training-format retrieval at every length, LSSA + re-weighting
 # p=15, and the SSMax paper's protocol (RoPE base x50 at evaluation) for softmax and SSMax.
 # JOBS runs at a time; rerunning resumes unfinished runs (from their last checkpoint) and skips finished ones; the
-# evaluation is redone at the end. STEPS, SEEDS, VARIANTS, FRACTION, EVAL_TOKENS and JOBS may be overridden;
+# evaluation is redone at the end (TRAIN_ONLY=1: not; scripts/ruler_cpu.sh trains this way). STEPS, SEEDS, VARIANTS,
+# FRACTION, EVAL_TOKENS and JOBS may be overridden;
 # MERGE=results.json[.gz] of an earlier evaluation with the same settings adds its runs to the report unmeasured
 # (freeatten-eval --merge), so that new variants are compared with runs already evaluated.
 set -euo pipefail
@@ -38,6 +39,7 @@ runs() {  # "variant seed", one line a run
   done
 }
 runs | xargs -P "$JOBS" -L 1 bash -c 'train_one "$@"' _
+[ -n "${TRAIN_ONLY:-}" ] && exit 0
 workdirs=()
 while read -r variant seed; do workdirs+=("--workdir=$RUNS/$variant-seed$seed"); done < <(runs)
 "$PY" eval.py "${workdirs[@]}" --switch=p=15 --switch=rope_theta=50x@softmax+ssmax \

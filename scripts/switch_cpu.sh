@@ -4,7 +4,8 @@
 # scratch, then warm starts (config.init.path) that switch attention:
 #   (e)  softmax@600 -> ssmax: evaluated as switched (step 0, no training) and after CONTINUE more steps;
 #   (f)  softmax@450 -> ssmax at 75% of training, trained CONTINUE steps to the end;
-#   LSSA -> LSSAR: lssa@600 -> lssar, as switched (step 0: the LSSA paper's re-weighting at inference) and trained on.
+#   LSSA -> LSSAR: lssa@600 -> lssar, as switched (step 0: the LSSA paper's re-weighting at inference) and trained on;
+#   the control softmax@600 -> softmax, trained CONTINUE more steps (what CONTINUE more steps change with no switch).
 # Every continuation replays the tail of the source's schedule (the lr of step 450, 7.7e-4, cosine down to the
 # source's floor 3e-4 over CONTINUE steps, after a 10-step warm-up of the fresh optimizer state). Seed k of every run
 # shares its data order. Then the suite on the same held-out span at 1x-16x, as trained and with the SSMax paper's
@@ -49,6 +50,7 @@ continued() {  # warm starts from the scratch runs: name, new variant, source ch
     echo "e_softmax-ssmax ssmax:tiny $seed --config.init.path=$RUNS/softmax-seed$seed@$STEPS $tail"
     echo "f_softmax-ssmax ssmax:tiny $seed --config.init.path=$RUNS/softmax-seed$seed@$SWITCH_AT $tail"
     echo "lssa-lssar lssar:tiny $seed --config.init.path=$RUNS/lssa-seed$seed@$STEPS $tail"
+    echo "c_softmax-softmax softmax:tiny $seed --config.init.path=$RUNS/softmax-seed$seed@$STEPS $tail"
   done
 }
 
@@ -58,11 +60,11 @@ continued | xargs -P "$JOBS" -L 1 bash -c 'train_one "$@"' _
 echo "training: $(( $(date +%s) - start )) s"
 checkpoints=()
 for seed in $SEEDS; do
-  for run in softmax ssmax lssa lssar e_softmax-ssmax f_softmax-ssmax lssa-lssar; do
+  for run in softmax ssmax lssa lssar e_softmax-ssmax f_softmax-ssmax lssa-lssar c_softmax-softmax; do
     checkpoints+=("--workdir=$RUNS/$run-seed$seed")
   done
   checkpoints+=("--workdir=$RUNS/e_softmax-ssmax-seed$seed@0" "--workdir=$RUNS/lssa-lssar-seed$seed@0")
 done
 "$PY" eval.py "${checkpoints[@]}" --switch=rope_theta=50x@softmax+ssmax --eval_tokens="${EVAL_TOKENS:-32800}" \
-  --passkey_keys=0 --out="$OUT" ${EVAL_FLAGS:-}
+  --passkey_keys=1 --passkey_depths=0.5 --out="$OUT" ${EVAL_FLAGS:-}
 echo "total: $(( $(date +%s) - start )) s"

@@ -70,8 +70,8 @@ def test_a_list_setting_off_by_default_takes_an_empty_value():
 @pytest.mark.parametrize(
     "arg, allowed",
     [
-        ("--mqar_placements=start,middle", "start, end or both"),
-        ("--mqar_placements=", "start, end or both"),
+        ("--mqar_placements=start,middle", "some of start, end, dilute"),
+        ("--mqar_placements=", "some of start, end, dilute"),
         ("--ruler=vt,niah", "some of niah_single, niah_multikey, niah_multivalue, niah_multiquery, vt, cwe, fwe"),
         ("--ruler_keep=0", "a number in (0, 1]"),
         ("--passkey_depths=0.5,nan", "numbers in [0, 1]"),

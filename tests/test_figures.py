@@ -131,6 +131,17 @@ def test_the_p_value_is_the_one_sample_t_test_its_t_interval_inverts():
     assert (fd.t_p_value(np.zeros(3)), fd.t_p_value(np.full(3, 0.25))) == (1.0, 0.0)  # every seed alike
 
 
+def test_the_seeds_a_contrast_needs_are_the_fewest_whose_t_interval_is_narrower_than_the_target():
+    assert fd.t_width(0.5, 3) == pytest.approx(2 * 4.302653 * 0.5 / np.sqrt(3))  # t(0.975, 2) = 4.302653
+    assert fd.t_width(0.5, 1) == np.inf
+    for sd, width in ((0.206, 0.139), (0.03, 0.53), (1.0, 0.5)):
+        seeds = fd.seeds_for_width(sd, width)
+        assert fd.t_width(sd, seeds) < width <= fd.t_width(sd, seeds - 1) and seeds >= 2
+    assert fd.seeds_for_width(0.03, 0.53) == 3 and fd.seeds_for_width(1.0, 0.5) == 64  # 2 * 1.998 / sqrt(64) = 0.4996
+    with pytest.raises(ValueError, match="no number of seeds"):
+        fd.seeds_for_width(0.1, -0.2)
+
+
 def test_a_p_value_and_a_per_seed_figure_are_checked_against_the_computation():
     text = (ROOT / "docs/results.md").read_text()
     row = next(line for line in text.splitlines() if line.startswith("| lssa | end |") and "p=" in line)

@@ -47,7 +47,7 @@ CASES = {  # command line -> lines the help must contain
         "  --passkey_depths=[0.1, 0.5, 0.9] (comma separated list of float; allowed: numbers in [0, 1], e.g. 0.1,0.5)",
         "  --workdir=None (multi string, required)",
         "      Training run directory, or WORKDIR@STEP for one of its checkpoints (repeat for several).",
-        "  --mqar_placements=['start', 'end'] (comma separated list of str; allowed: start, end or both)",
+        "  --mqar_placements=['start', 'end', 'dilute'] (comma separated list of str; allowed: some of start, end, dilute)",
     ],
     "freeatten-generate --help": [
         "  --max_new_tokens=100 (int; allowed: a positive integer)",

@@ -78,8 +78,45 @@ def test_at_the_end_the_training_window_sits_last_so_each_query_reaches_back_as_
     queried = np.stack([inst.queried_P for inst in mqar.draws(task, train_len, 5, 3)])
     expected = [[q in row[:j] for j, q in enumerate(row)] for row in queried]
     assert (repeated_1x == expected).all() and (repeated_end == repeated_1x).all() and repeated_1x.any()
-    with pytest.raises(ValueError, match="placement 'middle' is unknown; valid placements: start, end"):
+    with pytest.raises(ValueError, match="placement 'middle' is unknown; valid placements: start, end, dilute"):
         mqar.batch(task, train_len, length, 1, seed=0, placement="middle")
+
+
+@pytest.mark.parametrize("form", mqar.FORMS)
+def test_dilute_puts_competing_pairs_of_unqueried_keys_before_the_training_window_as_dense_as_in_training(form):
+    """Placement dilute: the end placement's tokens from the training window on, and before it, among end's own noise,
+    `pairs` competing pairs per training length (4 at 1x up to 64 at 16x), real pairs of keys the instance's pairs do
+    not use (so none answers a query), fixed by the instance."""
+    task, train_len, count = mqar.Task(pairs=4, form=form), 32, 6
+    instances = mqar.draws(task, train_len, count, seed=3)
+    for m in (1, 2, 4, 8, 16):
+        length, shift = m * train_len, (m - 1) * train_len
+        dilute_BL, dilute_BT = mqar.batch(task, train_len, length, count, seed=3, placement="dilute")
+        end_BL, end_BT = mqar.batch(task, train_len, length, count, seed=3, placement="end")
+        assert (dilute_BL[:, shift:] == end_BL[:, shift:]).all() and (dilute_BT == end_BT).all()  # the queried pairs, as at end
+        facts = [mqar.batch_query_facts(task, train_len, length, count, seed=3, placement=p) for p in ("dilute", "end")]
+        assert all((a == b).all() for a, b in zip(*facts))
+        for b, instance in enumerate(instances):
+            prefix_S, end_prefix_S = dilute_BL[b, :shift], end_BL[b, :shift]
+            offsets_C, keys_C, values_C = mqar.competing(task, instance, length)
+            assert len(offsets_C) == 4 * (m - 1) and len(offsets_C) + 4 == 4 * m  # 4 pairs in all at 1x, 64 at 16x
+            at_S = np.zeros(shift, bool)
+            for offset, key, value in zip(offsets_C, keys_C, values_C):
+                expected = [key * 8 + value] if form == "fused" else [key, 8 + value]
+                assert prefix_S[offset : offset + task.pair_width].tolist() == expected  # a real key-value pair
+                at_S[offset : offset + task.pair_width] = True
+            assert at_S.sum() == len(offsets_C) * task.pair_width  # no two overlap
+            assert (prefix_S[~at_S] == end_prefix_S[~at_S]).all() and (end_prefix_S >= task.noise_start).all()
+            assert not set(keys_C.tolist()) & set(instance.keys_P.tolist())  # distinct from every queried key
+            if m == 16:  # every unused key competes; the values vary
+                assert set(keys_C.tolist()) == set(range(8)) - set(instance.keys_P.tolist()) and len(set(values_C)) > 1
+    again = mqar.batch(task, train_len, 512, count, seed=3, placement="dilute")[0]
+    assert (again == mqar.batch(task, train_len, 512, count, seed=3, placement="dilute")[0]).all()  # deterministic
+    assert not (again[0, :480] == again[1, :480]).all()
+    one_x = [mqar.batch(task, train_len, train_len, count, seed=3, placement=p)[0] for p in mqar.PLACEMENTS]
+    assert all((x == one_x[0]).all() for x in one_x)  # 1x: every placement is training's window
+    with pytest.raises(ValueError, match="dilute needs keys the 4 pairs do not use; num_keys is 4"):
+        mqar.batch(mqar.Task(num_keys=4, pairs=4), train_len, 64, 1, seed=0, placement="dilute")
 
 
 def test_bad_tasks_are_one_line_errors():
@@ -117,6 +154,14 @@ def test_scoring_counts_each_answer_at_every_length():
     assert [(r.placement, r.length, r.queries, r.accuracy, r.first_time_accuracy) for r in rows] == [
         (placement, n, 24, 1.0, 1.0) for placement in ("start", "end") for n in (32, 128)
     ]
+    exact = mqar_eval.accuracy_by_length(_Recall(task), task, 32, (16,), instances=6, seed=0, placements=("dilute",))
+    assert [(r.placement, r.length, r.accuracy) for r in exact] == [("dilute", 512, 1.0)]  # competing keys: no answer
+    # answering with the first pair in the context: at end that is a pair of the instance, at dilute a competing one
+    first_pair = {
+        p: mqar_eval.accuracy_by_length(_Recall(task, wrong=True), task, 32, (4,), 200, seed=0, placements=(p,))[0].accuracy
+        for p in ("end", "dilute")
+    }
+    assert first_pair["dilute"] < 0.2 < first_pair["end"]  # dilute: right by value collisions only (1 in 8)
     wrong = mqar_eval.accuracy_by_length(_Recall(task, wrong=True), task, 32, (1,), instances=50, seed=0)[0]
     assert 0.15 < wrong.accuracy < 0.45  # right only for the query of the first pair (1 in 4) and value collisions
     assert len(wrong.per_instance) == 50 and np.mean(wrong.per_instance) == pytest.approx(wrong.accuracy)

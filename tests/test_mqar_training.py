@@ -15,7 +15,8 @@ from freeatten_jax import data
 from freeatten_jax.configs import mqar as mqar_config
 from freeatten_jax.data import mqar
 from freeatten_jax.errors import ConfigError
-from freeatten_jax.evaluation import mqar_report, results, stats, suite
+from freeatten_jax.evaluation import mqar as mqar_eval
+from freeatten_jax.evaluation import mqar_report, results, stats, suite, switches
 from freeatten_jax.training import config, optim
 from freeatten_jax.training import state as train_state
 from freeatten_jax.training import step as train_step
@@ -118,14 +119,14 @@ def test_eval_scores_accuracy_by_length_into_mqar_csv(mqar_runs, tmp_path, capsy
     assert [(r["variant"], r["seed"], r["placement"], r["length"], r["queries"]) for r in rows] == [
         (v, s, p, n, "64")
         for v, s in (("softmax", "0"), ("softmax", "1"), ("softmax_logn", "0"))
-        for p in ("start", "end")
+        for p in ("start", "end", "dilute")
         for n in ("24", "48")
     ]
     at_1x = {(r["variant"], r["seed"], r["placement"]): r["accuracy"] for r in rows if r["length"] == "24"}
-    assert all(at_1x[v, s, "start"] == at_1x[v, s, "end"] for v, s, _ in at_1x)  # 1x: both placements are training's
+    assert all(at_1x[v, s, "start"] == at_1x[v, s, p] for v, s, p in at_1x)  # 1x: every placement is training's
     with gzip.open(tmp_path / "mqar_queries.csv.gz", "rt") as f:
         queries = list(csv.DictReader(f))
-    assert len(queries) == 3 * 2 * 2 * 64 and {q["placement"] for q in queries} == {"start", "end"}
+    assert len(queries) == 3 * 3 * 2 * 64 and {q["placement"] for q in queries} == {"start", "end", "dilute"}
     first_end_2x = [q for q in queries if q["variant"] == "softmax" and q["seed"] == "1" and q["placement"] == "end"]
     first_end_2x = [int(q["hit"]) for q in first_end_2x if q["length"] == "48" and q["repeated"] == "0"]
     row = next(r for r in rows if (r["variant"], r["seed"], r["placement"], r["length"]) == ("softmax", "1", "end", "48"))
@@ -136,6 +137,25 @@ def test_eval_scores_accuracy_by_length_into_mqar_csv(mqar_runs, tmp_path, capsy
     text = (tmp_path / "mqar.md").read_text()
     assert "| softmax (2 runs) |" in text and "| softmax_logn |" in text and (tmp_path / "mqar.png").exists()
     assert not (tmp_path / "report.md").exists()  # no text runs: no text report
+
+
+def test_a_rope_theta_switch_applies_to_mqar_runs(mqar_runs, monkeypatch):
+    """`--switch=rope_theta=50x` on an MQAR checkpoint (of any variant): every MQAR cell is scored with RoPE's base
+    raised 50x in every layer, and the run records it."""
+    scored = []
+
+    def spy(model, *args, **kwargs):  # the RoPE bases of the model each cell is scored with
+        scored.append({float(layer.rope_theta) for layer in model.attention_layers})
+        return real(model, *args, **kwargs)
+
+    real = mqar_eval.query_hits
+    monkeypatch.setattr(mqar_eval, "query_hits", spy)
+    settings = suite.Settings(multipliers=(1, 4), mqar_instances=8, mqar_placements=("start", "dilute"))
+    plain = suite.evaluate(mqar_runs["logn-0"], switches.NONE, settings, suite.SplitCache())
+    switched = suite.evaluate(mqar_runs["logn-0"], switches.parse("rope_theta=50x"), settings, suite.SplitCache())
+    assert scored == [{10_000.0}] * 4 + [{500_000.0}] * 4
+    assert (plain.rope_theta, switched.rope_theta, switched.switch) == (10_000.0, 500_000.0, "rope_theta=50x")
+    assert [(x.placement, x.length) for x in switched.mqar] == [(p, n) for p in ("start", "dilute") for n in (24, 96)]
 
 
 def _run(variant, seed, per_instance_MW):

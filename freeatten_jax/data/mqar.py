@@ -5,11 +5,14 @@ A sequence holds `pairs` key-value pairs at random offsets among noise tokens, t
 of a key drawn from the pairs with replacement and followed by its value (the answer). Only answers are
 scored. Drawn with replacement (docs/method.md §7: with every key queried once, softmax trained at 32 tokens
 stalled in 2 seeds of 3), a query may repeat an earlier one: its answer then also sits 2-6 tokens back, in the
-query block, and `query_facts` marks it. At m times the training length the same pairs are placed two ways:
+query block, and `query_facts` marks it. At m times the training length the same pairs are placed three ways:
 "start" (as in training, the gap before the queries filled with more noise: every query reaches back
-(m - 1) * train_len tokens further, among no more keys) or "end" (noise first, then the training window: each
-query reaches back as far as in training, while the number of keys it sees, N_i, grows m-fold). The first
-changes distance and N_i at once; the second N_i alone.
+(m - 1) * train_len tokens further, among no more keys), "end" (noise first, then the training window: each
+query reaches back as far as in training, while the number of tokens it sees, N_i, grows m-fold) or "dilute"
+(as end, but the prefix also holds competing pairs at the training window's density, `pairs` per train_len
+tokens: 4 pairs in all at 1x up to 64 at 16x; their keys are keys the instance's pairs do not use, so none
+answers a query). The first changes distance and N_i at once; the second N_i alone; dilute minus end is what
+competing keys cost at the same distance and N_i.
 
 Two forms: "fused" (one token per pair, key * num_values + value: one attention layer solves it by
 matching the query's key to the pair token's content) and "two_token" (key then value, as in Zoology: needs
@@ -29,7 +32,7 @@ import dataclasses
 import numpy as np
 
 FORMS = ("fused", "two_token")
-PLACEMENTS = ("start", "end")  # where the training window's pairs sit at a longer length (see above)
+PLACEMENTS = ("start", "end", "dilute")  # where the training window's pairs sit at a longer length (see above)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -124,7 +127,8 @@ def draw(task: Task, train_len: int, rng: np.random.Generator) -> Instance:
 
 
 def _shift(instance: Instance, length: int, placement: str) -> int:
-    """How far the training window's pairs move at `length`: 0 at the start, length - train_len at the end."""
+    """How far the training window's pairs move at `length`: 0 at the start, length - train_len at the end (and
+    with the competing pairs before it)."""
     if placement not in PLACEMENTS:
         raise ValueError(f"mqar placement {placement!r} is unknown; valid placements: {', '.join(PLACEMENTS)}")
     if length < instance.train_len:
@@ -132,15 +136,37 @@ def _shift(instance: Instance, length: int, placement: str) -> int:
     return 0 if placement == "start" else length - instance.train_len
 
 
+def competing(task: Task, instance: Instance, length: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(offsets [C], keys [C], values [C]) of the competing pairs that placement dilute puts before the training window
+    at `length`: C = pairs * (length - train_len) // train_len, at random non-overlapping offsets in that prefix, keys
+    drawn with replacement from the keys the instance's pairs do not use, values at random; fixed by the instance."""
+    prefix = length - instance.train_len
+    count = task.pairs * prefix // instance.train_len
+    free_F = np.setdiff1d(np.arange(task.num_keys), instance.keys_P)
+    if count and not len(free_F):
+        raise ValueError(f"mqar placement dilute needs keys the {task.pairs} pairs do not use; num_keys is {task.num_keys}")
+    rng = np.random.default_rng([instance.noise_seed, 1])  # not the noise's stream
+    starts_C = np.sort(rng.choice(prefix - count * (task.pair_width - 1), size=count, replace=False))
+    return (
+        starts_C + np.arange(count) * (task.pair_width - 1),
+        rng.choice(free_F, size=count),
+        rng.integers(task.num_values, size=count),
+    )
+
+
 def render(task: Task, instance: Instance, length: int, placement: str = "start") -> tuple[np.ndarray, np.ndarray]:
     """(tokens [length + 1] int32, answer mask [length] bool over the target positions) of one instance at
-    `length` (>= the training length it was drawn for): the pairs placed, noise elsewhere before the query block."""
+    `length` (>= the training length it was drawn for): the pairs placed (with dilute, the competing pairs too),
+    noise elsewhere before the query block."""
     shift = _shift(instance, length, placement)
     tokens_L = np.random.default_rng(instance.noise_seed).integers(task.noise_tokens, size=length + 1) + task.noise_start
     context = length + 1 - task.query_tokens
-    pairs_PW = task.pair_tokens(instance.keys_P, instance.values_P)
-    for offset, pair in zip(instance.offsets_P + shift, pairs_PW):
-        tokens_L[offset : offset + task.pair_width] = pair
+    placed = [(instance.offsets_P + shift, instance.keys_P, instance.values_P)]
+    if placement == "dilute":
+        placed.append(competing(task, instance, length))
+    for offsets_C, keys_C, values_C in placed:
+        for offset, pair in zip(offsets_C, task.pair_tokens(keys_C, values_C)):
+            tokens_L[offset : offset + task.pair_width] = pair
     tokens_L[context:] = task.query_answer(instance.keys_P, instance.values_P)[instance.queried_P].reshape(-1)
     mask_T = np.zeros(length, bool)
     mask_T[context:length:2] = True  # target position t predicts token t + 1: the answers at context + 1, + 3, ...

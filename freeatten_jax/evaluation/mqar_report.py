@@ -1,8 +1,8 @@
 """The MQAR part of the suite's report: mqar.csv (one row per run, placement and length), mqar_queries.csv.gz (one
 row per query), and per placement: accuracy by length per variant (all queries, and first-time queries), then the
 differences against softmax paired by seed, with two intervals: the hierarchical bootstrap (evaluation.stats: seeds,
-then instances, resampled) and a Student t interval over the per-seed differences; last, placement start minus end
-per variant (the cost of distance, N_i held equal).
+then instances, resampled) and a Student t interval over the per-seed differences; last, per variant, placement start minus end
+(the cost of distance, N_i held equal) and dilute minus end (the cost of competing keys, distance and N_i held equal).
 
 Glossary: R runs (seeds) of a group, W instances (the same pairs at every length), P queries per instance.
 """
@@ -16,6 +16,11 @@ from freeatten_jax.evaluation import plots, stats
 from freeatten_jax.evaluation.results import MqarLength, RunResult
 
 BASELINE = ("softmax", "none")  # the group every other is compared with, run by run (same seed)
+# placement minus placement per variant, with what it measures
+CONTRASTS = (
+    ("start", "end", "what reaching further back costs at the same N_i"),
+    ("dilute", "end", "what competing keys cost at the same distance and N_i"),
+)
 
 
 def csv_rows(runs: list[RunResult]) -> tuple[list[str], list[list]]:
@@ -91,7 +96,8 @@ def markdown(runs: list[RunResult]) -> str:
     parts = [
         f"MQAR: {'/'.join(map(str, queries))} queries per run, placement and length; training length {runs[0].train_len}. "
         "Placement start: the pairs where training put them, more noise before the queries (distance and the keys "
-        "seen, N_i, grow together); end: noise first, the training window last (N_i grows, distance as in training)."
+        "seen, N_i, grow together); end: noise first, the training window last (N_i grows, distance as in training); "
+        "dilute: as end, with competing pairs of unqueried keys in the noise, as dense as in training."
     ]
     for placement in placements:
         parts += [
@@ -112,16 +118,17 @@ def markdown(runs: list[RunResult]) -> str:
                 "(each seed's difference)); a variant is ahead only where this interval excludes 0",
                 table([(names[g], [seed for _, seed in row]) for g, row in cells.items()]),
             ]
-    if {"start", "end"} <= set(placements):
-        parts += [
-            "## MQAR: accuracy at placement start minus at end, run by run (what reaching further back costs at the same "
-            "N_i; mean [95% t interval over seeds] (each seed's difference))",
-            table([(names[g], [_distance_cost(rs, m) for m in multipliers]) for g, rs in grouped.items()]),
-        ]
+    for a, b, what in CONTRASTS:
+        if {a, b} <= set(placements):
+            parts += [
+                f"## MQAR: accuracy at placement {a} minus at {b}, run by run ({what}; mean [95% t interval over seeds] "
+                "(each seed's difference))",
+                table([(names[g], [_placement_cost(rs, m, a, b) for m in multipliers]) for g, rs in grouped.items()]),
+            ]
     return "\n\n".join(parts)
 
 
-def _distance_cost(rs: list[RunResult], multiplier: int) -> str:
-    """Placement start minus end over the same instances, per seed, with a t interval over the seeds."""
-    seed_level = stats.seed_level([(1, per_instance(rs, multiplier, "start")), (-1, per_instance(rs, multiplier, "end"))])
+def _placement_cost(rs: list[RunResult], multiplier: int, a: str, b: str) -> str:
+    """Placement a minus b over the same instances, per seed, with a t interval over the seeds."""
+    seed_level = stats.seed_level([(1, per_instance(rs, multiplier, a)), (-1, per_instance(rs, multiplier, b))])
     return f"{_cell(seed_level, 'difference')} ({' '.join(f'{d:+.2f}' for d in seed_level['per_seed'])})"

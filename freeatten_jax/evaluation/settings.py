@@ -91,8 +91,9 @@ class Settings:
     mqar_placements: tuple[str, ...] = option(
         PLACEMENTS,
         help="MQAR runs: where the training window's pairs sit at longer lengths: start (as in training, noise before "
-        "the queries) and/or end (noise first: the queries reach back as far as in training).",
-        check=_each(lambda p: p in PLACEMENTS, f"{', '.join(PLACEMENTS)} or both"),
+        "the queries), end (noise first: the queries reach back as far as in training) and/or dilute (as end, with "
+        "competing pairs of unqueried keys in the noise, as dense as in training).",
+        check=_each(lambda p: p in PLACEMENTS, f"some of {', '.join(PLACEMENTS)}"),
         shapes=(MQAR,),
     )
 
