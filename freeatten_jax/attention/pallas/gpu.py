@@ -232,14 +232,12 @@ def dkv_kernel(cfg: Static, ptx: bool, spans: Spans, x: KernelRefs, dk_ref, dv_r
 def _add_dq(cfg: Static, family, dq_refs, at, args, dsk_t, k):
     """The fused backward's share of one (query head g, query block i) = `at`: Σ_j ds_ij b_j k_j over this key block
     (dsk_t the key-major [C, Q] ds b_j) and, with cfg.p_grad, the rows' shares of dL/dp, added to dq_refs by float32
-    atomics (their order varies between runs on a GPU). Keys no query of the block sees are zeroed first, as the dq
-    kernel zeroes them (NaN/Inf there never reach dq)."""
+    atomics (their order varies between runs on a GPU). Its keys need no zeroing: a key no query sees is zeroed before
+    the kernels (variants.py), so a key here is finite or a visible query's output is NaN already."""
     from jax.experimental.pallas import triton as pltriton
 
-    (g, i), vis_t, size = at, args[1], cfg.blocks.q
+    (g, i), size = at, cfg.blocks.q
     g = jnp.int32(g)  # an index array: Pallas's atomics take no Python int
-    if vis_t is not None:
-        k = jnp.where(jnp.max(vis_t.astype(jnp.float32), axis=1, keepdims=True) > 0, k, 0)
     dq_DQ = functools.reduce(operator.add, [dot(k, part, TN) for part in halves(cfg.split, dsk_t, k.dtype)])  # (ds^T k)^T
     pltriton.atomic_add(dq_refs[0], (g, pl.ds(pl.multiple_of(i * size, size), size), slice(None)), dq_DQ.T)
     if cfg.p_grad:
