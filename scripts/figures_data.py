@@ -321,8 +321,9 @@ def _mqar_tables(runs: Runs) -> list[Table]:
 def _ruler_tables(runs: Runs) -> list[Table]:
     """Per RULER-style score (ruler_report.METRICS): each variant's mean by task and length with its Student t interval
     over seeds (each seed's examples averaged first, as the suite's report), and its difference from softmax's, paired
-    by seed and example (every variant answers the same examples), Holm-adjusted over the score's cells. A task not
-    scored at every length (n/a in the report) has no difference row; its level is a LookupError where not scored."""
+    by seed and example (every variant answers the same examples), Holm-adjusted over the score's cells. The differences
+    are taken at the lengths where every variant scores every task (none is n/a in the report); a level is a LookupError
+    where not scored."""
     base_name = plots.group_name(*BASELINE, 1)
     tasks = [*dict.fromkeys(c.task for r in runs.groups[BASELINE] for c in r.ruler), ruler_report.AVERAGE]
     rows = {f"{name} {task}": (name, task) for name in runs.names for task in tasks}
@@ -353,15 +354,16 @@ def _ruler_tables(runs: Runs) -> list[Table]:
 
         return compute
 
-    def scored(name: str, task: str) -> bool:
-        return all(ruler_report.values(runs.group(name), task, _multiplier(c), "match") is not None for c in columns)
+    def scored(name: str, task: str, column: str) -> bool:
+        return ruler_report.values(runs.group(name), task, _multiplier(column), "match") is not None
 
-    others = [r for r, (name, task) in rows.items() if name != base_name and scored(name, task) and scored(base_name, task)]
+    shared = [c for c in columns if all(scored(name, task, c) for name, task in rows.values())]
+    others = [r for r, (name, _) in rows.items() if name != base_name] if shared else []
     tables = []
     for metric in ruler_report.METRICS:
         tables += [
             Table(f"RULER {metric}", list(rows), columns, level(metric)),
-            Table(f"RULER minus softmax's {metric}", others, columns, minus(metric), lambda c, metric=metric: metric),
+            Table(f"RULER minus softmax's {metric}", others, shared, minus(metric), lambda c, metric=metric: metric),
         ]
     return _with_holm(tables)
 
