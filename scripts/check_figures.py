@@ -1,19 +1,23 @@
 """Re-checks every measured figure in docs/results.md and the README by value: each cites its source, and the check
 recomputes it there. A source is a named computation over the committed data (scripts/figures_data.py: `text`,
-`switch`, `mqar`, `demo`), or a committed CSV (docs/results/, benchmarks/). Markers:
+`switch`, `mqar`, `demo`), a committed CSV (docs/results/, benchmarks/), or a table in a committed markdown file (the
+tables benchmarks/RESULTS.md records as its benchmarks printed them). Markers:
 
     <!-- figures: text results/mqar.csv -->   a region: its figures are checked, and may cite these sources
     <!-- figures: off -->                     a region of setups and benchmarks: not checked
     <!-- cite: ADDRESS; ADDRESS; ... -->      the paragraph or table just above: one address per figure
     <!-- table: TEMPLATE; TEMPLATE; ... -->   the table just above: one address template per column
 
-An address is `SOURCE#TABLE/ROW/COL`. SOURCE is a computation's name or a CSV relative to the document (default:
+An address is `SOURCE#TABLE/ROW/COL`. SOURCE is a computation's name or a file relative to the document (default:
 the region's first source); TABLE is part of a computed table's title, ROW its row (a variant, with its switch in
 brackets; "(3 runs)" is ignored), COL its column. A CSV has no TABLE, and its ROW is `column=value,...` naming one
-row. Omitted leading parts carry over from the previous address in the marker, so `16x` after `Rise minus/lssar/8x`
-is `Rise minus/lssar/16x`; `COL[n]` is a CSV cell's n-th number, or a computed cell's (its value, then each seed's).
-In a table template `{1}`, `{2}` are the row's first and second cells and `{h}` the column's heading; the last template
-serves the remaining columns.
+row. A markdown file's TABLE is part of one table's title (the heading above it and the paragraph just above it: a
+heading may hold several tables), its ROW the row's first cells (`2048 | lssa | blockwise`; bold is ignored) or,
+where no row's are, the start of one row's first cell (`softmax fwd` for `softmax fwd / backward`: no part of an
+address holds a `/`). Omitted leading parts carry over from the previous address in the marker, so `16x` after
+`Rise minus/lssar/8x` is `Rise minus/lssar/16x`; `COL[n]` is a CSV or markdown cell's n-th number, or a computed
+cell's (its value, then each seed's). In a table template `{1}`, `{2}` are the row's first and second cells and
+`{h}` the column's heading; the last template serves the remaining columns.
 
 A figure group is a number, the intervals after it ([lo, hi]), a multiple right after those ((0.30x)) and a
 Holm-adjusted p-value after them (p=0.04; one after another p is a figure alone); it must equal its source at the
@@ -95,6 +99,25 @@ def _cells(line: str) -> list[str]:
     return [c.strip() for c in line.strip().strip("|").split("|")]
 
 
+def _markdown_tables(path: str) -> list[tuple[str, list[str], list[list[str]]]]:
+    """A markdown file's tables as (title, header, rows), the title the heading above the table and the paragraph just
+    above it, so that a caption tells apart the tables under one heading."""
+    tables: list[tuple[str, list[list[str]]]] = []
+    caption: list[str] = []
+    heading = previous = ""
+    for line in pathlib.Path(path).read_text().splitlines():
+        if line.startswith("|"):
+            if not previous.startswith("|"):
+                tables.append((" ".join([heading, *caption]), []))
+            tables[-1][1].append([c.replace("**", "") for c in _cells(line)])
+        elif line.startswith("#"):
+            heading, caption = line.lstrip("# "), []
+        elif line.strip():
+            caption = (caption if previous.strip() else []) + [line]
+        previous = line
+    return [(title, header, body) for title, (header, _, *body) in tables]
+
+
 def _row_label(text: str) -> str:
     return re.sub(r" \(\d+ runs\)", "", text)
 
@@ -104,14 +127,17 @@ class Sources:
 
     def __init__(self) -> None:
         self.csvs: dict[str, tuple[list[str], list[list[str]]]] = {}
+        self.markdown: dict[str, list[tuple[str, list[str], list[list[str]]]]] = {}
         self.found: dict[tuple, Cell | None] = {}
 
     def cell(self, address: "Address") -> Cell | None:
         """The cell at `address`; a LookupError names what is missing."""
         key = (address.source, address.table, address.row, address.col)
         if key not in self.found:
-            computed = address.source in figures_data.SOURCES
-            self.found[key] = self._computed(address) if computed else self._csv(address)
+            if address.source in figures_data.SOURCES:
+                self.found[key] = self._computed(address)
+            else:
+                self.found[key] = self._markdown(address) if address.source.endswith(".md") else self._csv(address)
         return self.found[key]
 
     def _computed(self, address: "Address") -> Cell:
@@ -122,6 +148,21 @@ class Sources:
         if row not in table.rows or address.col not in table.columns:
             raise LookupError(f"no row {row!r} or column {address.col!r} in {address.source} {table.title!r}")
         return _computed_cell(table.compute(row, address.col))
+
+    def _markdown(self, address: "Address") -> Cell | None:
+        """The cell of a table a benchmark printed into a markdown file, picked by its title, row and column."""
+        if address.source not in self.markdown:
+            self.markdown[address.source] = _markdown_tables(address.source)
+        name = pathlib.Path(address.source).name
+        tables = [t for t in self.markdown[address.source] if address.table and address.table in t[0]]
+        if len(tables) != 1:
+            raise LookupError(f"{len(tables)} tables {address.table!r} in {name}")
+        _, header, rows = tables[0]
+        first = [c.strip() for c in address.row.split("|")]
+        found = [r for r in rows if r[: len(first)] == first] or [r for r in rows if r[0].startswith(address.row)]
+        if len(found) != 1 or address.col not in header:
+            raise LookupError(f"{len(found)} rows {address.row!r}, or no column {address.col!r}, in {name}")
+        return _csv_cell(found[0][header.index(address.col)])
 
     def _csv(self, address: "Address") -> Cell | None:
         if address.source not in self.csvs:

@@ -118,6 +118,59 @@ def test_a_figure_with_no_source_fails():
     assert _problems("docs/results.md", added) == [f"docs/results.md:{line}: +0.910 cites no source"]
 
 
+RESULTS = """## A run
+
+Machine: the CPU.
+
+| T | variant | fwd x base | x base |
+|---|---|---|---|
+| 2048 | lssa | 3.09 | **3.41** |
+| 2048 | lssar | 2.29 | 3.65 / 3.60 |
+
+**Timed, T = 8192**:
+
+| row | fwd+bwd ms |
+|---|---|
+| lssa, pallas | 6.099 |
+| lssa, pallas, split_matmuls | 6.615 |
+"""
+
+
+# equal (bold ignored, a cell's second number, a caption picking the table, a row by its first cell's start); a digit,
+# the n-th number and the column changed; a title and a row that pick two
+@pytest.mark.parametrize(
+    "figures, cite, found",
+    [
+        (
+            "3.41x, 3.60, 6.10 -> 6.62",
+            "Machine/2048 | lssa/x base; 2048 | lssar/x base[2]; Timed/lssa, pallas/fwd+bwd ms; lssa, pallas, split/fwd+bwd ms",
+            [],
+        ),
+        ("3.42x", "Machine/2048 | lssa/x base", ["3.42x: 3.42 is 3.41 there (RESULTS.md#Machine/2048 | lssa/x base)"]),
+        ("3.65", "Machine/2048 | lssar/x base[2]", ["3.65: 3.65 is 3.60 there (RESULTS.md#Machine/2048 | lssar/x base[2])"]),
+        ("3.41", "Machine/2048 | lssa/fwd x base", ["3.41: 3.41 is 3.09 there (RESULTS.md#Machine/2048 | lssa/fwd x base)"]),
+        ("3.41", "A run/2048 | lssa/x base", ["3.41: 2 tables 'A run' in RESULTS.md (RESULTS.md#A run/2048 | lssa/x base)"]),
+        (
+            "3.41",
+            "Machine/2048/x base",
+            ["3.41: 2 rows '2048', or no column 'x base', in RESULTS.md (RESULTS.md#Machine/2048/x base)"],
+        ),
+    ],
+)
+def test_a_markdown_table_figure_is_checked_at_the_cell_its_title_row_and_column_pick(tmp_path, figures, cite, found):
+    (tmp_path / "RESULTS.md").write_text(RESULTS)
+    text = f"<!-- figures: RESULTS.md -->\nLSSA {figures}.\n<!-- cite: RESULTS.md#{cite} -->\n"
+    assert [line.split(": ", 1)[1] for line in cf.problems(text, "doc.md", tmp_path, False)] == found
+
+
+def test_a_readme_figure_from_benchmarks_results_fails_when_changed():
+    text = (ROOT / "README.md").read_text()
+    wrong = text.replace("LSSAR 10.78 (0.23x)", "LSSAR 10.79 (0.23x)")
+    assert [line.split(": ", 1)[1] for line in _problems("README.md", wrong)] == [
+        "10.79: 10.79 is 10.78 there (RESULTS.md#Timed, T = 8192/lssar, pallas/fwd+bwd ms)"
+    ]
+
+
 def test_holm_adjusts_the_kth_smallest_by_the_cells_left_and_keeps_the_order():
     # sorted 0.01, 0.03, 0.04: 3 * 0.01, 2 * 0.03, then max(0.06, 1 * 0.04); 0.5 * 4 is capped at 1
     assert fd.holm([0.04, 0.01, 0.03]) == pytest.approx([0.06, 0.03, 0.06])
