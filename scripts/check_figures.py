@@ -1,6 +1,6 @@
 """Re-checks every measured figure in docs/results.md and the README by value: each cites its source, and the check
-recomputes it there. A source is a named computation over the committed data (scripts/figures_data.py: `text`,
-`switch`, `mqar`, `demo`), a committed CSV (docs/results/, benchmarks/), or a table in a committed markdown file (the
+recomputes it there. A source is a named computation over the committed data (scripts/figures_data.py's SOURCES:
+`text`, `mqar`, ...), a committed CSV (docs/results/, benchmarks/), or a table in a committed markdown file (the
 tables benchmarks/RESULTS.md records as its benchmarks printed them). Markers:
 
     <!-- figures: text results/mqar.csv -->   a region: its figures are checked, and may cite these sources

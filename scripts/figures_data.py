@@ -2,9 +2,10 @@
 figures from the committed data in docs/results/ (the suite's results.json.gz files; `make demo`'s in docs/demo/), so
 a figure is checked against the data itself, not against a report printed from it.
 
-A source (`text`, `switch`, `switch_control`, `mqar`, `demo`, `ruler`) is a list of tables; a table's cell is computed
-when first asked for. Every paired contrast carries its hierarchical bootstrap interval, its Student t interval over
-seeds and, where its table is a family of tests (docs/method.md §7), its Holm-adjusted p-value over that family.
+A source (`text`, `switch`, `switch_control`, `mqar`, `mqar_dilute`, `demo`, `ruler`) is a list of tables; a table's
+cell is computed when first asked for. Every paired contrast carries its hierarchical bootstrap interval, its Student t
+interval over seeds and, where its table is a family of tests (docs/method.md §7), its Holm-adjusted p-value over that
+family.
 "Extrapolates better" is scored one way for loss and accuracy: the change from 1x that worsens it (loss: the rise;
 accuracy: the drop) minus softmax's.
 
@@ -256,8 +257,9 @@ def _run_tables(runs: Runs) -> list[Table]:
 
 def _mqar_tables(runs: Runs) -> list[Table]:
     """Per placement measured: accuracy (all and first-time queries), minus softmax's, the drop from 1x and that drop
-    minus softmax's; and per variant start minus end (what reaching further back costs at the same N_i) and dilute
-    minus end (what competing keys cost). Dilution is a question of its own: its cells are families of their own, so
+    minus softmax's; per variant start minus end (what reaching further back costs at the same N_i) and dilute
+    minus end (what competing keys cost); and, with eval-time switches, each switch's accuracy minus the same runs'
+    as trained, per placement (one family). Dilution is a question of its own: its cells are families of their own, so
     that measuring it leaves start's and end's p-values as they were."""
     base, rows = runs.groups[BASELINE], list(runs.names)
     measured = {x.placement for rs in runs.groups.values() for r in rs for x in r.mqar}
@@ -315,6 +317,18 @@ def _mqar_tables(runs: Runs) -> list[Table]:
         if {a, b} <= measured:
             cost = lambda row, column, a=a, b=b: _contrast([(1, own(row, column, a)), (-1, own(row, column, b))])
             tables.append(Table(f"{a} minus {b}", rows, longer, cost, lambda c, name=f"{a} minus {b}": name))
+
+    def switched_minus_trained(row: str, column: str, placement: str) -> Value:
+        """A switch's accuracy minus the same runs' as trained, paired by seed and instance (the same instances)."""
+        trained, switched = runs.groups[(runs.names[row][0], "none")], runs.group(row)
+        seeds = runs.seeds(switched, trained)
+        return _contrast([(1, instances(switched, seeds, column, placement)), (-1, instances(trained, seeds, column, placement))])
+
+    switches = [n for n, (variant, switch) in runs.names.items() if switch != "none" and (variant, "none") in runs.groups]
+    if switches:
+        for placement in placements:
+            at = functools.partial(switched_minus_trained, placement=placement)
+            tables.append(Table(f"{placement}: switched minus as trained", switches, columns, at, lambda c: "switch"))
     return _with_holm(tables)
 
 
@@ -380,6 +394,8 @@ SOURCES: dict[str, Callable[[], list[Table]]] = {
     # the softmax -> softmax continuation control, with its own softmax runs (retrained: the switch runs are not kept)
     "switch_control": lambda: _loss_tables(Runs(DATA / "switch_control" / "results.json.gz"), []),
     "mqar": lambda: _mqar_tables(Runs(DATA / "mqar_results.json.gz")),
+    # dilution and RoPE's base on MQAR: retrained runs of their own (the runs behind `mqar` were not kept)
+    "mqar_dilute": lambda: _mqar_tables(Runs(DATA / "mqar_dilute" / "results.json.gz")),
     "demo": lambda: _loss_tables(Runs(DATA.parent / "demo" / "results.json.gz"), []),
     "ruler": lambda: _ruler_tables(Runs(DATA / "ruler" / "results.json.gz")),
 }

@@ -289,8 +289,8 @@ MUTANTS = [
     Mutant(
         "pallas: the kernels' float32 accumulators rounded to bfloat16 at every matmul",
         "freeatten_jax/attention/pallas/common.py",
-        "    return dot(hi, x, NN) + acc",
-        "    return (dot(hi, x, NN) + acc).astype(x.dtype).astype(jnp.float32)",
+        "        acc = dot(part, x, NN) + acc\n",
+        "        acc = (dot(part, x, NN) + acc).astype(x.dtype).astype(jnp.float32)\n",
         ("tests/test_pallas.py", "tests/test_degenerate.py", "-k", "bfloat16"),
     ),
     Mutant(
@@ -1387,8 +1387,8 @@ MUTANTS = [
     Mutant(
         "gpu kernels: the weighted sum added outside the matmul's accumulator",
         "freeatten_jax/attention/pallas/common.py",
-        "    return dot(hi, x, NN) + acc\n",
-        "    return acc + jnp.maximum(dot(hi, x, NN), -jnp.inf)\n",
+        "        acc = dot(part, x, NN) + acc\n",
+        "        acc = acc + jnp.maximum(dot(part, x, NN), -jnp.inf)\n",
         ("tests/test_kernel_budget.py::test_gpu_budget_keeps_the_lssa_kernels_fused",),
     ),
     Mutant(
@@ -1520,7 +1520,7 @@ MUTANTS = [
     Mutant(
         "kernel_budget: the dK/dV kernel's scores counted at the key block, not its sub-block",
         "benchmarks/kernel_budget.py",
-        'keys = args.block_k_dkv or block_k if kind == "dkv" else block_k',
+        'keys = args.block_k_dkv or block_k if kind in ("dkv", "bwd") else block_k',
         "keys = block_k",
         ("tests/test_kernel_budget.py::test_gpu_budget_of_a_smaller_dkv_key_block",),
     ),
