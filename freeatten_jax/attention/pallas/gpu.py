@@ -202,7 +202,7 @@ def dkv_kernel(cfg: Static, ptx: bool, spans: Spans, x: KernelRefs, dk_ref, dv_r
     the G query heads and visible query blocks. Key-major: blocks are [C, Q] (keys as rows), so row
     statistics and the factors a_i come as [1, Q] rows and every matmul is a plain one. A sub-block (dkv_split)
     sweeps its key block's span: a subset of a block's keys sees at most its query blocks, and all of those that
-    every key of the block sees. With dq_refs (fused_backward) it also adds this key block's share of the dq
+    every key of the block sees. With dq_refs (FUSED_BACKWARD) it also adds this key block's share of the dq
     kernel's outputs into them, from the same scores."""
     b, j = pl.program_id(0), pl.program_id(2) // dkv_split(cfg)
     family, size, math = FAMILIES[cfg.family], cfg.blocks.q, family_math(cfg, ptx)
