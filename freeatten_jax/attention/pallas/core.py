@@ -30,8 +30,8 @@ class Lowering(NamedTuple):
     blocks: Callable[[str], tuple[int, int]]  # blocks(family) -> default (block_q, block_k)
     min_block: int
     power_of_two: bool  # block lengths must be powers of two (Triton, Mosaic)
-    calls: Callable  # calls(cfg, shapes) -> the (forward, dq, dkv) pallas_calls, each called as call(Spans, KernelRefs);
-    # dq None: dkv is a fused backward (kernel_backward)
+    calls: Callable  # calls(cfg, shapes, fuse_backward=True) -> the (forward, dq, dkv) pallas_calls, each called as
+    # call(Spans, KernelRefs); dq None: dkv is a fused backward (kernel_backward)
     pass_call: Callable  # pass_call(cfg, shapes, which, row_names) -> one forward pass from a carry (ring.py)
 
 

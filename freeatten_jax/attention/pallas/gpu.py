@@ -317,10 +317,10 @@ def pass_call(cfg: Static, shapes, which: int, row_names, ptx: bool, interpret: 
     )
 
 
-def calls(cfg: Static, shapes, ptx: bool, interpret: bool):
+def calls(cfg: Static, shapes, ptx: bool, interpret: bool, fuse_backward: bool = True):
     """The three pallas_calls (forward, dq, dkv) for arrays of the given padded shapes, each called as
-    call(spans, KernelRefs); for a FUSED_BACKWARD family dq is None and dkv also returns dq's outputs, summed into
-    the zeros its KernelRefs.carry holds (core.kernel_backward)."""
+    call(spans, KernelRefs); for a FUSED_BACKWARD family (unless fuse_backward is False) dq is None and dkv also
+    returns dq's outputs, summed into the zeros its KernelRefs.carry holds (core.kernel_backward)."""
     (b, h, tp, d), (kv_heads, sp) = shapes
     (block_q, block_k, _), g = cfg.blocks, cfg.kv_groups
     q_blocks, k_blocks = tp // block_q, sp // block_k
@@ -369,7 +369,7 @@ def calls(cfg: Static, shapes, ptx: bool, interpret: bool):
         dout=group_spec,
         rows=(group_rows,) * len(family.rows),
     )
-    fused = cfg.family in FUSED_BACKWARD
+    fused = fuse_backward and cfg.family in FUSED_BACKWARD
     dq_specs, dq_shape = dq_outputs(cfg, shapes, group_spec, group_rows) if fused else ([], [])
     in_specs = (WHOLE_SPANS, dkv_specs._replace(carry=tuple(dq_specs)))
     dkv = pl.pallas_call(
