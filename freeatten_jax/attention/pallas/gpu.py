@@ -326,6 +326,7 @@ def calls(cfg: Static, shapes, ptx: bool, interpret: bool, fuse_backward: bool =
     q_blocks, k_blocks = tp // block_q, sp // block_k
     family, f32 = FAMILIES[cfg.family], jnp.float32
     common = _common(interpret)
+    fused = fuse_backward and cfg.family in FUSED_BACKWARD
 
     # forward and dq: grid (b, h, i); row statistics and rows lane-dense, one [1, Q] row per block
     specs, q_spec, row_spec = _query_major_specs(cfg, shapes)
@@ -340,14 +341,18 @@ def calls(cfg: Static, shapes, ptx: bool, interpret: bool, fuse_backward: bool =
         **common,
     )
     dq_specs, dq_shape = dq_outputs(cfg, shapes, q_spec, row_spec)
-    dq = pl.pallas_call(
-        functools.partial(dq_kernel, cfg, ptx),
-        grid=(b, h, q_blocks),
-        in_specs=(WHOLE_SPANS, specs._replace(dout=q_spec, rows=(row_spec,) * len(family.rows))),
-        out_specs=dq_specs,
-        out_shape=dq_shape,
-        name=f"freeatten_{cfg.family}_dq",
-        **common,
+    dq = (
+        None
+        if fused
+        else pl.pallas_call(
+            functools.partial(dq_kernel, cfg, ptx),
+            grid=(b, h, q_blocks),
+            in_specs=(WHOLE_SPANS, specs._replace(dout=q_spec, rows=(row_spec,) * len(family.rows))),
+            out_specs=dq_specs,
+            out_shape=dq_shape,
+            name=f"freeatten_{cfg.family}_dq",
+            **common,
+        )
     )
 
     # dkv: grid (b, kv head, j), key-major, j a key sub-block of `sub` keys (dkv_split of them a key block)
@@ -369,7 +374,6 @@ def calls(cfg: Static, shapes, ptx: bool, interpret: bool, fuse_backward: bool =
         dout=group_spec,
         rows=(group_rows,) * len(family.rows),
     )
-    fused = fuse_backward and cfg.family in FUSED_BACKWARD
     dq_specs, dq_shape = dq_outputs(cfg, shapes, group_spec, group_rows) if fused else ([], [])
     in_specs = (WHOLE_SPANS, dkv_specs._replace(carry=tuple(dq_specs)))
     dkv = pl.pallas_call(
@@ -382,4 +386,4 @@ def calls(cfg: Static, shapes, ptx: bool, interpret: bool, fuse_backward: bool =
         name=f"freeatten_{cfg.family}_{'bwd' if fused else 'dkv'}",
         **_common(interpret, FUSED_WARPS if fused else TRITON_WARPS),
     )
-    return forward, None if fused else dq, dkv
+    return forward, dq, dkv
