@@ -73,6 +73,13 @@ def read_dump(folder: str):
     return sorted(rows, reverse=True)
 
 
+def packed_bytes(folder: str) -> int:
+    """Bytes of the main memory the buffer assignment (before the TPU's codegen passes) gives the program: its
+    parameters and its preallocated temporary heap, every buffer at its packed offset (the dump's memory-space report)."""
+    (report,) = glob.glob(os.path.join(folder, "*after_optimizations-memory-usage-report.txt"))
+    return int(re.search(r"Memory Space: default \(color=0\)\nTotal bytes: (\d+)", open(report).read()).group(1))
+
+
 def floor_bytes(cfg, devices) -> dict[str, int]:
     """What must live per chip (unpadded): the state (each parameter's shard, as float32 parameter, gradient and Adam's
     two moments), the saved layer inputs and one layer's working set of the T / context tokens a chip holds."""
@@ -97,6 +104,7 @@ def floor_bytes(cfg, devices) -> dict[str, int]:
 class Accounting(NamedTuple):
     peak: int  # XLA's memory analysis: arguments + outputs - aliased + temporaries
     rows: list  # [(bytes, name, shape, origin)] live at the peak, largest first
+    packed: int  # the arguments and the temporaries' heap as the buffer assignment packed it, before codegen
     floor: dict[str, int]
     layers: int
 
@@ -126,7 +134,8 @@ def account(case: str, variant: str = "lssar", implementation: str = "pallas", l
     compiled = lower_train_step(typed, targets.devices(target)).compile(compiler_options=options)
     memory = compiled.memory_analysis()
     peak = memory.argument_size_in_bytes + memory.output_size_in_bytes - memory.alias_size_in_bytes + memory.temp_size_in_bytes
-    return Accounting(peak, read_dump(folder), floor_bytes(typed, targets.devices(target)), typed.model.num_layers)
+    floor = floor_bytes(typed, targets.devices(target))
+    return Accounting(peak, read_dump(folder), packed_bytes(folder), floor, typed.model.num_layers)
 
 
 def main(argv=None) -> int:
@@ -144,6 +153,9 @@ def main(argv=None) -> int:
           f"{gib(found.peak):.2f} GiB (XLA's memory analysis; {found.peak / floor:.2f}x the floor), live at the peak "
           f"{gib(live):.2f} GiB ({live / floor:.2f}x); floor {gib(floor):.2f} GiB "
           f"({', '.join(f'{k} {gib(v):.2f}' for k, v in found.floor.items())})")  # fmt: skip
+    print(f"between them: {gib(found.packed - live):.2f} GiB of packing (the buffer assignment's heap, "
+          f"{gib(found.packed):.2f} GiB with the arguments, holds the live buffers at offsets that leave gaps) and "
+          f"{gib(found.peak - found.packed):.2f} GiB that the passes after it add (the TPU's codegen; not in the dump)")  # fmt: skip
     print("\n| live at the peak, by category | GiB as laid out | GiB unpadded | buffers |\n|---|---|---|---|")
     for name, (size, logical, count) in found.by_category().items():
         print(f"| {name} | {gib(size):.2f} | {gib(logical):.2f} | {count} |")
