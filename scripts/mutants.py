@@ -148,6 +148,13 @@ MUTANTS = [
         "MAX_LOGITS = 2**40",
         ("tests/test_memory_accounting.py",),
     ),
+    Mutant(
+        "memory accounting: the packed heap read from the VMEM report, not HBM's",
+        "benchmarks/memory_accounting.py",
+        'r"Memory Space: default \\(color=0\\)\\nTotal bytes: (\\d+)"',
+        'r"Memory Space: vmem \\(color=1\\)\\nTotal bytes: (\\d+)"',
+        ("tests/test_memory_accounting.py",),
+    ),
     # --- attention/variants.py: one per formula (prepare or weight of each variant)
     Mutant(
         "softmax: 1/d instead of 1/sqrt(d)",
