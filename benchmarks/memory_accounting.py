@@ -154,8 +154,8 @@ def main(argv=None) -> int:
           f"{gib(live):.2f} GiB ({live / floor:.2f}x); floor {gib(floor):.2f} GiB "
           f"({', '.join(f'{k} {gib(v):.2f}' for k, v in found.floor.items())})")  # fmt: skip
     print(f"between them: {gib(found.packed - live):.2f} GiB of packing (the buffer assignment's heap, "
-          f"{gib(found.packed):.2f} GiB with the arguments, holds the live buffers at offsets that leave gaps) and "
-          f"{gib(found.peak - found.packed):.2f} GiB that the passes after it add (the TPU's codegen; not in the dump)")  # fmt: skip
+          f"{gib(found.packed):.2f} GiB with the arguments, holds the live buffers at offsets that leave gaps) "
+          f"and {gib(found.peak - found.packed):.2f} GiB that the passes after it add (not in the dump)")  # fmt: skip
     print("\n| live at the peak, by category | GiB as laid out | GiB unpadded | buffers |\n|---|---|---|---|")
     for name, (size, logical, count) in found.by_category().items():
         print(f"| {name} | {gib(size):.2f} | {gib(logical):.2f} | {count} |")

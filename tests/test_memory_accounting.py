@@ -30,8 +30,9 @@ def test_the_floor_is_the_models_shapes(accounting):
 
 def test_the_peak_stays_near_the_floor_and_no_row_statistic_is_lane_padded(accounting):
     """XLA's peak within 1.4x the floor (1.22x when written; 1.56x before nn.together), at least the heap as the buffer
-    assignment packed it, and that at least the buffers it found live; the row statistics [.., 1] float32 that a TPU pads 128x (2.5x the peak when the ring carried them so)
-    take none of it; the parameters and Adam's moments are read as arguments (three float32 copies of the state's four)."""
+    assignment packed it, and that at least the buffers it found live; the row statistics [.., 1] float32 that a TPU
+    pads 128x (2.5x the peak when the ring carried them so) take none of it; the parameters and Adam's moments are read
+    as arguments (three float32 copies of the state's four)."""
     floor, live = sum(accounting.floor.values()), sum(row[0] for row in accounting.rows)
     assert live <= accounting.packed <= accounting.peak <= 1.4 * floor, (accounting.peak / floor, live / floor)
     categories = accounting.by_category()
