@@ -1,8 +1,8 @@
 """Per-grid-step budget of the TPU (Mosaic) kernels from their final VLIW bundles, compiled without a TPU.
 
 Used by `python benchmarks/kernel_budget.py --target v5e` (or v5p, v6e). libtpu writes each kernel's schedule
-when asked through LIBTPU_INIT_ARGS (`--xla_jf_dump_to=DIR --xla_jf_dump_llo_text=true`, set before jax is
-imported): `*-freeatten_<family>_<kind>.*-final_bundles.txt`, one bundle a line, with `Start region N` /
+when asked through LIBTPU_INIT_ARGS (dump_flags, set before jax is imported; only the final bundles' pass, which
+halves a compile's time): `*-freeatten_<family>_<kind>.*-final_bundles.txt`, one bundle a line, with `Start region N` /
 `End region N` markers. Each `pl.when` of a kernel is a region; the grid step's block work (one key block of
 one pass, or one query block in dK/dV) is a region holding `vmatmul`s and no region that holds one, and
 pallas/tpu.py emits them in pairs, masked then interior, per pass. A key block's interior path is the sum of the
@@ -27,7 +27,7 @@ BUNDLE = re.compile(r"^\s*(?:0x[0-9a-f]+|\d+)\s+(?:[A-Z]{2}:\s*)*[:>{]")  # an a
 
 
 def dump_flags(folder: str) -> str:
-    return f"--xla_jf_dump_to={folder} --xla_jf_dump_llo_text=true"
+    return f"--xla_jf_dump_to={folder} --xla_jf_dump_llo_text=true --xla_jf_dump_llo_pass_label_regex=final_bundles"
 
 
 def opcodes(line: str):
