@@ -254,7 +254,7 @@ GPU_BLOCKS = {"reweight": (64, 32)}
 GPU_DEFAULT_BLOCKS = (64, 64)
 # Families whose dq joins the dK/dV kernel (dkv_kernel with dq_refs, called "bwd"): LSSAR's scores cost ~25
 # instructions each to recompute (softplus, sigmoid, the ρ power), which a separate dq kernel paid a second time.
-FUSED_BACKWARD = frozenset({"reweight"})
+FUSED_BACKWARD = frozenset()
 FUSED_WARPS = 8  # its dK/dV and dq accumulators spill on 4 warps (1,834 bytes; kernel_budget, H100)
 
 
