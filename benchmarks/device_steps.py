@@ -1,6 +1,6 @@
 """The steps of benchmarks/device_check.py; each prints one markdown table and exits 1 if a check fails.
 
-    python benchmarks/device_steps.py {environment,correctness,unpacked,long,fused,packed,sweep} [--tiny] [--seconds S]
+    python benchmarks/device_steps.py {environment,correctness,unpacked,long,packed,sweep} [--tiny] [--seconds S]
 
 Glossary: B batch (1), T length, H heads, D head dim, causal. Full sizes: the correctness check at T=2048, the
 timed rows at T=8192 and 32768, H=16, D=128, bf16, against cuDNN softmax (jax.nn.dot_product_attention);
@@ -10,14 +10,12 @@ baseline with implementation="xla"), to prove the script. Rows left when --secon
 """
 
 import argparse
-import contextlib
 import functools
 import os
 import statistics
 import sys
 import time
 from typing import NamedTuple
-from unittest import mock
 
 import jax
 import jax.numpy as jnp
@@ -57,7 +55,7 @@ FULL = Sizes(
     ("lssa", "lssar"),
     ("pallas",),
     ("softmax", "lssa", "lssar"),
-    ((64, 64, 64), (64, 32, 32), (128, 64, 64)),  # the H200's fastest two and the next: 40 s reach 9 rows
+    ((64, 64, 64), (64, 32, 32), (64, 64, 32), (128, 64, 64)),  # the fastest two on H200 and H100, and the next two
     "cudnn",
 )
 TINY = Sizes(
@@ -187,9 +185,8 @@ def _baseline(sizes: Sizes):
     return lambda q, k, v: jax.nn.dot_product_attention(q, k, v, is_causal=True, implementation=sizes.baseline)
 
 
-def _timed_rows(rows, args, base_label: str, repeats: int, clock: Clock, flops: float, contexts=None) -> dict:
-    """Prints `label | fwd ms | fwd+bwd ms | x base | TFLOP/s` for (label, attend) rows, the first the baseline;
-    contexts: label -> a context manager factory that row is compiled and timed inside."""
+def _timed_rows(rows, args, base_label: str, repeats: int, clock: Clock, flops: float) -> dict:
+    """Prints `label | fwd ms | fwd+bwd ms | x base | TFLOP/s` for (label, attend) rows, the first the baseline."""
     print(f"| row | fwd ms | fwd+bwd ms | fwd+bwd x {base_label} | fwd+bwd TFLOP/s |\n|---|---|---|---|---|")
     times = {}
     for label, attend in rows:
@@ -198,8 +195,7 @@ def _timed_rows(rows, args, base_label: str, repeats: int, clock: Clock, flops: 
             continue
         forward = jax.jit(attend)
         try:
-            with (contexts or {}).get(label, contextlib.nullcontext)():
-                fwd, both = _seconds(forward, args[:3], repeats), _seconds(_value_and_grads(attend), args, repeats)
+            fwd, both = _seconds(forward, args[:3], repeats), _seconds(_value_and_grads(attend), args, repeats)
         except Exception as error:  # a kernel that does not compile for this device: its row says why
             print(f"| {label} | error: {str(error).splitlines()[0][:150]} | | | |", flush=True)
             continue
@@ -253,22 +249,6 @@ def long(sizes: Sizes, clock: Clock) -> bool:
     rows = [(f"softmax, {sizes.baseline}", _baseline(sizes))] + _kernel_rows(variants, ())
     rows += _kernel_rows(variants, (), block_k_dkv=min(32, sizes.long_t // 4))
     _timed_rows(rows, args, sizes.baseline, sizes.repeats, clock, _fwd_bwd_flops(sizes.long_t, sizes))
-    return True
-
-
-def fused(sizes: Sizes, clock: Clock) -> bool:
-    """LSSAR's backward with dq inside its dK/dV kernel (atomic adds: gpu.FUSED_BACKWARD, the default) and with a
-    dq kernel of its own (the ring's form), at T = bench_t and long_t: the device decides the default."""
-    from freeatten_jax.attention.pallas import gpu
-
-    for t in (sizes.bench_t, sizes.long_t):
-        args = _inputs(t, sizes, seed=5)
-        print(f"T={t}, H={sizes.heads}, D={sizes.head_dim}, bf16, causal, one sequence; median of {sizes.repeats}\n")
-        ((label, attend),) = _kernel_rows(("lssar",), ())
-        rows = [(f"softmax, {sizes.baseline}", _baseline(sizes)), (f"{label}, dq apart", attend), (f"{label}, fused", attend)]
-        fuse = {rows[2][0]: lambda: mock.patch.object(gpu, "FUSED_BACKWARD", frozenset({"reweight"}))}
-        _timed_rows(rows, args, sizes.baseline, sizes.repeats, clock, _fwd_bwd_flops(t, sizes), fuse)
-        print()
     return True
 
 
@@ -350,7 +330,6 @@ STEPS = {
     "correctness": correctness,
     "unpacked": unpacked,
     "long": long,
-    "fused": fused,
     "packed": packed,
     "sweep": sweep,
 }

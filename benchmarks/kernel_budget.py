@@ -29,7 +29,7 @@ import tempfile
 import tpu_bundles
 
 RATES = {"tensor": 4096, "mufu": 16, "fp32": 128, "alu": 64, "issue": 128}  # per SM per clock (H100 SXM)
-MODEL_FLOP = {"fwd": 4, "bwd": 10}  # tensor FLOP per score, in units of D
+MODEL_FLOP = {"fwd": 4, "backward": 10}  # tensor FLOP per score, in units of D
 FP32 = ("FFMA", "FMUL", "FADD")
 ALU = (
     "IADD",
@@ -213,8 +213,7 @@ def gpu_table(args, dump: str) -> None:
     d = 128
     print(
         f"H100 sm_90a, T={args.seq_len}, D={d}, bf16, causal, each family's default blocks (gpu.GPU_BLOCKS; dK/dV's "
-        f"key block {args.block_k_dkv or 'the key block'}), {gpu.TRITON_WARPS} warps ({gpu.FUSED_WARPS} in the fused "
-        "backward); per score, the kernel's sweeps summed; interior = mask-free blocks, edge = masked ones"
+        f"key block {args.block_k_dkv or 'the key block'}), {gpu.TRITON_WARPS} warps; per score, the kernel's sweeps summed; interior = mask-free blocks, edge = masked ones"
     )
     print(
         "| kernel | tensor FLOP | MUFU | FP32 | other ALU | all | spill ld/st per iteration | registers, spill bytes | bound "
@@ -237,7 +236,7 @@ def gpu_table(args, dump: str) -> None:
                 name = f"{variant} {kind}" if gradients else f"{variant} {kind}, no gradient"
                 registers, spills = ptxas(ptx, ptx + ".cubin")
                 warps = int(re.search(r"\.reqntid\s+(\d+)", open(ptx).read()).group(1)) // 32  # the kernel's own
-                keys = args.block_k_dkv or block_k if kind in ("dkv", "bwd") else block_k  # a loop iteration's keys
+                keys = args.block_k_dkv or block_k if kind == "dkv" else block_k  # a loop iteration's keys
                 for part, (per_score, flop) in budget(ptx + ".cubin", block_q, keys, warps).items():
                     time = clocks(per_score, flop)
                     if gradients:
@@ -255,7 +254,7 @@ def gpu_table(args, dump: str) -> None:
                         flush=True,
                     )
         for part, kinds in times.items():
-            model, names = MODEL_FLOP["bwd"] * d, [kind for kind in ("dq", "dkv", "bwd") if kind in kinds]
+            model, names = MODEL_FLOP["backward"] * d, [kind for kind in ("dq", "dkv") if kind in kinds]
             backward = model / RATES["tensor"] / sum(kinds[kind] for kind in names)
             ceiling = model / sum(flops[part][kind] for kind in names)
             print(

@@ -88,7 +88,7 @@ DKV_CASES += [("kv_cache_offset_bfloat16", "lssar")]  # the dK/dV kernel is the 
 def test_a_smaller_dkv_key_block_matches_reference(name, variant):
     """block_k_dkv: the GPU dK/dV kernel runs each 16-key block as two 8-key sub-blocks (a grid twice as long),
     each sweeping its block's query span (segments, padding, a fully masked row, windows, a KV-cache offset, GQA
-    and MQA), and the values and gradients still equal the reference's (LSSAR's dK/dV kernel is its fused backward)."""
+    and MQA), and the values and gradients still equal the reference's."""
     q, k, v, g, causal, mask_options = scenario(name, key(name, variant, "dkv"))
     params = variant_params(variant, q.shape[2])
     options = dict(PALLAS, block_k=16, block_k_dkv=8)
@@ -96,7 +96,7 @@ def test_a_smaller_dkv_key_block_matches_reference(name, variant):
     grids = [
         eqn.params["grid_mapping"].grid
         for eqn in walk_eqns(jax.make_jaxpr(grad)(q).jaxpr)
-        if str(eqn.params.get("name")).endswith(("_dkv", "_bwd"))
+        if str(eqn.params.get("name")).endswith("_dkv")
     ]
     assert grids == [(q.shape[0], k.shape[2], 2 * -(-k.shape[1] // 16))]
     compare(q, k, v, g, params, options, TOLERANCE[q.dtype.type], variant=variant, causal=causal, **mask_options)
@@ -334,7 +334,7 @@ TARGETS = {"tpu": contextlib.nullcontext, "cuda": functools.partial(jax.sharding
 def test_lowers_to_tpu_and_cuda_kernels(variant):
     """Forward+backward at bfloat16, T = 4096, D = 128 lowers for TPU (Mosaic) and CUDA (Triton) to the
     kernels as custom calls, chosen by platform_dependent, without any [T, S] score tensor in the surrounding XLA:
-    forward, dq and dkv, or on CUDA for LSSAR forward and the fused backward (gpu.FUSED_BACKWARD)."""
+    forward, dq and dkv."""
     shape = jax.ShapeDtypeStruct((1, 4096, 2, 128), jnp.bfloat16)
 
     def loss(q, k, v):
@@ -344,10 +344,9 @@ def test_lowers_to_tpu_and_cuda_kernels(variant):
         with TARGETS[platform]():
             traced = jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2))).trace(shape, shape, shape)
             text = traced.lower(lowering_platforms=(platform,)).as_text()
-        fused = platform == "cuda" and variant == "lssar"
-        kernels = {"fwd", "bwd"} if fused else {"fwd", "dq", "dkv"}
+        kernels = {"fwd", "dq", "dkv"}
         assert text.count(f"custom_call @{call}") == len(kernels), platform
-        assert set(re.findall(r"freeatten_\w+_(fwd|dq|dkv|bwd)\b", text)) == kernels, platform
+        assert set(re.findall(r"freeatten_\w+_(fwd|dq|dkv)\b", text)) == kernels, platform
         assert not any(other in text for other in set(KERNEL_CALLS.values()) - {call}), platform
         assert "4096x4096" not in text, platform
 
@@ -386,9 +385,9 @@ def _q_shape(eqn):
 
 
 def test_kernels_run_per_shard_inside_a_mesh():
-    """Under an ambient mesh of 8 host devices (data 2, fsdp 2, tensor 2), every kernel (LSSAR's forward and
-    fused backward, as the GPU lowering interpreted here runs it) runs inside shard_map on its shard (batch / 4,
-    heads / 2), and values and gradients equal the unsharded reference's."""
+    """Under an ambient mesh of 8 host devices (data 2, fsdp 2, tensor 2), every kernel (LSSAR's forward, dq and
+    dK/dV) runs inside shard_map on its shard (batch / 4, heads / 2), and values and gradients equal the unsharded
+    reference's."""
     q, k, v, g, causal, mask_options = scenario("causal_packed_padded_gqa", key("mesh"))
     q, k, v, g = (jnp.concatenate([x, x[::-1] * 0.5]) for x in (q, k, v, g))  # batch 4
     mask_options = {name: jnp.concatenate([x, x[::-1]]) for name, x in mask_options.items()}
@@ -397,7 +396,7 @@ def test_kernels_run_per_shard_inside_a_mesh():
         run = functools.partial(attention.attend, variant="lssar", causal=causal, **mask_options, **PALLAS)
         jaxpr = jax.make_jaxpr(lambda q, k, v, g: jax.vjp(run, q, k, v)[1](g))(q, k, v, g)
         calls = list(_pallas_calls(jaxpr.jaxpr))
-        assert sorted(eqn.params["name"] for eqn, _ in calls) == ["freeatten_reweight_bwd", "freeatten_reweight_fwd"]
+        assert sorted(eqn.params["name"] for eqn, _ in calls) == [f"freeatten_reweight_{x}" for x in ("dkv", "dq", "fwd")]
         for eqn, inside in calls:
             assert inside, eqn.params["name"]
             assert _q_shape(eqn)[:2] == (1, 2), eqn.params["name"]  # q: [B / 4, H / 2, Tp, D]

@@ -18,7 +18,7 @@ import jax
 import jax.numpy as jnp
 
 from freeatten_jax.attention.pallas import gpu, tpu
-from freeatten_jax.attention.pallas.common import BlockSizes, KernelRefs, Spans, Static, dq_outputs, kernel_family, low_half
+from freeatten_jax.attention.pallas.common import BlockSizes, KernelRefs, Spans, Static, kernel_family, low_half
 from freeatten_jax.attention.pallas.plan import Plan
 from freeatten_jax.attention.rules import FAMILIES, static_power
 from freeatten_jax.attention.variants import Mask, Variant
@@ -30,8 +30,7 @@ class Lowering(NamedTuple):
     blocks: Callable[[str], tuple[int, int]]  # blocks(family) -> default (block_q, block_k)
     min_block: int
     power_of_two: bool  # block lengths must be powers of two (Triton, Mosaic)
-    calls: Callable  # calls(cfg, shapes, fuse_backward=True) -> the (forward, dq, dkv) pallas_calls, each called as
-    # call(Spans, KernelRefs); dq None: dkv is a fused backward (kernel_backward)
+    calls: Callable  # calls(cfg, shapes) -> the (forward, dq, dkv) pallas_calls, each called as call(Spans, KernelRefs)
     pass_call: Callable  # pass_call(cfg, shapes, which, row_names) -> one forward pass from a carry (ring.py)
 
 
@@ -202,14 +201,10 @@ def make_core(cfg: Static, forward_for, run_backward):
 
 def kernel_backward(cfg: Static, dq_call, dkv_call, q, k, v, qs, ks, p_1, plan: Plan, rows, dout):
     """The dq and dkv kernels on one plan, the row terms lane-dense: (dq sum, dk sum, dv, dL/dp per row or None), as
-    make_core takes them. Without a dq_call the dkv call is the fused backward: it adds dq's outputs into zeros."""
+    make_core takes them."""
     backward = dict(dout=dout, rows=tuple(rows))
-    if dq_call is None:
-        zeros = tuple(jnp.zeros(x.shape, x.dtype) for x in dq_outputs(cfg, (q.shape, None), None, None)[1])
-        dk_sum, dv, dq_sum, *dpow = dkv_call(*kernel_inputs(plan, p_1, q, k, v, qs, ks, key_major=True, carry=zeros, **backward))
-    else:
-        dq_sum, *dpow = dq_call(*kernel_inputs(plan, p_1, q, k, v, qs, ks, **backward))
-        dk_sum, dv = dkv_call(*kernel_inputs(plan, p_1, q, k, v, qs, ks, key_major=True, **backward))
+    dq_sum, *dpow = dq_call(*kernel_inputs(plan, p_1, q, k, v, qs, ks, **backward))
+    dk_sum, dv = dkv_call(*kernel_inputs(plan, p_1, q, k, v, qs, ks, key_major=True, **backward))
     return dq_sum, dk_sum, dv, dpow[0] if cfg.p_grad else None
 
 

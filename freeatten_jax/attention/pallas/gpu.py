@@ -11,7 +11,6 @@ and key rows hidden from the whole query block are zeroed before any matmul that
 """
 
 import functools
-import operator
 from collections.abc import Callable
 
 import jax
@@ -21,7 +20,6 @@ from jax.experimental import pallas as pl
 from freeatten_jax.attention.pallas.common import (
     NN,
     NT,
-    TN,
     KernelRefs,
     Spans,
     Static,
@@ -33,7 +31,6 @@ from freeatten_jax.attention.pallas.common import (
     dq_outputs,
     first_carry,
     forward_outputs,
-    halves,
     kernel_ctx,
     kernel_family,
     key_block,
@@ -197,13 +194,12 @@ def dq_kernel(cfg: Static, ptx: bool, spans: Spans, x: KernelRefs, *out_refs):
         out_refs[1][...] = row(dpow)
 
 
-def dkv_kernel(cfg: Static, ptx: bool, spans: Spans, x: KernelRefs, dk_ref, dv_ref, *dq_refs):
+def dkv_kernel(cfg: Static, ptx: bool, spans: Spans, x: KernelRefs, dk_ref, dv_ref):
     """For one (batch, kv head, key sub-block): Σ_i ds_ij a_i q_i (dL/dk_j is b_j times it) and dv, summed over
     the G query heads and visible query blocks. Key-major: blocks are [C, Q] (keys as rows), so row
     statistics and the factors a_i come as [1, Q] rows and every matmul is a plain one. A sub-block (dkv_split)
     sweeps its key block's span: a subset of a block's keys sees at most its query blocks, and all of those that
-    every key of the block sees. With dq_refs (FUSED_BACKWARD) it also adds this key block's share of the dq
-    kernel's outputs into them, from the same scores."""
+    every key of the block sees."""
     b, j = pl.program_id(0), pl.program_id(2) // dkv_split(cfg)
     family, size, math = FAMILIES[cfg.family], cfg.blocks.q, family_math(cfg, ptx)
     k, v, ks = x.k[...], x.v[...], column(x.ks[...]) if cfg.key_scale else None
@@ -217,8 +213,6 @@ def dkv_kernel(cfg: Static, ptx: bool, spans: Spans, x: KernelRefs, dk_ref, dv_r
         vis_t = visible(cfg, x.q_mask[0, i], x.q_mask[1, i], *k_col) if masked else None
         args = (scaled_scores(k, q, ks, qs), vis_t, kernel_ctx(cfg, x.n[i], x.p[0], math), rows, dot(v, dout, NT))
         w_t, ds_t = family.grad(*args)
-        if dq_refs:
-            _add_dq(cfg, family, dq_refs, (g, i), args, ds_t if ks is None else ds_t * ks, k)
         return weighted_dot(cfg.split, ds_t * qs, q, dk), weighted_dot(cfg.split, w_t, dout, dv)
 
     carry = (jnp.zeros(k.shape, jnp.float32), jnp.zeros(v.shape, jnp.float32))
@@ -229,21 +223,6 @@ def dkv_kernel(cfg: Static, ptx: bool, spans: Spans, x: KernelRefs, dk_ref, dv_r
     dk_ref[...], dv_ref[...] = carry
 
 
-def _add_dq(cfg: Static, family, dq_refs, at, args, dsk_t, k):
-    """The fused backward's share of one (query head g, query block i) = `at`: Σ_j ds_ij b_j k_j over this key block
-    (dsk_t the key-major [C, Q] ds b_j) and, with cfg.p_grad, the rows' shares of dL/dp, added to dq_refs by float32
-    atomics (their order varies between runs on a GPU). Its keys need no zeroing: a key no query sees is zeroed before
-    the kernels (variants.py), so a key here is finite or a visible query's output is NaN already."""
-    from jax.experimental.pallas import triton as pltriton
-
-    (g, i), size = at, cfg.blocks.q
-    g = jnp.int32(g)  # an index array: Pallas's atomics take no Python int
-    dq_DQ = functools.reduce(operator.add, [dot(k, part, TN) for part in halves(cfg.split, dsk_t, k.dtype)])  # (ds^T k)^T
-    pltriton.atomic_add(dq_refs[0], (g, pl.ds(pl.multiple_of(i * size, size), size), slice(None)), dq_DQ.T)
-    if cfg.p_grad:
-        pltriton.atomic_add(dq_refs[1], (g, i), jnp.sum(family.power_grad(*args), axis=0, keepdims=True))
-
-
 # ----------------------------------------------------------------------------- the pallas_calls
 
 
@@ -252,10 +231,6 @@ def _add_dq(cfg: Static, family, dq_refs, at, args, dsk_t, k):
 # LSSA fastest at 64 x 64 (4.1 and 6.2 ms).
 GPU_BLOCKS = {"reweight": (64, 32)}
 GPU_DEFAULT_BLOCKS = (64, 64)
-# Families whose dq joins the dK/dV kernel (dkv_kernel with dq_refs, called "bwd"): LSSAR's scores cost ~25
-# instructions each to recompute (softplus, sigmoid, the ρ power), which a separate dq kernel paid a second time.
-FUSED_BACKWARD = frozenset()
-FUSED_WARPS = 8  # its dK/dV and dq accumulators spill on 4 warps (1,834 bytes; kernel_budget, H100)
 
 
 def blocks(family: str) -> tuple[int, int]:
@@ -317,16 +292,14 @@ def pass_call(cfg: Static, shapes, which: int, row_names, ptx: bool, interpret: 
     )
 
 
-def calls(cfg: Static, shapes, ptx: bool, interpret: bool, fuse_backward: bool = True):
+def calls(cfg: Static, shapes, ptx: bool, interpret: bool):
     """The three pallas_calls (forward, dq, dkv) for arrays of the given padded shapes, each called as
-    call(spans, KernelRefs); for a FUSED_BACKWARD family (unless fuse_backward is False) dq is None and dkv also
-    returns dq's outputs, summed into the zeros its KernelRefs.carry holds (core.kernel_backward)."""
+    call(spans, KernelRefs)."""
     (b, h, tp, d), (kv_heads, sp) = shapes
     (block_q, block_k, _), g = cfg.blocks, cfg.kv_groups
     q_blocks, k_blocks = tp // block_q, sp // block_k
     family, f32 = FAMILIES[cfg.family], jnp.float32
     common = _common(interpret)
-    fused = fuse_backward and cfg.family in FUSED_BACKWARD
 
     # forward and dq: grid (b, h, i); row statistics and rows lane-dense, one [1, Q] row per block
     specs, q_spec, row_spec = _query_major_specs(cfg, shapes)
@@ -341,18 +314,14 @@ def calls(cfg: Static, shapes, ptx: bool, interpret: bool, fuse_backward: bool =
         **common,
     )
     dq_specs, dq_shape = dq_outputs(cfg, shapes, q_spec, row_spec)
-    dq = (
-        None
-        if fused
-        else pl.pallas_call(
-            functools.partial(dq_kernel, cfg, ptx),
-            grid=(b, h, q_blocks),
-            in_specs=(WHOLE_SPANS, specs._replace(dout=q_spec, rows=(row_spec,) * len(family.rows))),
-            out_specs=dq_specs,
-            out_shape=dq_shape,
-            name=f"freeatten_{cfg.family}_dq",
-            **common,
-        )
+    dq = pl.pallas_call(
+        functools.partial(dq_kernel, cfg, ptx),
+        grid=(b, h, q_blocks),
+        in_specs=(WHOLE_SPANS, specs._replace(dout=q_spec, rows=(row_spec,) * len(family.rows))),
+        out_specs=dq_specs,
+        out_shape=dq_shape,
+        name=f"freeatten_{cfg.family}_dq",
+        **common,
     )
 
     # dkv: grid (b, kv head, j), key-major, j a key sub-block of `sub` keys (dkv_split of them a key block)
@@ -374,16 +343,13 @@ def calls(cfg: Static, shapes, ptx: bool, interpret: bool, fuse_backward: bool =
         dout=group_spec,
         rows=(group_rows,) * len(family.rows),
     )
-    dq_specs, dq_shape = dq_outputs(cfg, shapes, group_spec, group_rows) if fused else ([], [])
-    in_specs = (WHOLE_SPANS, dkv_specs._replace(carry=tuple(dq_specs)))
     dkv = pl.pallas_call(
         functools.partial(dkv_kernel, cfg, ptx),
         grid=(b, kv_heads, k_blocks * split),
-        in_specs=in_specs,
-        out_specs=[k_spec, k_spec, *dq_specs],
-        out_shape=[jax.ShapeDtypeStruct((b, kv_heads, sp, d), f32)] * 2 + dq_shape,
-        input_output_aliases={first_carry(in_specs) + x: 2 + x for x in range(len(dq_specs))},
-        name=f"freeatten_{cfg.family}_{'bwd' if fused else 'dkv'}",
-        **_common(interpret, FUSED_WARPS if fused else TRITON_WARPS),
+        in_specs=(WHOLE_SPANS, dkv_specs),
+        out_specs=[k_spec, k_spec],
+        out_shape=[jax.ShapeDtypeStruct((b, kv_heads, sp, d), f32)] * 2,
+        name=f"freeatten_{cfg.family}_dkv",
+        **common,
     )
     return forward, dq, dkv

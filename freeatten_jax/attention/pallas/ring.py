@@ -26,8 +26,7 @@ def _lane_dense(x_BHTW, size: int):
 
 def _core(cfg: Static, lowering: core.Lowering, shapes):
     """make_core's forward and backward streaming the chunks round the ring (`where` a Ring)."""
-    # dq and dK/dV apart: with one fused backward kernel a step, XLA left the step's 5 rotations exposed (8 x H100)
-    _, dq_call, dkv_call = lowering.calls(cfg, shapes, fuse_backward=False)
+    _, dq_call, dkv_call = lowering.calls(cfg, shapes)
     (b, h, tp, d), _ = shapes
 
     def plan_at(ring: Ring, step):

@@ -347,10 +347,9 @@ def pass_call(cfg: Static, shapes, which: int, row_names, interpret: bool):
     )
 
 
-def calls(cfg: Static, shapes, interpret: bool, fuse_backward: bool = True):
+def calls(cfg: Static, shapes, interpret: bool):
     """The three pallas_calls (forward, dq, dkv) for arrays of the given padded shapes, each called as
-    call(spans, KernelRefs), as the GPU ones (no fused backward on TPU: fuse_backward changes nothing)."""
-    del fuse_backward
+    call(spans, KernelRefs), as the GPU ones."""
     (b, h, tp, d), (kv_heads, sp) = shapes
     (block_q, block_k, _), g = cfg.blocks, cfg.kv_groups
     q_blocks, k_blocks = tp // block_q, sp // block_k
