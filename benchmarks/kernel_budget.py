@@ -213,7 +213,8 @@ def gpu_table(args, dump: str) -> None:
     d = 128
     print(
         f"H100 sm_90a, T={args.seq_len}, D={d}, bf16, causal, each family's default blocks (gpu.GPU_BLOCKS; dK/dV's "
-        f"key block {args.block_k_dkv or 'the key block'}), {gpu.TRITON_WARPS} warps; per score, the kernel's sweeps summed; interior = mask-free blocks, edge = masked ones"
+        f"key block {args.block_k_dkv or 'the key block'}), {gpu.TRITON_WARPS} warps; per score, the kernel's sweeps "
+        "summed; interior = mask-free blocks, edge = masked ones"
     )
     print(
         "| kernel | tensor FLOP | MUFU | FP32 | other ALU | all | spill ld/st per iteration | registers, spill bytes | bound "
