@@ -17,7 +17,6 @@ from freeatten_jax.attention.rules import FAMILIES, Ctx, Family, output_only
 
 NT = (((1,), (1,)), ((), ()))  # a [M, D] x b [N, D] -> [M, N]
 NN = (((1,), (0,)), ((), ()))  # a [M, N] x b [N, D] -> [M, D]
-TN = (((0,), (0,)), ((), ()))  # a [N, M] x b [N, D] -> [M, D]
 
 
 class BlockSizes(NamedTuple):
