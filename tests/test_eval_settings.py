@@ -37,7 +37,19 @@ def test_a_new_setting_becomes_a_flag_and_a_compared_setting():
     assert "stride" in compared(extended, mqar=False) and "stride" not in compared(Settings, mqar=True)
     ours = dataclasses.asdict(extended(stride=5))
     with pytest.raises(UserError, match=re.escape("x: measured with stride=3, this evaluation with 5; remedy")):
-        results.check_alike("x", {**ours, "stride": 3}, ours, compared(extended, mqar=False), "remedy")
+        results.check_alike("x", {**ours, "stride": 3}, ours, compared(extended, mqar=False), "remedy", extended)
+
+
+def test_results_written_before_a_setting_existed_count_as_measured_under_its_default(tmp_path):
+    extended = dataclasses.make_dataclass(
+        "Extended", [("stride", int, option(3, help="h", shapes=(TEXT,)))], bases=(Settings,), frozen=True
+    )
+    described = {**dataclasses.asdict(extended()), "workdirs": [], "switches": []}
+    earlier = tmp_path / "results.json"
+    results.write(earlier, [], {k: v for k, v in described.items() if k != "stride"})
+    results.earlier([str(earlier)], described, set(), mqar=False, kind=extended)  # the default: alike
+    with pytest.raises(UserError, match=re.escape(f"--merge={earlier}: measured with stride=3, this evaluation with 5")):
+        results.earlier([str(earlier)], {**described, "stride": 5}, set(), mqar=False, kind=extended)
 
 
 def test_merge_refuses_results_measured_under_a_new_setting(tmp_path):

@@ -142,11 +142,13 @@ def read(path) -> tuple[list[RunResult], dict]:
     return [from_dict(r) for r in saved["runs"]], saved["settings"]
 
 
-def check_alike(where: str, theirs: dict, ours: dict, keys: tuple[str, ...], remedy: str) -> None:
+def check_alike(where: str, theirs: dict, ours: dict, keys: tuple[str, ...], remedy: str, kind: type) -> None:
     """Raises a UserError naming the first of the settings `keys` whose value differs between results measured under
-    `theirs` and under `ours` (settings as results.json records them)."""
+    `theirs` and under `ours` (settings as results.json records them). A setting that `theirs` lacks did not exist when
+    they were written: they count as measured under its default in `kind`."""
+    defaults = {f.name: f.default for f in dataclasses.fields(kind)}
     for key in keys:
-        theirs_is, ours_is = json.dumps(theirs.get(key)), json.dumps(ours[key])
+        theirs_is, ours_is = json.dumps(theirs.get(key, defaults.get(key))), json.dumps(ours[key])
         if theirs_is != ours_is:
             raise UserError(f"{where}: measured with {key}={theirs_is}, this evaluation with {ours_is}; {remedy}")
 
@@ -162,7 +164,7 @@ def earlier(paths: list[str], settings: dict, names: set[str], mqar: bool, kind:
         except (OSError, ValueError, KeyError, TypeError) as e:
             raise UserError(f"--merge={path}: not a results file that freeatten-eval wrote ({e})") from None
         keys = compared(kind, mqar or any(r.mqar is not None for r in theirs))
-        check_alike(f"--merge={path}", their, settings, keys, "only results measured alike are reported together")
+        check_alike(f"--merge={path}", their, settings, keys, "only results measured alike are reported together", kind)
         if again := sorted(names & {r.name for r in theirs}):
             raise UserError(f"--merge={path}: holds {again[0]}, which is measured here too; leave out one")
         names = names | {r.name for r in theirs}

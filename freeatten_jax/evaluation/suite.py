@@ -301,7 +301,9 @@ def _resumable(out: pathlib.Path, settings: Settings, mqar: bool) -> None:
         cells.save_settings(out, ours)
         return
     keys = compared(type(settings), mqar)
-    results.check_alike(f"--out={out}", theirs, ours, keys, "rerun with those settings to resume, or use another --out")
+    results.check_alike(
+        f"--out={out}", theirs, ours, keys, "rerun with those settings to resume, or use another --out", type(settings)
+    )
 
 
 def run_suite(
