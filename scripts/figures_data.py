@@ -2,7 +2,7 @@
 figures from the committed data in docs/results/ (the suite's results.json.gz files; `make demo`'s in docs/demo/), so
 a figure is checked against the data itself, not against a report printed from it.
 
-A source (`text`, `switch`, `switch_control`, `mqar`, `mqar_dilute`, `demo`, `ruler`) is a list of tables; a table's
+A source (`text`, `switch`, `contrast`, `switch_control`, `mqar`, `mqar_dilute`, `demo`, `ruler`) is a list of tables; a table's
 cell is computed when first asked for. Every paired contrast carries its hierarchical bootstrap interval, its Student t
 interval over seeds and, where its table is a family of tests (docs/method.md §7), its Holm-adjusted p-value over that
 family.
@@ -26,6 +26,7 @@ from scipy import stats as scipy_stats
 from freeatten_jax.data import mqar
 from freeatten_jax.evaluation import mqar_report, paired, plots, results, ruler_report, stats
 from freeatten_jax.evaluation.results import RunResult
+from freeatten_jax.evaluation.settings import Settings
 
 DATA = pathlib.Path(__file__).resolve().parent.parent / "docs" / "results"
 BASELINE = ("softmax", "none")
@@ -144,11 +145,19 @@ def _with_holm(tables: list[Table]) -> list[Table]:
     return [adjust(t) for t in tables]
 
 
-class Runs:
-    """The runs of one results.json.gz by group, with each group's per-window values on the seeds softmax shares."""
+LOSS_SETTINGS = ("multipliers", "eval_tokens", "span_windows")  # what shapes the loss by length; retrieval may differ
 
-    def __init__(self, path: pathlib.Path) -> None:
-        runs, _ = results.read(path)
+
+class Runs:
+    """The runs of results.json.gz files by group, with each group's per-window values on the seeds softmax shares.
+    Several files must have measured the loss alike (LOSS_SETTINGS): their loss tables then compare."""
+
+    def __init__(self, path: pathlib.Path, *more: pathlib.Path) -> None:
+        runs, first = results.read(path)
+        for other in more:
+            theirs, their = results.read(other)
+            results.check_alike(str(other), their, first, LOSS_SETTINGS, f"its loss does not compare with {path}'s", Settings)
+            runs += theirs
         self.groups = plots.groups(runs)
         self.names = {plots.group_name(*g, 1): g for g in self.groups}  # named without "(3 runs)"
 
@@ -391,6 +400,8 @@ def tables(source: str) -> list[Table]:
 SOURCES: dict[str, Callable[[], list[Table]]] = {
     "text": lambda: (lambda runs: _loss_tables(runs, DIRECT["text"]) + _run_tables(runs))(Runs(DATA / "results.json.gz")),
     "switch": lambda: _loss_tables(Runs(DATA / "switch" / "results.json.gz"), DIRECT["switch"]),
+    # the `text` runs and lssar, lssar_fixed on more seeds (loss measured alike; one passkey depth and key)
+    "contrast": lambda: _loss_tables(Runs(DATA / "results.json.gz", DATA / "contrast" / "results.json.gz"), DIRECT["text"]),
     # the softmax -> softmax continuation control, with its own softmax runs (retrained: the switch runs are not kept)
     "switch_control": lambda: _loss_tables(Runs(DATA / "switch_control" / "results.json.gz"), []),
     "mqar": lambda: _mqar_tables(Runs(DATA / "mqar_results.json.gz")),

@@ -2,6 +2,7 @@
 (scripts/check_figures.py, scripts/figures_data.py), and the check fails on each figure of the real documents changed
 as a referee would change it: a last digit, a sign, an interval's type label, a figure with no source."""
 
+import dataclasses
 import pathlib
 import random
 import re
@@ -10,6 +11,7 @@ import numpy as np
 import pytest
 from scipy import stats as scipy_stats
 
+from freeatten_jax.errors import UserError
 from scripts import check_figures as cf
 from scripts import figures_data as fd
 
@@ -201,3 +203,15 @@ def test_a_p_value_and_a_per_seed_figure_are_checked_against_the_computation():
     p = re.search(r"p=(\d\.\d+)", row).group(1)  # type: ignore[union-attr]
     wrong = text.replace(row, row.replace(f"p={p}", f"p={_last_digit(p)}", 1))
     assert [line for line in _problems("docs/results.md", wrong) if "(p) is" in line]
+
+
+def test_runs_of_several_files_join_only_when_their_loss_was_measured_alike(tmp_path):
+    text = fd.DATA / "results.json.gz"
+    runs, settings = fd.results.read(text)
+    lssar = [dataclasses.replace(r, name=f"lssar-seed{r.seed + 3}", seed=r.seed + 3) for r in runs if r.variant == "lssar"]
+    later = tmp_path / "results.json"
+    fd.results.write(later, lssar, {**settings, "passkey_keys": 1})  # retrieval measured otherwise: the loss compares
+    assert sorted(r.seed for r in fd.Runs(text, later).group("lssar")) == [0, 1, 2, 3, 4, 5]
+    fd.results.write(later, lssar, {**settings, "eval_tokens": settings["eval_tokens"] // 2})
+    with pytest.raises(UserError, match=re.escape(f"{later}: measured with eval_tokens=32800, this evaluation with 65600")):
+        fd.Runs(text, later)
