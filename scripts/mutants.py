@@ -1280,6 +1280,20 @@ MUTANTS = [
         ("tests/test_eval_settings.py",),
     ),
     Mutant(
+        "eval merge: a setting older results lack read as null, not as its default",
+        "freeatten_jax/evaluation/results.py",
+        "json.dumps(theirs.get(key, defaults.get(key)))",
+        "json.dumps(theirs.get(key))",
+        ("tests/test_eval_settings.py", "-k", "before_a_setting"),
+    ),
+    Mutant(
+        "figures: results files joined whose loss was measured otherwise",
+        "scripts/figures_data.py",
+        "            results.check_alike(",
+        "            (",
+        ("tests/test_figures.py", "-k", "several"),
+    ),
+    Mutant(
         "eval resume: a finished cell measured again",
         "freeatten_jax/evaluation/suite.py",
         "    saved = store.get(name)",
@@ -1303,8 +1317,8 @@ MUTANTS = [
     Mutant(
         "eval resume: cells measured under other settings mixed",
         "freeatten_jax/evaluation/suite.py",
-        '    results.check_alike(f"--out={out}", theirs, ours, keys,',
-        '    (f"--out={out}", theirs, ours, keys,',
+        '    results.check_alike(\n        f"--out={out}", theirs, ours, keys,',
+        '    (\n        f"--out={out}", theirs, ours, keys,',
         (RESUME, "-k", "refused"),
     ),
     Mutant(
