@@ -73,6 +73,14 @@ def walk_eqns(jaxpr):
                     yield from walk_eqns(inner)
 
 
+def kernel_operand_widths(fn, *args) -> set[int]:
+    """The last dims of the [B, heads, L, D] operands and results (4-d, neither of the last two 1: not a lane-dense
+    row) of every Pallas call in fn."""
+    eqns = [eqn for eqn in walk_eqns(jax.make_jaxpr(fn)(*args).jaxpr) if eqn.primitive.name == "pallas_call"]
+    avals = [x.aval for eqn in eqns for x in (*eqn.invars, *eqn.outvars)]
+    return {aval.shape[-1] for aval in avals if aval.ndim == 4 and min(aval.shape[-2:]) > 1}
+
+
 def jit_call(f, *args):
     """f(*args) under jax.jit (conftest makes the session's compiles cheap)."""
     return jax.jit(f)(*args)

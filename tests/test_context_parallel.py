@@ -13,7 +13,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from helpers import TOLERANCE, assert_close, inputs, jit_call, key, variant_params, walk_eqns
+from helpers import TOLERANCE, assert_close, inputs, jit_call, kernel_operand_widths, key, variant_params, walk_eqns
 from jax.sharding import PartitionSpec as P
 
 from freeatten_jax import attention
@@ -56,6 +56,11 @@ def _scenario(name):
         q, k, v, g = inputs(key(name), 2, 16, 16, 4, 2, 8, jnp.bfloat16)
         axes = dict(batch_axis="data", head_axis="tensor")
         return _mesh(data=2, context=2, tensor=2), axes, q, k, v, g, True, dict(q_segment_ids=jnp.array([0] * 4 + [1] * 12))
+    if name == "context2_narrow_heads_gqa":  # D = 64, 64 tokens a device: the TPU kernels' 32-token blocks pack
+        q, k, v, g = inputs(key(name), 2, 128, 128, 4, 2, 64)  # two tokens a 128-lane row; segments, padding
+        segments = jnp.array([[0] * 50 + [1] * 78, [0] * 90 + [1] * 38])
+        kv_mask = jnp.array([[True] * 128, [True] * 110 + [False] * 18])
+        return _mesh(context=2), {}, q, k, v, g, True, dict(q_segment_ids=segments, kv_mask=kv_mask)
     if name == "data2_context4_packed_padded_gqa":  # batch over data; segments cross device boundaries, padding
         q, k, v, g = inputs(key(name), 2, 32, 32, 4, 2, 8)
         segments = jnp.array([[0] * 5 + [1] * 11 + [2] * 16, [0] * 24 + [1] * 8])
@@ -125,6 +130,8 @@ KERNEL_CASES = [
     ("data2_context4_packed_padded_gqa", "softmax", "tpu"),
     ("context2_bidirectional_window_positions_mqa", "lssar", True),
     ("context8_kv_cache_offset", "ssmax", True),
+    ("context2_narrow_heads_gqa", "lssar", "tpu"),
+    ("context2_narrow_heads_gqa", "ssmax", "tpu"),
 ]
 
 
@@ -132,20 +139,25 @@ KERNEL_CASES = [
 def test_kernel_ring_matches_reference(scenario, variant, interpret):
     """implementation="pallas": every ring step runs the kernels (interpret mode; True the GPU ones, "tpu" the
     TPU ones), forward passes and backward (dq and dK/dV apart, also for LSSAR), and the result equals the reference,
-    values and gradients. A ring step that fell back to the blockwise rules would call no kernel."""
+    values and gradients. A ring step that fell back to the blockwise rules would call no kernel. With D = 64 the
+    TPU kernels' q, k, v, accumulators and dK/dV sums are packed two tokens a 128-lane row (none D wide)."""
     mesh, axes, q, k, v, g, causal, mask_options = _scenario(scenario)
     params = variant_params(variant, q.shape[2])
     options = dict(variant=variant, causal=causal, **mask_options)
     split = functools.partial(
         context_parallel.context_parallel_attend, mesh=mesh, axis_name="context", implementation="pallas", **axes, **options
     )
-    split = functools.partial(split, interpret=interpret, block_q=8, block_k=8)
+    block = 32 if q.shape[-1] == 64 else 8
+    split = functools.partial(split, interpret=interpret, block_q=block, block_k=block)
     whole = functools.partial(attention.attend, implementation="reference", **options)
     attend = lambda q, k, v, p: split(q, k, v, **p)  # noqa: E731
-    names = _kernel_names(lambda *a: jax.vjp(attend, *a)[1](g), q, k, v, params)
+    backward = lambda *a: jax.vjp(attend, *a)[1](g)  # noqa: E731
+    names = _kernel_names(backward, q, k, v, params)
     family = attention.get_variant(variant).normalise
     passes = {f"freeatten_{family}_pass{which}" for which in range(2 if family == "reweight" else 1)}
     assert names == passes | {f"freeatten_{family}_dq", f"freeatten_{family}_dkv"}  # the ring never fuses them
+    if q.shape[-1] == 64:
+        assert kernel_operand_widths(backward, q, k, v, params) == {128}
     (out, grads), (out_ref, grads_ref) = (
         _value_and_grads(lambda q, k, v, p, f=f: f(q, k, v, **p), q, k, v, g, params) for f in (split, whole)
     )

@@ -23,6 +23,7 @@ from helpers import (
     compiled_value_and_grads,
     inputs,
     jit_call,
+    kernel_operand_widths,
     key,
     one_per_family,
     value_and_grads,
@@ -78,6 +79,22 @@ def test_pallas_matches_reference(name, variant, kernels):
     q, k, v, g, causal, mask_options = scenario(name, key(name, variant))
     params = variant_params(variant, q.shape[2])
     compare(q, k, v, g, params, KERNELS[kernels], TOLERANCE[q.dtype.type], variant=variant, causal=causal, **mask_options)
+
+
+@pytest.mark.parametrize("variant, d, block", [("lssar", 64, 32), ("softmax", 32, 64), ("lssa", 64, 32)])
+def test_the_tpu_kernels_pack_narrow_heads_into_whole_lane_rows(variant, d, block):
+    """With D < 128 the TPU kernels read and write q, k, v, dout, the output, accumulators and sums packed, 128 // D
+    tokens a 128-lane row (a TPU pads a [.., L, 64] array to 128 lanes in HBM: twice its bytes). Segments, padding, a
+    fully masked row, GQA and ragged blocks (of 16 packed rows): the values and gradients equal the reference's, and
+    every such operand of every kernel is 128 wide."""
+    q, k, v, g = inputs(key("lane-packed", variant), 2, 77, 77, 4, 2, d)
+    segments = jnp.array([[0] * 40 + [1] * 37, [0] * 19 + [1] * 41 + [2] * 17])
+    mask_options = dict(q_segment_ids=segments, kv_mask=jnp.array([[True] * 77, [True] * 60 + [False] * 17]))
+    options = dict(KERNELS["tpu"], block_q=block, block_k=block)
+    params = variant_params(variant, q.shape[2])
+    grad = jax.grad(lambda q: attention.attend(q, k, v, variant=variant, **options, **mask_options).sum())
+    assert kernel_operand_widths(grad, q) == {128}
+    compare(q, k, v, g, params, options, TOLERANCE[q.dtype.type], variant=variant, causal=True, **mask_options)
 
 
 DKV_CASES = [("causal_packed_padded_gqa", "lssar"), ("bidirectional_window_positions_mqa", "lssa")]

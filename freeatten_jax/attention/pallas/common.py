@@ -4,6 +4,10 @@ matmuls, the mask of a block and the layouts of row statistics. The families' ma
 Glossary: Q / C query / key block length, D head dim. In a kernel every array is 2-D: scores s, mask vis,
 weights w, ds are [Q, C] (key-major [C, Q] in the dK/dV kernels, where row statistics come as [1, Q] rows;
 the family maths is elementwise, so it serves both); row statistics [Q, 1]; blocks of q, k, v, out [Q|C, D].
+In HBM a TPU lays [.., L, D] out in rows of 128 lanes: with D = 64 each row is half padding. There (Static.pack
+f > 1) the kernels' [.., L, D] arrays travel packed, [.., L / f, f D], each block of L tokens interleaved so
+that packed row r holds the block's tokens r, r + L / f, ... (core.packed); a kernel unpacks a block it reads
+and packs one it writes (unpack, pack).
 """
 
 import functools
@@ -44,6 +48,7 @@ class Static(NamedTuple):
     split: bool  # the weights and ds enter their matmuls as two halves (weighted_dot)
     plain_length: int | None = None  # T (= S) of a plain mask (Mask.plain): its causal block spans known when tracing
     residuals: bool = True  # the forward also writes what the backward reads (statistics, extras, the low half)
+    pack: int = 1  # tokens per row of the [.., L, D] arrays in HBM (f, above): 128 // D on a TPU with D < 128
 
 
 class Spans(NamedTuple):
@@ -168,21 +173,41 @@ def split_output(cfg: Static, out):
 def write_forward(cfg: Static, family: Family, out_refs, out, stats):
     """The output's halves (split_output) and the family's statistics (each row statistic lane-dense, as a row)."""
     hi, lo = split_output(cfg, out)
-    out_refs[0][...] = hi
+    out_refs[0][...] = pack(cfg, hi)
     for ref, name in zip(out_refs[1:], family.stats + family.extras):
-        ref[...] = row(stats[name]) if name in family.stats else stats[name]
+        ref[...] = row(stats[name]) if name in family.stats else pack(cfg, stats[name])
     if lo is not None:
-        out_refs[-1][...] = lo
+        out_refs[-1][...] = pack(cfg, lo)
 
 
-def carry_in(x):
-    """A pass kernel's carry leaf as read ([1, Q]: a row statistic, lane-dense in HBM) as the family holds it ([Q, 1])."""
-    return column(x) if x.shape[0] == 1 else x
+def unpack(cfg: Static, x):
+    """A block as read from HBM, [L / f, f D] (Static.pack f), as the kernel computes with it, [L, D]."""
+    d = x.shape[1] // cfg.pack
+    return x if cfg.pack == 1 else jnp.concatenate([x[:, j * d : (j + 1) * d] for j in range(cfg.pack)], axis=0)
 
 
-def carry_out(x):
-    """A carry leaf as the family holds it, as written: a row statistic [Q, 1] (width 1, carry_widths) as a [1, Q] row."""
-    return row(x) if x.shape[1] == 1 else x
+def pack(cfg: Static, x):
+    """A [L, D] block as written to HBM, [L / f, f D] (unpack's inverse)."""
+    rows = x.shape[0] // cfg.pack
+    return x if cfg.pack == 1 else jnp.concatenate([x[j * rows : (j + 1) * rows] for j in range(cfg.pack)], axis=1)
+
+
+def tokens_shape(cfg: Static, *leading_length_d) -> tuple[int, ...]:
+    """The HBM shape of a [.., L, D] array of the kernels: [.., L / f, f D] (Static.pack f)."""
+    *leading, length, d = leading_length_d
+    return (*leading, length // cfg.pack, d * cfg.pack)
+
+
+def carry_in(cfg: Static, x):
+    """A pass kernel's carry leaf as read ([1, Q]: a row statistic, lane-dense in HBM; else a packed accumulator) as
+    the family holds it ([Q, 1] or [Q, D])."""
+    return column(x) if x.shape[0] == 1 else unpack(cfg, x)
+
+
+def carry_out(cfg: Static, x):
+    """A carry leaf as the family holds it, as written: a row statistic [Q, 1] (width 1, carry_widths) as a [1, Q] row,
+    an accumulator packed."""
+    return row(x) if x.shape[1] == 1 else pack(cfg, x)
 
 
 def carry_widths(cfg: Static, which: int, d: int) -> list[int]:
@@ -193,31 +218,33 @@ def carry_widths(cfg: Static, which: int, d: int) -> list[int]:
 
 def forward_outputs(cfg: Static, shapes, block_spec, row_spec) -> tuple[list, list]:
     """The forward kernel's (out_specs, out_shape): the output [B, H, Tp, D] in the input dtype, the family's row
-    statistics as lane-dense rows [B, H, I, 1, Q], its float32 extras and (low_half) the output's low half."""
+    statistics as lane-dense rows [B, H, I, 1, Q], its float32 extras and (low_half) the output's low half ([.., Tp,
+    D] arrays packed: tokens_shape)."""
     (b, h, tp, d), _ = shapes
     family, f32 = kernel_family(cfg), jnp.float32
-    out = jax.ShapeDtypeStruct((b, h, tp, d), cfg.dtype)
+    out = jax.ShapeDtypeStruct(tokens_shape(cfg, b, h, tp, d), cfg.dtype)
     stats = [jax.ShapeDtypeStruct((b, h, tp // cfg.blocks.q, 1, cfg.blocks.q), f32)] * len(family.stats)
-    extras = [jax.ShapeDtypeStruct((b, h, tp, d), f32)] * len(family.extras) + [out] * low_half(cfg)
+    extras = [jax.ShapeDtypeStruct(tokens_shape(cfg, b, h, tp, d), f32)] * len(family.extras) + [out] * low_half(cfg)
     return [block_spec] + [row_spec] * len(stats) + [block_spec] * len(extras), [out, *stats, *extras]
 
 
 def dq_outputs(cfg: Static, shapes, block_spec, row_spec) -> tuple[list, list]:
     """The dq kernel's (out_specs, out_shape): Σ_j ds_ij b_j k_j [B, H, Tp, D] float32 and, with cfg.p_grad, the
-    rows' shares of dL/dp as lane-dense rows [B, H, I, 1, Q]."""
+    rows' shares of dL/dp as lane-dense rows [B, H, I, 1, Q] (the sums packed: tokens_shape)."""
     (b, h, tp, d), _ = shapes
-    sums = jax.ShapeDtypeStruct((b, h, tp, d), jnp.float32)
+    sums = jax.ShapeDtypeStruct(tokens_shape(cfg, b, h, tp, d), jnp.float32)
     powers = jax.ShapeDtypeStruct((b, h, tp // cfg.blocks.q, 1, cfg.blocks.q), jnp.float32)
     return [block_spec, row_spec][: 1 + cfg.p_grad], [sums, powers][: 1 + cfg.p_grad]
 
 
 def carry_shapes(cfg: Static, shapes, which: int) -> list:
     """Pass `which`'s carry leaves in HBM: row statistics lane-dense [B, H, I, 1, Q] (a [B, H, Tp, 1] float32 array
-    is padded 128x on a TPU), accumulators [B, H, Tp, D]; float32."""
+    is padded 128x on a TPU), accumulators [B, H, Tp, D] packed (tokens_shape); float32."""
     (b, h, tp, d), _ = shapes
     q = cfg.blocks.q
     return [
-        jax.ShapeDtypeStruct((b, h, tp // q, 1, q) if w == 1 else (b, h, tp, w), jnp.float32) for w in carry_widths(cfg, which, d)
+        jax.ShapeDtypeStruct((b, h, tp // q, 1, q) if w == 1 else tokens_shape(cfg, b, h, tp, w), jnp.float32)
+        for w in carry_widths(cfg, which, d)
     ]
 
 

@@ -32,6 +32,7 @@ class Lowering(NamedTuple):
     power_of_two: bool  # block lengths must be powers of two (Triton, Mosaic)
     calls: Callable  # calls(cfg, shapes) -> the (forward, dq, dkv) pallas_calls, each called as call(Spans, KernelRefs)
     pass_call: Callable  # pass_call(cfg, shapes, which, row_names) -> one forward pass from a carry (ring.py)
+    lanes: int = 0  # the HBM row width that [.., L, D] arrays with a narrower D are packed to (Static.pack); 0: never
 
 
 def _gpu(ptx: bool, interpret: bool, blocks=gpu.blocks, min_block: int = 16) -> Lowering:
@@ -43,7 +44,7 @@ def _gpu(ptx: bool, interpret: bool, blocks=gpu.blocks, min_block: int = 16) -> 
 def _tpu(interpret: bool, blocks=lambda family: tpu.tuning().blocks, min_block: int = 16) -> Lowering:
     """The TPU kernels compiled by Mosaic (blocks: tpu.TUNING) or run in interpret mode."""
     calls, pass_call = (functools.partial(f, interpret=interpret) for f in (tpu.calls, tpu.pass_call))
-    return Lowering(blocks, min_block, not interpret, calls, pass_call)
+    return Lowering(blocks, min_block, not interpret, calls, pass_call, lanes=128)
 
 
 INTERPRET_BLOCKS = lambda family: (64, 64)  # noqa: E731
@@ -90,6 +91,40 @@ def block_sizes(lowering: Lowering, family: str, requested: tuple, t: int, s: in
     (block_q, block_k, block_k_dkv), (default_q, default_k) = requested, lowering.blocks(family)
     k_dkv = block_k_dkv and max(block_k_dkv, lowering.min_block)
     return BlockSizes(_fit(block_q or default_q, t, lowering), _fit(block_k or default_k, s, lowering), k_dkv)
+
+
+def packing(lowering: Lowering, d: int, blocks: BlockSizes) -> int:
+    """Static.pack for head dim d: the tokens a `lanes`-wide HBM row holds where d divides it (a TPU pads a [.., L, 64]
+    array to 128 lanes: twice its bytes) and every block packs into whole 16-row tiles; else 1."""
+    f = lowering.lanes // d if lowering.lanes and d < lowering.lanes and lowering.lanes % d == 0 else 1
+    return f if blocks.q % (16 * f) == 0 and blocks.k % (16 * f) == 0 else 1
+
+
+def packed(cfg: Static, x_BHLD, size: int):
+    """[B, heads, L, D] -> the kernels' [B, heads, L / f, f D] (Static.pack f): in each block of `size` tokens, packed
+    row r holds tokens r, r + size / f, ... (common.unpack reads a block back)."""
+    b, h, length, d = x_BHLD.shape
+    x = x_BHLD.reshape(b, h, length // size, cfg.pack, size // cfg.pack, d).transpose(0, 1, 2, 4, 3, 5)
+    return x_BHLD if cfg.pack == 1 else x.reshape(b, h, length // cfg.pack, cfg.pack * d)
+
+
+def unpacked(cfg: Static, x, size: int):
+    """packed's inverse: the kernels' [B, heads, L / f, f D] -> [B, heads, L, D]."""
+    b, h, rows, width = x.shape
+    d = width // cfg.pack
+    y = x.reshape(b, h, rows * cfg.pack // size, size // cfg.pack, cfg.pack, d).transpose(0, 1, 2, 4, 3, 5)
+    return x if cfg.pack == 1 else y.reshape(b, h, rows * cfg.pack, d)
+
+
+def packed_operands(cfg: Static, q, k, v, *dout):
+    """q, k, v (and dout) [B, heads, L, D] as the kernels read them (packed)."""
+    keys = [packed(cfg, x, cfg.blocks.k) for x in (k, v)]
+    return packed(cfg, q, cfg.blocks.q), *keys, *[packed(cfg, x, cfg.blocks.q) for x in dout]
+
+
+def unpacked_sums(cfg: Static, dq_sum, dk_sum, dv) -> tuple:
+    """The backward kernels' sums as [B, heads, L, D] (unpacked)."""
+    return unpacked(cfg, dq_sum, cfg.blocks.q), unpacked(cfg, dk_sum, cfg.blocks.k), unpacked(cfg, dv, cfg.blocks.k)
 
 
 def kernel_arguments(variant: Variant, mask: Mask, opts, q_BTHD, k_BSKD, v_BSKD, n_B1T, split_matmuls=None):
@@ -200,8 +235,8 @@ def make_core(cfg: Static, forward_for, run_backward):
 
 
 def kernel_backward(cfg: Static, dq_call, dkv_call, q, k, v, qs, ks, p_1, plan: Plan, rows, dout):
-    """The dq and dkv kernels on one plan, the row terms lane-dense: (dq sum, dk sum, dv, dL/dp per row or None), as
-    make_core takes them."""
+    """The dq and dkv kernels on one plan, the row terms lane-dense, q, k, v, dout and the sums packed: (dq sum, dk sum,
+    dv, dL/dp per row or None), as make_core takes them once unpacked."""
     backward = dict(dout=dout, rows=tuple(rows))
     dq_sum, *dpow = dq_call(*kernel_inputs(plan, p_1, q, k, v, qs, ks, **backward))
     dk_sum, dv = dkv_call(*kernel_inputs(plan, p_1, q, k, v, qs, ks, key_major=True, **backward))
@@ -217,10 +252,17 @@ def single_device_core(cfg: Static, lowering: Lowering, shapes):
 
         def run_forward(q, k, v, qs, ks, p_1, plan: Plan):
             """The output, the statistics and (below float32) the output's low half, common.write_forward."""
+            q, k, v = packed_operands(cfg, q, k, v)
             out, *stats = forward(*kernel_inputs(plan, p_1, q, k, v, qs, ks))
-            low = stats.pop() if low_half(cfg) else None
-            return out, low, dict(zip(family.stats + family.extras, stats))
+            low = unpacked(cfg, stats.pop(), cfg.blocks.q) if low_half(cfg) else None
+            rows, extras = stats[: len(family.stats)], [unpacked(cfg, x, cfg.blocks.q) for x in stats[len(family.stats) :]]
+            return unpacked(cfg, out, cfg.blocks.q), low, dict(zip(family.stats + family.extras, rows + extras))
 
         return run_forward
 
-    return make_core(cfg, forward_for, functools.partial(kernel_backward, cfg, dq_call, dkv_call))
+    def run_backward(q, k, v, qs, ks, p_1, plan: Plan, rows, dout):
+        q, k, v, dout = packed_operands(cfg, q, k, v, dout)
+        *sums, dpow = kernel_backward(cfg, dq_call, dkv_call, q, k, v, qs, ks, p_1, plan, rows, dout)
+        return *unpacked_sums(cfg, *sums), dpow
+
+    return make_core(cfg, forward_for, run_backward)

@@ -158,10 +158,10 @@ def pass_kernel(cfg: Static, ptx: bool, which: int, row_names, spans: Spans, x: 
     rows = {name: column(ref[...]) for name, ref in zip(row_names, x.rows)}  # each [1, Q] in HBM
     ctx = kernel_ctx(cfg, x.n[...], x.p[0], family_math(cfg, ptx))
     tree = jax.tree.structure(one.init(jnp.zeros((1, 1)), jnp.zeros((1, 1))))
-    carry = jax.tree.unflatten(tree, [carry_in(ref[...]) for ref in x.carry])
+    carry = jax.tree.unflatten(tree, [carry_in(cfg, ref[...]) for ref in x.carry])
     step = lambda carry, s, vis, v: one.step(carry, s, vis, v, ctx, rows)  # noqa: E731
     for ref, value in zip(out_refs, jax.tree.leaves(_key_sweep(cfg, spans, x)(lambda *_: carry, step, one.with_values))):
-        ref[...] = carry_out(value)
+        ref[...] = carry_out(cfg, value)
 
 
 def dq_kernel(cfg: Static, ptx: bool, spans: Spans, x: KernelRefs, *out_refs):

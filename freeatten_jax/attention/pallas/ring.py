@@ -6,8 +6,9 @@ blocks, I / Q the number / length of query blocks, n the ring size. Forward: eac
 (rules.FAMILIES) is a pass kernel that continues a float32 carry (row statistics lane-dense [B, H, I, 1, Q],
 accumulators [B, H, Tp, D]) over the chunk held, n steps round the ring; the pass's `finish` (elementwise over
 rows) runs here between passes, so LSSAR's threshold sees Z_i over every key; its rows stay lane-dense. Backward:
-the dq and dkv kernels against the chunk held, dK/dV travelling with K/V as in attention/ring.py. core.make_core
-gives the custom VJP and the factors' gradients.
+the dq and dkv kernels against the chunk held, dK/dV travelling with K/V as in attention/ring.py. q, k, v, dout,
+the accumulators and the sums are packed once, before the ring (core.packed: a TPU's 128 lanes, not half padding,
+at D = 64), and unpacked after it. core.make_core gives the custom VJP and the factors' gradients.
 """
 
 import jax
@@ -19,9 +20,19 @@ from freeatten_jax.attention.ring_mask import Ring, rotate
 
 
 def _lane_dense(x_BHTW, size: int):
-    """A row statistic [B, H, Tp, 1] as the pass kernels carry it, lane-dense [B, H, I, 1, Q] (a [.., Tp, 1] float32
-    array is padded 128x on a TPU: 384 MiB a statistic at 65,536 tokens a chip); accumulators [B, H, Tp, D] as they are."""
+    """A row statistic [B, H, Tp, 1] as the pass kernels and the backward read it, lane-dense [B, H, I, 1, Q] (a
+    [.., Tp, 1] float32 array is padded 128x on a TPU: 384 MiB a statistic at 65,536 tokens a chip); [B, H, Tp, D] as it is."""
     return core.by_blocks(x_BHTW, size) if x_BHTW.shape[-1] == 1 else x_BHTW
+
+
+def _to_carry(cfg: Static, x_BHTW):
+    """A carry leaf as the pass kernels carry it: a row statistic lane-dense, an accumulator [B, H, Tp, D] packed."""
+    return _lane_dense(x_BHTW, cfg.blocks.q) if x_BHTW.shape[-1] == 1 else core.packed(cfg, x_BHTW, cfg.blocks.q)
+
+
+def _from_carry(cfg: Static, x):
+    """_to_carry's inverse: [B, H, Tp, 1] or [B, H, Tp, D]."""
+    return x.reshape(*x.shape[:2], -1, 1) if x.ndim == 5 else core.unpacked(cfg, x, cfg.blocks.q)
 
 
 def _core(cfg: Static, lowering: core.Lowering, shapes):
@@ -34,13 +45,14 @@ def _core(cfg: Static, lowering: core.Lowering, shapes):
 
     def forward_for(cfg: Static):
         def run_forward(q, k, v, qs, ks, p_1, ring: Ring):
+            q, k, v = core.packed_operands(cfg, q, k, v)
             n = plan_at(ring, 0).n_col[:, None]  # [B, 1, Tp, 1]
             ctx = kernel_ctx(cfg, n, p_1[0])  # its finishes read only n
             out, rows = None, dict[str, jax.Array]()
             for which, one in enumerate(kernel_family(cfg).passes):
                 call = lowering.pass_call(cfg, shapes, which, tuple(rows))
                 leaves, tree = jax.tree.flatten(one.init(jnp.zeros((b, h, tp, 1)), jnp.zeros((b, h, tp, d))))
-                leaves = [_lane_dense(x, cfg.blocks.q) for x in leaves]
+                leaves = [_to_carry(cfg, x) for x in leaves]
                 travelling = (k, ks, v) if one.with_values else (k, ks)  # LSSAR's first pass reads no values
 
                 row_values = tuple(rows.values())
@@ -56,13 +68,15 @@ def _core(cfg: Static, lowering: core.Lowering, shapes):
                     return list(leaves), passed_on
 
                 leaves, _ = jax.lax.fori_loop(0, ring.size, ring_step, (leaves, travelling))
-                out, new = one.finish(jax.tree.unflatten(tree, [x.reshape(b, h, tp, -1) for x in leaves]), ctx)
+                out, new = one.finish(jax.tree.unflatten(tree, [_from_carry(cfg, x) for x in leaves]), ctx)
                 rows = {**rows, **{name: _lane_dense(x, cfg.blocks.q) for name, x in new.items()}}
             return *split_output(cfg, out), rows
 
         return run_forward
 
     def run_backward(q, k, v, qs, ks, p_1, ring: Ring, rows, dout):
+        q, k, v, dout = core.packed_operands(cfg, q, k, v, dout)
+
         def ring_step(step, state):
             dq_sum, held, dk_sum, dv, dpow = state
             passed_on = rotate(held, ring.axis_name, ring.size)
@@ -74,8 +88,8 @@ def _core(cfg: Static, lowering: core.Lowering, shapes):
 
         zeros = jnp.zeros(q.shape, jnp.float32), jnp.zeros(k.shape, jnp.float32), jnp.zeros(v.shape, jnp.float32)
         held = (k, v, ks)
-        state = jax.lax.fori_loop(0, ring.size, ring_step, (zeros[0], held, zeros[1], zeros[2], jnp.float32(0.0)))
-        return state[0], state[2], state[3], state[4]
+        dq_sum, _, dk_sum, dv, dpow = jax.lax.fori_loop(0, ring.size, ring_step, (*zeros[:1], held, *zeros[1:], jnp.float32(0.0)))
+        return *core.unpacked_sums(cfg, dq_sum, dk_sum, dv), dpow
 
     return core.make_core(cfg, forward_for, run_backward)
 
@@ -85,7 +99,8 @@ def attend(lowering: core.Lowering, cfg: Static, blocks: tuple, q_BTHD, k_BSKD, 
     core.kernel_arguments gives them, sharded along the sequence; `blocks` the requested (block_q, block_k,
     block_k_dkv), None: the platform's)."""
     t, s = q_BTHD.shape[1], k_BSKD.shape[1]
-    cfg = cfg._replace(blocks=core.block_sizes(lowering, cfg.family, blocks, t, s))
+    sizes = core.block_sizes(lowering, cfg.family, blocks, t, s)
+    cfg = cfg._replace(blocks=sizes, pack=core.packing(lowering, q_BTHD.shape[-1], sizes))
     operands, shapes = core.kernel_layout(cfg, q_BTHD, k_BSKD, v_BSKD, qs_BTH1, ks_BSK1)
     out_BHTD = _core(cfg, lowering, shapes)(*operands, p_1, ring)
     return out_BHTD[:, :, :t].transpose(0, 2, 1, 3)

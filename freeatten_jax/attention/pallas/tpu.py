@@ -40,8 +40,11 @@ from freeatten_jax.attention.pallas.common import (
     key_block,
     key_factor,
     low_half,
+    pack,
     row,
     scaled_scores,
+    tokens_shape,
+    unpack,
     visible,
     weighted_dot,
     write_forward,
@@ -94,12 +97,12 @@ def _store(refs, tree):
 
 def _held_block(cfg: Static, x: KernelRefs, masked: bool, with_values: bool):
     """(scores, mask, values) of the key block a grid step holds; masked: with its mask, hidden keys zeroed."""
-    k, v, vis = x.k[...], x.v[...] if with_values else None, None
+    k, v, vis = unpack(cfg, x.k[...]), unpack(cfg, x.v[...]) if with_values else None, None
     if masked:
         vis, seen = key_block(cfg, [x.kv_mask[m] for m in range(3)], (x.q_mask[0], x.q_mask[1]))
         k = jnp.where(seen, k, 0)
         v = None if v is None else jnp.where(seen, v, 0)
-    return scaled_scores(x.q[...], k, column(x.qs[...]), key_factor(cfg, x.ks, ...)), vis, v
+    return scaled_scores(unpack(cfg, x.q[...]), k, column(x.qs[...]), key_factor(cfg, x.ks, ...)), vis, v
 
 
 def _visits(spans: Spans, step):
@@ -134,10 +137,11 @@ def forward_kernel(cfg: Static, plan: Schedule, spans: Spans, x: KernelRefs, *re
     family = kernel_family(cfg)
     outputs = 1 + len(family.stats) + len(family.extras) + low_half(cfg)
     out_refs, slots = refs[:outputs], iter(refs[outputs:])
-    ctx, row_refs = kernel_ctx(cfg, x.n[...], x.p[0], EUP_MATH), dict[str, Any]()
+    ctx, row_refs, d = kernel_ctx(cfg, x.n[...], x.p[0], EUP_MATH), dict[str, Any](), x.q.shape[-1] // cfg.pack
     load_rows = lambda: {name: ref[...] for name, ref in row_refs.items()}  # noqa: E731
     for which, one in enumerate(family.passes):
-        leaves, tree = jax.tree.flatten(one.init(jnp.zeros((cfg.blocks.q, 1), jnp.float32), jnp.zeros(x.q.shape, jnp.float32)))
+        zeros = jnp.zeros((cfg.blocks.q, 1), jnp.float32), jnp.zeros((cfg.blocks.q, d), jnp.float32)
+        leaves, tree = jax.tree.flatten(one.init(*zeros))
         carry_refs = [next(slots) for _ in leaves]
         load = functools.partial(lambda refs, tree: jax.tree.unflatten(tree, [ref[...] for ref in refs]), carry_refs, tree)
         pl.when((now == which) & step.first)(functools.partial(_store, carry_refs, leaves))
@@ -148,7 +152,7 @@ def forward_kernel(cfg: Static, plan: Schedule, spans: Spans, x: KernelRefs, *re
         for when, is_masked in ((masked, True), (interior, False)):
             pl.when((now == which) & when)(functools.partial(visit, one, carry_refs, load, is_masked))
         if which < sweeps - 1:
-            names = list(finished_rows(cfg, which, x.q.shape[-1]))
+            names = list(finished_rows(cfg, which, d))
             new_refs = [next(slots) for _ in names]
 
             def finish(one, load, new_refs):
@@ -187,7 +191,7 @@ def pass_kernel(cfg: Static, which: int, row_names, plan: Schedule, spans: Spans
 
     @pl.when(step.first)
     def _():
-        _store(acc_refs, [carry_in(ref[...]) for ref in x.carry])
+        _store(acc_refs, [carry_in(cfg, ref[...]) for ref in x.carry])
 
     def visit(is_masked: bool):
         rows = {name: column(ref[...]) for name, ref in zip(row_names, x.rows)}
@@ -199,7 +203,7 @@ def pass_kernel(cfg: Static, which: int, row_names, plan: Schedule, spans: Spans
 
     @pl.when(step.last)
     def _():
-        _store(out_refs, [carry_out(ref[...]) for ref in acc_refs])
+        _store(out_refs, [carry_out(cfg, ref[...]) for ref in acc_refs])
 
 
 def dq_kernel(cfg: Static, plan: Schedule, spans: Spans, x: KernelRefs, *refs):
@@ -221,12 +225,13 @@ def dq_kernel(cfg: Static, plan: Schedule, spans: Spans, x: KernelRefs, *refs):
     def add(masked: bool):
         rows = {name: ref[...] for name, ref in zip(family.rows, column_refs)}
         ctx = kernel_ctx(cfg, x.n[...], x.p[0], EUP_MATH)
-        k, vis = x.k[...], None
+        k, vis = unpack(cfg, x.k[...]), None
         if masked:
             vis, seen = key_block(cfg, [x.kv_mask[m] for m in range(3)], (x.q_mask[0], x.q_mask[1]))
             k = jnp.where(seen, k, 0)
         ks = key_factor(cfg, x.ks, ...)
-        args = (scaled_scores(x.q[...], k, column(x.qs[...]), ks), vis, ctx, rows, dot(x.dout[...], x.v[...], NT))
+        q, dout, v = (unpack(cfg, ref[...]) for ref in (x.q, x.dout, x.v))
+        args = (scaled_scores(q, k, column(x.qs[...]), ks), vis, ctx, rows, dot(dout, v, NT))
         _, ds = family.grad(*args)
         acc_refs[0][...] = weighted_dot(cfg.split, ds if ks is None else ds * ks, k, acc_refs[0][...])
         if cfg.p_grad and family.power_grad is not None:
@@ -238,7 +243,7 @@ def dq_kernel(cfg: Static, plan: Schedule, spans: Spans, x: KernelRefs, *refs):
 
     @pl.when(step.last)
     def _():
-        out_refs[0][...] = acc_refs[0][...]
+        out_refs[0][...] = pack(cfg, acc_refs[0][...])
         if cfg.p_grad:
             out_refs[1][...] = row(acc_refs[1][...])
 
@@ -255,12 +260,12 @@ def dkv_kernel(cfg: Static, plan: Schedule, spans: Spans, x: KernelRefs, dk_ref,
         dv_acc[...] = jnp.zeros(dv_acc.shape, jnp.float32)
 
     def add(masked: bool):
-        q, dout, qs = x.q[...], x.dout[...], x.qs[...]
+        (q, dout, k, v), qs = (unpack(cfg, ref[...]) for ref in (x.q, x.dout, x.k, x.v)), x.qs[...]
         rows = {name: ref[...] for name, ref in zip(family.rows, x.rows)}  # each [1, Q]
         vis_t = visible(cfg, x.q_mask[0], x.q_mask[1], *[x.kv_mask[m] for m in range(3)]) if masked else None
         ctx = kernel_ctx(cfg, x.n[...], x.p[0], EUP_MATH)
-        s_t = scaled_scores(x.k[...], q, column(x.ks[...]) if cfg.key_scale else None, qs)
-        w_t, ds_t = family.grad(s_t, vis_t, ctx, rows, dot(x.v[...], dout, NT))
+        s_t = scaled_scores(k, q, column(x.ks[...]) if cfg.key_scale else None, qs)
+        w_t, ds_t = family.grad(s_t, vis_t, ctx, rows, dot(v, dout, NT))
         dk_acc[...] = weighted_dot(cfg.split, ds_t * qs, q, dk_acc[...])
         dv_acc[...] = weighted_dot(cfg.split, w_t, dout, dv_acc[...])
 
@@ -270,7 +275,7 @@ def dkv_kernel(cfg: Static, plan: Schedule, spans: Spans, x: KernelRefs, dk_ref,
 
     @pl.when(step.last)
     def _():
-        dk_ref[...], dv_ref[...] = dk_acc[...], dv_acc[...]
+        dk_ref[...], dv_ref[...] = pack(cfg, dk_acc[...]), pack(cfg, dv_acc[...])
 
 
 def _common(interpret: bool):
@@ -279,6 +284,11 @@ def _common(interpret: bool):
         dimension_semantics=("parallel", "parallel", "parallel", "arbitrary"), vmem_limit_bytes=tuning().vmem_limit_bytes
     )
     return dict(interpret=interpret, compiler_params=params)
+
+
+def _tokens(cfg: Static, block: int, d: int) -> tuple:
+    """The block shape of a [B, heads, L, D] array, packed in HBM (common.tokens_shape), one block of `block` tokens."""
+    return (None, *tokens_shape(cfg, None, block, d))
 
 
 def _query_major_specs(cfg: Static, shapes, plan: Schedule, values_from: int = 0):
@@ -301,13 +311,13 @@ def _query_major_specs(cfg: Static, shapes, plan: Schedule, values_from: int = 0
         step = locate(plan, r, t)
         return jnp.where(step.sweep < values_from, spans.first[b, step.outer], key_index(b, r, t, spans))
 
-    q_spec = pl.BlockSpec((None, None, block_q, d), lambda b, h, r, t, _: (b, h, query_index(r, t), 0))
+    q_spec = pl.BlockSpec(_tokens(cfg, block_q, d), lambda b, h, r, t, _: (b, h, query_index(r, t), 0))
     lane_dense = pl.BlockSpec((None, None, None, 1, block_q), lambda b, h, r, t, _: (b, h, query_index(r, t), 0, 0))
     specs = KernelRefs(
         p=pl.BlockSpec(memory_space=pltpu.SMEM),
         q=q_spec,
-        k=pl.BlockSpec((None, None, block_k, d), lambda b, h, r, t, s: (b, jax.lax.div(h, g), key_index(b, r, t, s), 0)),
-        v=pl.BlockSpec((None, None, block_k, d), lambda b, h, r, t, s: (b, jax.lax.div(h, g), value_index(b, r, t, s), 0)),
+        k=pl.BlockSpec(_tokens(cfg, block_k, d), lambda b, h, r, t, s: (b, jax.lax.div(h, g), key_index(b, r, t, s), 0)),
+        v=pl.BlockSpec(_tokens(cfg, block_k, d), lambda b, h, r, t, s: (b, jax.lax.div(h, g), value_index(b, r, t, s), 0)),
         qs=lane_dense,
         ks=pl.BlockSpec(
             (None, None, None, 1, block_k), lambda b, h, r, t, s: (b, jax.lax.div(h, g), key_index(b, r, t, s), 0, 0)
@@ -408,11 +418,11 @@ def calls(cfg: Static, shapes, interpret: bool):
     def head(k, r, t):
         return k * g + at(r, t).minor
 
-    group_spec = pl.BlockSpec((None, None, block_q, d), lambda b, k, r, t, s: (b, head(k, r, t), query_index(b, r, t, s), 0))
+    group_spec = pl.BlockSpec(_tokens(cfg, block_q, d), lambda b, k, r, t, s: (b, head(k, r, t), query_index(b, r, t, s), 0))
     group_rows = pl.BlockSpec(
         (None, None, None, 1, block_q), lambda b, k, r, t, s: (b, head(k, r, t), query_index(b, r, t, s), 0, 0)
     )
-    k_spec = pl.BlockSpec((None, None, block_k, d), lambda b, k, r, t, _: (b, k, at(r, t).outer, 0))
+    k_spec = pl.BlockSpec(_tokens(cfg, block_k, d), lambda b, k, r, t, _: (b, k, at(r, t).outer, 0))
     dkv_specs = KernelRefs(
         p=pl.BlockSpec(memory_space=pltpu.SMEM),
         q=group_spec,
@@ -435,7 +445,7 @@ def calls(cfg: Static, shapes, interpret: bool):
             out_specs=[k_spec, k_spec],
             scratch_shapes=[pltpu.VMEM((block_k, d), f32)] * 2,
         ),
-        out_shape=[jax.ShapeDtypeStruct((b, kv_heads, sp, d), f32)] * 2,
+        out_shape=[jax.ShapeDtypeStruct(tokens_shape(cfg, b, kv_heads, sp, d), f32)] * 2,
         name=f"freeatten_{cfg.family}_dkv",
         **common,
     )
