@@ -52,7 +52,8 @@ def _case(target: str, t: int, context: int, variant: str, implementation: str, 
         report = compile_train_step(cfg, target)
     except DoesNotFit as e:
         return {**row, "result": f"error: {e}", "compile_s": f"{time.time() - start:.0f}"}
-    lengths = {max(call, key=math.prod)[2] for call in report.kernel_operands if call}  # q_BHTD's length
+    d = cfg.model.d_model // cfg.model.num_heads  # q_BHTD's length: its rows x width / D (a TPU kernel's are packed)
+    lengths = {math.prod(max(call, key=math.prod)[2:]) // d for call in report.kernel_operands if call}
     return {
         **row,
         "result": "ok",

@@ -37,6 +37,7 @@ def oracle(variant: str) -> tuple[str, ...]:
 
 
 BLOCK_EDGES = ("tests/test_block_edges.py",)
+NARROW_HEADS = "tests/test_pallas.py", "tests/test_context_parallel.py"
 HF_LLAMA_PY = "freeatten_jax/formats/hf_llama.py"
 HF_IMPORT = "tests/test_hf_import.py"
 ROPE_READINGS = f"{HF_IMPORT}::test_config_jsons_rope_is_read_as_transformers_5_reads_it"
@@ -1488,6 +1489,27 @@ MUTANTS = [
         "call = lowering.pass_call(cfg, shapes, which, tuple(rows))",
         "call = lowering.pass_call(cfg._replace(residuals=True), shapes, which, tuple(rows))",
         ("tests/test_context_parallel.py", "-k", "without_a_gradient"),
+    ),
+    Mutant(
+        "tpu kernels: a packed block read back in another token order",
+        "freeatten_jax/attention/pallas/common.py",
+        "for j in range(cfg.pack)], axis=0)",
+        "for j in reversed(range(cfg.pack))], axis=0)",
+        (*NARROW_HEADS, "-k", "narrow"),
+    ),
+    Mutant(
+        "tpu kernels: narrow heads never packed (a 64-wide row is half padding in HBM)",
+        "freeatten_jax/attention/pallas/core.py",
+        "return f if blocks.q % (16 * f) == 0 and blocks.k % (16 * f) == 0 else 1",
+        "return 1",
+        (*NARROW_HEADS, "-k", "narrow"),
+    ),
+    Mutant(
+        "tpu kernels: keys packed by the query block",
+        "freeatten_jax/attention/pallas/core.py",
+        "keys = [packed(cfg, x, cfg.blocks.k) for x in (k, v)]",
+        "keys = [packed(cfg, x, cfg.blocks.q) for x in (k, v)]",
+        (*NARROW_HEADS, "-k", "narrow"),
     ),
     Mutant(
         "kernel_budget: the no-gradient row compiled with the gradient",

@@ -81,16 +81,16 @@ def test_pallas_matches_reference(name, variant, kernels):
     compare(q, k, v, g, params, KERNELS[kernels], TOLERANCE[q.dtype.type], variant=variant, causal=causal, **mask_options)
 
 
-@pytest.mark.parametrize("variant, d, block", [("lssar", 64, 32), ("softmax", 32, 64), ("lssa", 64, 32)])
-def test_the_tpu_kernels_pack_narrow_heads_into_whole_lane_rows(variant, d, block):
+@pytest.mark.parametrize("variant, d, blocks", [("lssar", 64, (32, 32)), ("softmax", 32, (64, 64)), ("lssa", 64, (32, 64))])
+def test_the_tpu_kernels_pack_narrow_heads_into_whole_lane_rows(variant, d, blocks):
     """With D < 128 the TPU kernels read and write q, k, v, dout, the output, accumulators and sums packed, 128 // D
     tokens a 128-lane row (a TPU pads a [.., L, 64] array to 128 lanes in HBM: twice its bytes). Segments, padding, a
-    fully masked row, GQA and ragged blocks (of 16 packed rows): the values and gradients equal the reference's, and
-    every such operand of every kernel is 128 wide."""
+    fully masked row, GQA, ragged blocks of 16 packed rows, query and key blocks apart (each side packed by its own
+    block): the values and gradients equal the reference's, and every such operand of every kernel is 128 wide."""
     q, k, v, g = inputs(key("lane-packed", variant), 2, 77, 77, 4, 2, d)
     segments = jnp.array([[0] * 40 + [1] * 37, [0] * 19 + [1] * 41 + [2] * 17])
     mask_options = dict(q_segment_ids=segments, kv_mask=jnp.array([[True] * 77, [True] * 60 + [False] * 17]))
-    options = dict(KERNELS["tpu"], block_q=block, block_k=block)
+    options = dict(KERNELS["tpu"], block_q=blocks[0], block_k=blocks[1])
     params = variant_params(variant, q.shape[2])
     grad = jax.grad(lambda q: attention.attend(q, k, v, variant=variant, **options, **mask_options).sum())
     assert kernel_operand_widths(grad, q) == {128}
