@@ -1,8 +1,10 @@
 """Per-score instruction budget of the Pallas kernels, compiled for H100 (sm_90a) or a TPU without the chip.
 
     python benchmarks/kernel_budget.py [--target h100|v5e|v5p|v6e] [--variants softmax,lssa,lssar,sigmoid] [--seq_len 8192]
+                                       [--head_dim 128]
 
-TPU targets: the VLIW bundles of each kernel's grid step (benchmarks/tpu_bundles.py). H100:
+TPU targets: the VLIW bundles of each kernel's grid step (benchmarks/tpu_bundles.py), D = --head_dim (below 128 the
+kernels read and write their [.., L, D] arrays packed: what unpacking costs a grid step shows here). H100:
 
 Compiles attend's forward+backward (implementation="pallas", bf16, B=1, H=2, D=128, causal) for an
 H100 target through the CUDA PJRT plugin (`pip install '.[compile]'`), with XLA's dump on, so each
@@ -273,7 +275,7 @@ def tpu_table(args, dump: str) -> None:
     from freeatten_jax.attention.pallas import tpu as pallas_tpu
     from freeatten_jax.compile import compile_attention, targets
 
-    topology, d = tpu_bundles.TOPOLOGY[args.target], 128
+    topology, d = tpu_bundles.TOPOLOGY[args.target], args.head_dim
     with jax.set_mesh(jax.sharding.Mesh(targets.devices(topology)[:1], ("device",))):
         block_q, block_k = pallas_tpu.tuning().blocks
     print(
@@ -289,7 +291,7 @@ def tpu_table(args, dump: str) -> None:
 
     def compiled(variant, **options):
         """Compile one variant and read its kernels' budgets from the dump, then empty it (~500 MB a compile)."""
-        compile_attention(topology, variant=variant, seq_len=args.seq_len, heads=1, **options)
+        compile_attention(topology, variant=variant, seq_len=args.seq_len, heads=1, head_dim=d, **options)
         try:
             return tpu_bundles.kernel_budgets(dump)
         finally:
@@ -325,6 +327,7 @@ def main(argv=None) -> None:
     parser.add_argument("--variants", default="softmax,lssa,lssar,sigmoid")
     parser.add_argument("--seq_len", type=int, default=8192)
     parser.add_argument("--block_k_dkv", type=int, help="H100: the dK/dV kernel's key block (default: the key block)")
+    parser.add_argument("--head_dim", type=int, default=128, help="TPU: D (below 128 the kernels read rows packed)")
     parser.add_argument(
         "--full_grid", action="store_true", help="TPU: also compile on the full grid and compare whole-kernel bundles"
     )

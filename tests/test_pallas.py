@@ -81,18 +81,32 @@ def test_pallas_matches_reference(name, variant, kernels):
     compare(q, k, v, g, params, KERNELS[kernels], TOLERANCE[q.dtype.type], variant=variant, causal=causal, **mask_options)
 
 
-@pytest.mark.parametrize("variant, d, blocks", [("lssar", 64, (32, 32)), ("softmax", 32, (64, 64)), ("lssa", 64, (32, 64))])
-def test_the_tpu_kernels_pack_narrow_heads_into_whole_lane_rows(variant, d, blocks):
-    """With D < 128 the TPU kernels read and write q, k, v, dout, the output, accumulators and sums packed, 128 // D
-    tokens a 128-lane row (a TPU pads a [.., L, 64] array to 128 lanes in HBM: twice its bytes). Segments, padding, a
-    fully masked row, GQA, ragged blocks of 16 packed rows, query and key blocks apart (each side packed by its own
-    block): the values and gradients equal the reference's, and every such operand of every kernel is 128 wide."""
-    q, k, v, g = inputs(key("lane-packed", variant), 2, 77, 77, 4, 2, d)
+def _narrow_heads(name: str, variant: str, d: int):
+    """(q, k, v, cotangent, mask options) of a narrow-head case: segments, padding, a fully masked row and GQA at T = S
+    = 77 ("segments"), or a KV cache (S = 90 > T = 40, per-sequence q_offset) in bfloat16 ("cache")."""
+    if name == "cache":
+        q, k, v, g = inputs(key("lane-packed", name, variant), 2, 40, 90, 4, 2, d, jnp.bfloat16)
+        return q, k, v, g, dict(q_offset=jnp.array([50, 44]))
+    q, k, v, g = inputs(key("lane-packed", name, variant), 2, 77, 77, 4, 2, d)
     segments = jnp.array([[0] * 40 + [1] * 37, [0] * 19 + [1] * 41 + [2] * 17])
-    mask_options = dict(q_segment_ids=segments, kv_mask=jnp.array([[True] * 77, [True] * 60 + [False] * 17]))
+    return q, k, v, g, dict(q_segment_ids=segments, kv_mask=jnp.array([[True] * 77, [True] * 60 + [False] * 17]))
+
+
+NARROW_CASES = [("segments", "lssar", 64, (32, 32)), ("segments", "softmax", 32, (64, 64)), ("segments", "lssa", 64, (32, 64))]
+NARROW_CASES += [("cache", "lssar", 64, (32, 64))]
+
+
+@pytest.mark.parametrize("name, variant, d, blocks", NARROW_CASES)
+def test_the_tpu_kernels_pack_narrow_heads_into_whole_lane_rows(name, variant, d, blocks):
+    """With D < 128 the TPU kernels read and write q, k, v, dout, the output (and its bfloat16 low half),
+    accumulators and sums packed, 128 // D tokens a 128-lane row (a TPU pads a [.., L, 64] array to 128 lanes in HBM:
+    twice its bytes). Segments, padding, a fully masked row, GQA, a KV cache, ragged blocks of 16 packed rows, query
+    and key blocks apart (each side packed by its own block): the values and gradients equal the reference's, and
+    every such operand of every kernel is 128 wide."""
+    q, k, v, g, mask_options = _narrow_heads(name, variant, d)
     options = dict(KERNELS["tpu"], block_q=blocks[0], block_k=blocks[1])
     params = variant_params(variant, q.shape[2])
-    grad = jax.grad(lambda q: attention.attend(q, k, v, variant=variant, **options, **mask_options).sum())
+    grad = jax.grad(lambda q: attention.attend(q, k, v, variant=variant, **options, **mask_options).astype(jnp.float32).sum())
     assert kernel_operand_widths(grad, q) == {128}
     compare(q, k, v, g, params, options, TOLERANCE[q.dtype.type], variant=variant, causal=True, **mask_options)
 
