@@ -29,7 +29,7 @@ import long_context
 DTYPE_BYTES = {"f32": 4, "bf16": 2, "s32": 4, "u32": 4, "pred": 1, "f16": 2, "s8": 1, "u8": 1}
 _PEAK = re.compile(r"Live ranges at \d+ \(peak\):\n((?:    .*\n)+)")
 _LIVE = re.compile(r"    (\S+): (\d+) bytes")
-_VALUE = re.compile(r" value: <\d+ (\S+?)(?: @\d+)?> \(size=\d+,offset=\d+\): (.*)$", re.M)
+_VALUE = re.compile(r" value: <\d+ (\S+?)(?: @\d+)?> \(size=(\d+),offset=\d+\): (.*)$", re.M)
 _OP_NAME = re.compile(r'^\s*(?:ROOT )?%(\S+) = .*?metadata=\{op_name="((?:[^"\\]|\\.)*)"', re.M)
 
 
@@ -63,7 +63,7 @@ def read_dump(folder: str):
     (values_file,) = glob.glob(os.path.join(folder, "*after_optimizations-buffer-assignment.txt"))
     (hlo_file,) = glob.glob(os.path.join(folder, "*after_optimizations.txt"))
     peak = _PEAK.search(open(live_file).read())
-    shapes = {name: shape.strip() for name, shape in _VALUE.findall(open(values_file).read())}
+    shapes = {name: shape.strip() for name, _, shape in _VALUE.findall(open(values_file).read())}
     origins = dict(_OP_NAME.findall(open(hlo_file).read()))
     rows = []
     for name, size in _LIVE.findall(peak.group(1)):
@@ -71,6 +71,19 @@ def read_dump(folder: str):
         shape = shapes.get(name, shapes.get(base, "?"))
         rows.append((int(size), name, shape, origins.get(base, "").replace("\\'", "'")))
     return sorted(rows, reverse=True)
+
+
+def padded_kernel_outputs(folder: str) -> list[tuple[int, str, str]]:
+    """(bytes as laid out, HLO value, shape) of every array a Pallas kernel writes that the chip lays out at twice its
+    bytes or more, over the whole step (a [.., 64] row padded to 128 lanes; a [.., 1] column 128x)."""
+    (values_file,) = glob.glob(os.path.join(folder, "*after_optimizations-buffer-assignment.txt"))
+    (hlo_file,) = glob.glob(os.path.join(folder, "*after_optimizations.txt"))
+    origins = dict(_OP_NAME.findall(open(hlo_file).read()))
+    return [
+        (int(size), name, shape.strip())
+        for name, size, shape in _VALUE.findall(open(values_file).read())
+        if "freeatten_" in origins.get(name.split("{")[0], "") and int(size) >= 2 * logical_bytes(shape) > 0
+    ]
 
 
 def packed_bytes(folder: str) -> int:
@@ -107,6 +120,7 @@ class Accounting(NamedTuple):
     packed: int  # the arguments and the temporaries' heap as the buffer assignment packed it, before codegen
     floor: dict[str, int]
     layers: int
+    padded: list  # padded_kernel_outputs
 
     def by_category(self) -> dict[str, list[int]]:
         """{category: [bytes as laid out, bytes unpadded, buffers]}, largest first."""
@@ -135,7 +149,7 @@ def account(case: str, variant: str = "lssar", implementation: str = "pallas", l
     memory = compiled.memory_analysis()
     peak = memory.argument_size_in_bytes + memory.output_size_in_bytes - memory.alias_size_in_bytes + memory.temp_size_in_bytes
     floor = floor_bytes(typed, targets.devices(target))
-    return Accounting(peak, read_dump(folder), packed_bytes(folder), floor, typed.model.num_layers)
+    return Accounting(peak, read_dump(folder), packed_bytes(folder), floor, typed.model.num_layers, padded_kernel_outputs(folder))
 
 
 def main(argv=None) -> int:
@@ -156,6 +170,8 @@ def main(argv=None) -> int:
     print(f"between them: {gib(found.packed - live):.2f} GiB of packing (the buffer assignment's heap, "
           f"{gib(found.packed):.2f} GiB with the arguments, holds the live buffers at offsets that leave gaps) "
           f"and {gib(found.peak - found.packed):.2f} GiB that the passes after it add (not in the dump)")  # fmt: skip
+    print(f"kernel outputs laid out at twice their bytes or more: {len(found.padded)} values, "
+          f"{gib(sum(size for size, _, _ in found.padded)):.2f} GiB")  # fmt: skip
     print("\n| live at the peak, by category | GiB as laid out | GiB unpadded | buffers |\n|---|---|---|---|")
     for name, (size, logical, count) in found.by_category().items():
         print(f"| {name} | {gib(size):.2f} | {gib(logical):.2f} | {count} |")

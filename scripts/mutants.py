@@ -1505,6 +1505,13 @@ MUTANTS = [
         (*NARROW_HEADS, "-k", "narrow"),
     ),
     Mutant(
+        "tpu kernels: narrow heads never packed, compiled (the step's kernels write lane-padded arrays)",
+        "freeatten_jax/attention/pallas/core.py",
+        "return f if blocks.q % (16 * f) == 0 and blocks.k % (16 * f) == 0 else 1",
+        "return 1",
+        ("tests/test_memory_accounting.py", "-k", "lane_padded_array"),
+    ),
+    Mutant(
         "tpu kernels: keys packed by the query block",
         "freeatten_jax/attention/pallas/core.py",
         "keys = [packed(cfg, x, cfg.blocks.k) for x in (k, v)]",
