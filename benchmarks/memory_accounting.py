@@ -11,7 +11,8 @@ made it and a category (arguments: parameters, optimizer state, the batch; row s
 arrays, which a TPU pads 128x; the rest by the op's name). The floor is what must live: the state (parameters,
 gradients and Adam's two moments, as sharded), each layer's saved input under full remat, and one layer's
 recompute working set (q, k, v, the attention output and their gradients; the MLP's two activations and a
-gradient), all as unpadded bytes per chip.
+gradient), all as unpadded bytes per chip. It also counts, over the whole step, the arrays the kernels write that the chip
+lays out at twice their bytes or more (a [.., 64] row padded to 128 lanes: none since the TPU kernels pack them).
 """
 
 import argparse
