@@ -103,17 +103,21 @@ def packing(lowering: Lowering, d: int, blocks: BlockSizes) -> int:
 def packed(cfg: Static, x_BHLD, size: int):
     """[B, heads, L, D] -> the kernels' [B, heads, L / f, f D] (Static.pack f): in each block of `size` tokens, packed
     row r holds tokens r, r + size / f, ... (common.unpack reads a block back)."""
+    if cfg.pack == 1:
+        return x_BHLD
     b, h, length, d = x_BHLD.shape
     x = x_BHLD.reshape(b, h, length // size, cfg.pack, size // cfg.pack, d).transpose(0, 1, 2, 4, 3, 5)
-    return x_BHLD if cfg.pack == 1 else x.reshape(b, h, length // cfg.pack, cfg.pack * d)
+    return x.reshape(b, h, length // cfg.pack, cfg.pack * d)
 
 
 def unpacked(cfg: Static, x, size: int):
     """packed's inverse: the kernels' [B, heads, L / f, f D] -> [B, heads, L, D]."""
+    if cfg.pack == 1:
+        return x
     b, h, rows, width = x.shape
     d = width // cfg.pack
     y = x.reshape(b, h, rows * cfg.pack // size, size // cfg.pack, cfg.pack, d).transpose(0, 1, 2, 4, 3, 5)
-    return x if cfg.pack == 1 else y.reshape(b, h, rows * cfg.pack, d)
+    return y.reshape(b, h, rows * cfg.pack, d)
 
 
 def packed_operands(cfg: Static, q, k, v, *dout):

@@ -86,9 +86,9 @@ def _core(cfg: Static, lowering: core.Lowering, shapes):
             dk_sum, dv = rotate((dk_sum + dk_r, dv + dv_r), ring.axis_name, ring.size)  # home after n steps
             return dq_sum + dq_r, passed_on, dk_sum, dv, dpow + (0.0 if dp_r is None else jnp.sum(dp_r))
 
-        zeros = jnp.zeros(q.shape, jnp.float32), jnp.zeros(k.shape, jnp.float32), jnp.zeros(v.shape, jnp.float32)
-        held = (k, v, ks)
-        dq_sum, _, dk_sum, dv, dpow = jax.lax.fori_loop(0, ring.size, ring_step, (*zeros[:1], held, *zeros[1:], jnp.float32(0.0)))
+        dq_sum, dk_sum, dv = (jnp.zeros(x.shape, jnp.float32) for x in (q, k, v))
+        state = (dq_sum, (k, v, ks), dk_sum, dv, jnp.float32(0.0))
+        dq_sum, _, dk_sum, dv, dpow = jax.lax.fori_loop(0, ring.size, ring_step, state)
         return *core.unpacked_sums(cfg, dq_sum, dk_sum, dv), dpow
 
     return core.make_core(cfg, forward_for, run_backward)
