@@ -169,8 +169,10 @@ def test_kernel_ring_matches_reference(scenario, variant, interpret):
 
 @pytest.mark.parametrize("interpret", [True, "tpu"])
 def test_without_a_gradient_the_kernel_ring_carries_only_the_output(interpret):
-    """LSSAR round the ring without a gradient: its second pass kernel carries Σ r v and Σ r alone (2 leaves, not
-    the training forward's 4 with y and its row sum), and the output is the training forward's, bit for bit."""
+    """LSSAR round the ring without a gradient: its second pass kernels (the ring's first step, which starts the
+    carry itself, and the rest) carry Σ r v and Σ r alone (2 leaves, not the training forward's 4 with y and its row
+    sum), and the output is the training forward's to float32 rounding (bit for bit under XLA's default CPU backend;
+    the suite's unoptimised backend rounds the two programs' peeled first ring step apart by ~2 eps of the output)."""
     mesh, axes, q, k, v, _, causal, mask_options = _scenario("data2_context4_packed_padded_gqa")
     split = functools.partial(
         context_parallel.context_parallel_attend, mesh=mesh, axis_name="context", implementation="pallas", **axes
@@ -182,8 +184,9 @@ def test_without_a_gradient_the_kernel_ring_carries_only_the_output(interpret):
         eqns = walk_eqns(jax.make_jaxpr(fn)(q, k, v).jaxpr)
         return [len(eqn.outvars) for eqn in eqns if str(eqn.params.get("name")) == "freeatten_reweight_pass1"]
 
-    assert (second_pass_outputs(infer), second_pass_outputs(train)) == ([2], [4])
-    np.testing.assert_array_equal(jit_call(infer, q, k, v), jit_call(train, q, k, v))
+    assert (second_pass_outputs(infer), second_pass_outputs(train)) == ([2, 2], [4, 4])  # the ring's first step, the rest
+    out, out_train = jit_call(infer, q, k, v), jit_call(train, q, k, v)
+    np.testing.assert_allclose(out, out_train, rtol=0, atol=4 * np.finfo(np.float32).eps * float(np.abs(out_train).max()))
 
 
 def test_auto_rings_the_kernels_on_accelerators_only():

@@ -25,10 +25,9 @@ from freeatten_jax.attention.variants import Mask, Variant, check_positive_int, 
 def _run(lowering: core.Lowering, cfg: Static, blocks: tuple, q_BTHD, k_BSKD, v_BSKD, qs_BTH1, ks_BSK1, p_1, mask: Mask, n_BT):
     """Pad to whole blocks, lay out as [B, heads, length, D], run the kernels, undo the layout."""
     t, s = q_BTHD.shape[1], k_BSKD.shape[1]
-    sizes = core.block_sizes(lowering, cfg.family, blocks, t, s)
-    cfg = cfg._replace(blocks=sizes, plain_length=t if mask.plain else None, pack=core.packing(lowering, q_BTHD.shape[-1], sizes))
+    cfg = core.sized(lowering, cfg, blocks, t, s, q_BTHD.shape[-1])._replace(plain_length=t if mask.plain else None)
     operands, shapes = core.kernel_layout(cfg, q_BTHD, k_BSKD, v_BSKD, qs_BTH1, ks_BSK1)
-    out_BHTD = core.single_device_core(cfg, lowering, shapes)(*operands, p_1, plan.plan(mask, n_BT, sizes.q, sizes.k))
+    out_BHTD = core.single_device_core(cfg, lowering, shapes)(*operands, p_1, plan.plan(mask, n_BT, cfg.blocks.q, cfg.blocks.k))
     return out_BHTD[:, :, :t].transpose(0, 2, 1, 3)
 
 

@@ -31,7 +31,7 @@ class Lowering(NamedTuple):
     min_block: int
     power_of_two: bool  # block lengths must be powers of two (Triton, Mosaic)
     calls: Callable  # calls(cfg, shapes) -> the (forward, dq, dkv) pallas_calls, each called as call(Spans, KernelRefs)
-    pass_call: Callable  # pass_call(cfg, shapes, which, row_names) -> one forward pass from a carry (ring.py)
+    pass_call: Callable  # pass_call(cfg, shapes, which, row_names, fresh) -> one forward pass from a carry (ring.py)
     lanes: int = 0  # the HBM row width that [.., L, D] arrays with a narrower D are packed to (Static.pack); 0: never
 
 
@@ -85,15 +85,16 @@ def _fit(block: int, length: int, lowering: Lowering) -> int:
     return max(lowering.min_block, size)
 
 
-def block_sizes(lowering: Lowering, family: str, requested: tuple, t: int, s: int) -> BlockSizes:
-    """The block lengths the kernels use for t queries and s keys from the `requested` (block_q, block_k,
-    block_k_dkv) (None: the platform's default for the family; the dK/dV key block at least the platform's minimum)."""
-    (block_q, block_k, block_k_dkv), (default_q, default_k) = requested, lowering.blocks(family)
-    k_dkv = block_k_dkv and max(block_k_dkv, lowering.min_block)
-    return BlockSizes(_fit(block_q or default_q, t, lowering), _fit(block_k or default_k, s, lowering), k_dkv)
+def sized(lowering: Lowering, cfg: Static, requested: tuple, t: int, s: int, d: int) -> Static:
+    """cfg with the block lengths for t queries and s keys of head dim d (from the `requested` (block_q, block_k,
+    block_k_dkv), None: the platform's default for the family) and the packing they allow."""
+    (block_q, block_k, block_k_dkv), (default_q, default_k) = requested, lowering.blocks(cfg.family)
+    k_dkv = block_k_dkv and max(block_k_dkv, lowering.min_block)  # the dK/dV key block at least the platform's minimum
+    blocks = BlockSizes(_fit(block_q or default_q, t, lowering), _fit(block_k or default_k, s, lowering), k_dkv)
+    return cfg._replace(blocks=blocks, pack=_packing(lowering, d, blocks))
 
 
-def packing(lowering: Lowering, d: int, blocks: BlockSizes) -> int:
+def _packing(lowering: Lowering, d: int, blocks: BlockSizes) -> int:
     """Static.pack for head dim d: the tokens a `lanes`-wide HBM row holds where d divides it (a TPU pads a [.., L, 64]
     array to 128 lanes: twice its bytes) and every block packs into whole 16-row tiles; else 1."""
     f = lowering.lanes // d if lowering.lanes and d < lowering.lanes and lowering.lanes % d == 0 else 1

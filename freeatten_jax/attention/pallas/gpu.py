@@ -152,13 +152,14 @@ def forward_kernel(cfg: Static, ptx: bool, spans: Spans, x: KernelRefs, *out_ref
 
 
 def pass_kernel(cfg: Static, ptx: bool, which: int, row_names, spans: Spans, x: KernelRefs, *out_refs):
-    """One (batch, head, query block): pass `which` of the family continued from a carry over one more set of
-    key blocks (a ring step's chunk, ring.py), the carry written out unfinished."""
+    """One (batch, head, query block): pass `which` of the family continued from a carry (none at the ring's first
+    step: the family's init) over one more set of key blocks (a ring step's chunk, ring.py), the carry written out
+    unfinished."""
     one = kernel_family(cfg).passes[which]
     rows = {name: column(ref[...]) for name, ref in zip(row_names, x.rows)}  # each [1, Q] in HBM
     ctx = kernel_ctx(cfg, x.n[...], x.p[0], family_math(cfg, ptx))
-    tree = jax.tree.structure(one.init(jnp.zeros((1, 1)), jnp.zeros((1, 1))))
-    carry = jax.tree.unflatten(tree, [carry_in(cfg, ref[...]) for ref in x.carry])
+    fresh = one.init(jnp.zeros((cfg.blocks.q, 1), jnp.float32), jnp.zeros((cfg.blocks.q, x.q.shape[-1]), jnp.float32))
+    carry = jax.tree.unflatten(jax.tree.structure(fresh), [carry_in(cfg, ref[...]) for ref in x.carry]) if x.carry else fresh
     step = lambda carry, s, vis, v: one.step(carry, s, vis, v, ctx, rows)  # noqa: E731
     for ref, value in zip(out_refs, jax.tree.leaves(_key_sweep(cfg, spans, x)(lambda *_: carry, step, one.with_values))):
         ref[...] = carry_out(cfg, value)
@@ -272,21 +273,21 @@ def _query_major_specs(cfg: Static, shapes) -> tuple[KernelRefs, pl.BlockSpec, p
     return specs, q_spec, row_spec
 
 
-def pass_call(cfg: Static, shapes, which: int, row_names, ptx: bool, interpret: bool):
-    """The pass kernel's pallas_call: the forward's inputs, the earlier passes' rows and the carry in; the
-    carry out (aliasing the carry in)."""
+def pass_call(cfg: Static, shapes, which: int, row_names, fresh: bool, ptx: bool, interpret: bool):
+    """The pass kernel's pallas_call: the forward's inputs, the earlier passes' rows and the carry in (fresh: none,
+    the ring's first step); the carry out (aliasing the carry in)."""
     (b, h, tp, _), _ = shapes
     specs, q_spec, row_spec = _query_major_specs(cfg, shapes)
     carries = carry_shapes(cfg, shapes, which)
     carry_specs = tuple(row_spec if len(x.shape) == 5 else q_spec for x in carries)
-    in_specs = (WHOLE_SPANS, specs._replace(rows=(row_spec,) * len(row_names), carry=carry_specs))
+    in_specs = (WHOLE_SPANS, specs._replace(rows=(row_spec,) * len(row_names), carry=() if fresh else carry_specs))
     return pl.pallas_call(
         functools.partial(pass_kernel, cfg, ptx, which, tuple(row_names)),
         grid=(b, h, tp // cfg.blocks.q),
         in_specs=in_specs,
         out_specs=list(carry_specs),
         out_shape=carries,
-        input_output_aliases={first_carry(in_specs) + x: x for x in range(len(carries))},
+        input_output_aliases={} if fresh else {first_carry(in_specs) + x: x for x in range(len(carries))},
         name=f"freeatten_{cfg.family}_pass{which}",
         **_common(interpret),
     )

@@ -25,20 +25,15 @@ def _lane_dense(x_BHTW, size: int):
     return core.by_blocks(x_BHTW, size) if x_BHTW.shape[-1] == 1 else x_BHTW
 
 
-def _to_carry(cfg: Static, x_BHTW):
-    """A carry leaf as the pass kernels carry it: a row statistic lane-dense, an accumulator [B, H, Tp, D] packed."""
-    return _lane_dense(x_BHTW, cfg.blocks.q) if x_BHTW.shape[-1] == 1 else core.packed(cfg, x_BHTW, cfg.blocks.q)
-
-
 def _from_carry(cfg: Static, x):
-    """_to_carry's inverse: [B, H, Tp, 1] or [B, H, Tp, D]."""
+    """A carry leaf as the pass kernels leave it (a row statistic lane-dense, an accumulator packed) as [B, H, Tp, 1]
+    or [B, H, Tp, D]."""
     return x.reshape(*x.shape[:2], -1, 1) if x.ndim == 5 else core.unpacked(cfg, x, cfg.blocks.q)
 
 
 def _core(cfg: Static, lowering: core.Lowering, shapes):
     """make_core's forward and backward streaming the chunks round the ring (`where` a Ring)."""
     _, dq_call, dkv_call = lowering.calls(cfg, shapes)
-    (b, h, tp, d), _ = shapes
 
     def plan_at(ring: Ring, step):
         return plan.plan(ring.mask_at(step), ring.n_BHT[:, 0], cfg.blocks.q, cfg.blocks.k)
@@ -50,24 +45,23 @@ def _core(cfg: Static, lowering: core.Lowering, shapes):
             ctx = kernel_ctx(cfg, n, p_1[0])  # its finishes read only n
             out, rows = None, dict[str, jax.Array]()
             for which, one in enumerate(kernel_family(cfg).passes):
-                call = lowering.pass_call(cfg, shapes, which, tuple(rows))
-                leaves, tree = jax.tree.flatten(one.init(jnp.zeros((b, h, tp, 1)), jnp.zeros((b, h, tp, d))))
-                leaves = [_to_carry(cfg, x) for x in leaves]
+                calls = {fresh: lowering.pass_call(cfg, shapes, which, tuple(rows), fresh) for fresh in (True, False)}
+                tree = jax.tree.structure(one.init(jnp.zeros((1, 1)), jnp.zeros((1, 1))))
                 travelling = (k, ks, v) if one.with_values else (k, ks)  # LSSAR's first pass reads no values
 
                 row_values = tuple(rows.values())
 
-                def ring_step(step, state, call=call, rows=row_values):
+                def ring_step(step, state, calls=calls, rows=row_values):
                     leaves, held = state
                     passed_on = rotate(held, ring.axis_name, ring.size)  # issued first: it can overlap the work
                     k_held, ks_held, v_held = (*held, v)[:3]  # a pass that reads no values gets the local ones
                     step_plan = plan_at(ring, step)
-                    leaves = call(
+                    leaves = calls[not leaves](  # the first step starts the carry in the kernel: no zeros in HBM
                         *core.kernel_inputs(step_plan, p_1, q, k_held, v_held, qs, ks_held, rows=rows, carry=tuple(leaves))
                     )
                     return list(leaves), passed_on
 
-                leaves, _ = jax.lax.fori_loop(0, ring.size, ring_step, (leaves, travelling))
+                leaves, _ = jax.lax.fori_loop(1, ring.size, ring_step, ring_step(0, ([], travelling)))
                 out, new = one.finish(jax.tree.unflatten(tree, [_from_carry(cfg, x) for x in leaves]), ctx)
                 rows = {**rows, **{name: _lane_dense(x, cfg.blocks.q) for name, x in new.items()}}
             return *split_output(cfg, out), rows
@@ -99,8 +93,7 @@ def attend(lowering: core.Lowering, cfg: Static, blocks: tuple, q_BTHD, k_BSKD, 
     core.kernel_arguments gives them, sharded along the sequence; `blocks` the requested (block_q, block_k,
     block_k_dkv), None: the platform's)."""
     t, s = q_BTHD.shape[1], k_BSKD.shape[1]
-    sizes = core.block_sizes(lowering, cfg.family, blocks, t, s)
-    cfg = cfg._replace(blocks=sizes, pack=core.packing(lowering, q_BTHD.shape[-1], sizes))
+    cfg = core.sized(lowering, cfg, blocks, t, s, q_BTHD.shape[-1])
     operands, shapes = core.kernel_layout(cfg, q_BTHD, k_BSKD, v_BSKD, qs_BTH1, ks_BSK1)
     out_BHTD = _core(cfg, lowering, shapes)(*operands, p_1, ring)
     return out_BHTD[:, :, :t].transpose(0, 2, 1, 3)

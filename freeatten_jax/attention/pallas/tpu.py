@@ -181,7 +181,8 @@ def finished_rows(cfg: Static, which: int, d: int) -> dict:
 def pass_kernel(cfg: Static, which: int, row_names, plan: Schedule, spans: Spans, x: KernelRefs, *refs):
     """One grid step (b, h, r, t): pass `which` of the family continued from a carry over a key block of a ring
     step's chunk (ring.py). The carry (row statistics lane-dense, [1, Q]) is read into VMEM scratch at the query
-    block's first step, accumulated there and written out at its last."""
+    block's first step (the ring's first step, given no carry, starts it from the family's init), accumulated there
+    and written out at its last."""
     step = _step(plan)
     one = kernel_family(cfg).passes[which]
     interior, masked = _visits(spans, step)
@@ -191,7 +192,8 @@ def pass_kernel(cfg: Static, which: int, row_names, plan: Schedule, spans: Spans
 
     @pl.when(step.first)
     def _():
-        _store(acc_refs, [carry_in(cfg, ref[...]) for ref in x.carry])
+        fresh = one.init(jnp.zeros((cfg.blocks.q, 1), jnp.float32), jnp.zeros((cfg.blocks.q, x.q.shape[-1] // cfg.pack)))
+        _store(acc_refs, [carry_in(cfg, ref[...]) for ref in x.carry] if x.carry else jax.tree.leaves(fresh))
 
     def visit(is_masked: bool):
         rows = {name: column(ref[...]) for name, ref in zip(row_names, x.rows)}
@@ -336,22 +338,23 @@ def _grid_spec(shapes_bh, plan: Schedule, in_specs: KernelRefs, **specs):
     return pltpu.PrefetchScalarGridSpec(num_scalar_prefetch=1, grid=grid, in_specs=(in_specs,), **specs)
 
 
-def pass_call(cfg: Static, shapes, which: int, row_names, interpret: bool):
+def pass_call(cfg: Static, shapes, which: int, row_names, fresh: bool, interpret: bool):
     """The pass kernel's pallas_call (every key block of the ring step's chunk, for each query block): the
-    forward's inputs, the earlier passes' rows and the carry in; the carry out (aliasing the carry in)."""
+    forward's inputs, the earlier passes' rows and the carry in (fresh: none, the ring's first step); the carry
+    out (aliasing the carry in)."""
     (b, h, tp, d), (_, sp) = shapes
     plan = full(tp // cfg.blocks.q, sp // cfg.blocks.k)
     with_values = kernel_family(cfg).passes[which].with_values
     specs, q_spec, lane_dense = _query_major_specs(cfg, shapes, plan, 0 if with_values else 1)
     carries = carry_shapes(cfg, shapes, which)
     carry_specs = tuple(lane_dense if len(x.shape) == 5 else q_spec for x in carries)
-    specs = specs._replace(rows=(lane_dense,) * len(row_names), carry=carry_specs)
+    specs = specs._replace(rows=(lane_dense,) * len(row_names), carry=() if fresh else carry_specs)
     scratch = [pltpu.VMEM((cfg.blocks.q, w), jnp.float32) for w in carry_widths(cfg, which, d)]
     return pl.pallas_call(
         functools.partial(pass_kernel, cfg, which, tuple(row_names), plan),
         grid_spec=_grid_spec((b, h), plan, specs, out_specs=list(carry_specs), scratch_shapes=scratch),
         out_shape=carries,
-        input_output_aliases={first_carry((Spans(0, 0, 0), specs)) + x: x for x in range(len(carries))},
+        input_output_aliases={} if fresh else {first_carry((Spans(0, 0, 0), specs)) + x: x for x in range(len(carries))},
         name=f"freeatten_{cfg.family}_pass{which}",
         **_common(interpret),
     )
