@@ -74,9 +74,10 @@ def kernel_operands(hlo: str) -> tuple:
 
 
 def exposed_permutes(hlo: str) -> tuple[int, list[str]]:
-    """In compiled HLO text, over the computations that call a Pallas kernel (the ring's steps): (how many
-    collective-permutes they start, the names of those whose start..done span encloses no kernel call: a rotation
-    that the step waits for instead of overlapping it with the kernels). Instructions are listed in schedule order."""
+    """In compiled HLO text, over the computations that call a Pallas kernel (the ring's steps): (how many of the
+    ring's rotations they start, the names of those whose start..done span encloses no kernel call: a rotation that
+    the step waits for instead of overlapping it with the kernels). Instructions are listed in schedule order; other
+    permutes (the zig-zag layout's) are not counted."""
     count, exposed = 0, []
     for computation in re.split(r"\n(?=\S)", hlo):
         if not _KERNEL_CALLS.search(computation):
@@ -85,12 +86,28 @@ def exposed_permutes(hlo: str) -> tuple[int, list[str]]:
         for line in computation.splitlines():
             if _KERNEL_CALLS.search(line):
                 kernels += 1
-            elif start := re.match(r"\s*%(\S+) = .* collective-permute-start\(", line):
+            elif (start := re.match(r"\s*%(\S+) = .* collective-permute-start\(", line)) and _rotation(line):
                 open_[start.group(1)], count = kernels, count + 1
-            elif done := re.search(r" collective-permute-done\(%(\S+?)\)", line):
+            elif (done := re.search(r" collective-permute-done\(%(\S+?)\)", line)) and done.group(1) in open_:
                 if open_.pop(done.group(1)) == kernels:
                     exposed.append(done.group(1))
     return count, exposed
+
+
+def _rotation(line: str) -> bool:
+    """Whether a collective-permute rotates each group of consecutive devices by one (ring_mask.rotate: d -> d + 1,
+    the last to the first), as the ring does and the zig-zag layout's permutes do not (compiled TPU programs keep no
+    op names to tell them apart)."""
+    step = dict(_device_groups(_GROUPS.search(line).group(1), 0))
+    unvisited = set(step)
+    while unvisited:
+        cycle = [min(unvisited)]
+        while step.get(cycle[-1]) == cycle[-1] + 1:
+            cycle.append(cycle[-1] + 1)
+        if len(cycle) < 2 or step.get(cycle[-1]) != cycle[0]:
+            return False
+        unvisited -= set(cycle)
+    return True
 
 
 def collectives(hlo: str, devices: int) -> list[tuple[str, list[list[int]]]]:

@@ -61,7 +61,10 @@ def _core(cfg: Static, lowering: core.Lowering, shapes):
                     )
                     return list(leaves), passed_on
 
-                leaves, _ = jax.lax.fori_loop(1, ring.size, ring_step, ring_step(0, ([], travelling)))
+                # the first step's rotation issued once q is ready, so it overlaps that step's kernel (ready earlier, a
+                # TPU's scheduler ran the key factors' among the layer's other permutes and waited for it)
+                local = jax.lax.optimization_barrier((travelling, q))[0]
+                leaves, _ = jax.lax.fori_loop(1, ring.size, ring_step, ring_step(0, ([], local)))
                 out, new = one.finish(jax.tree.unflatten(tree, [_from_carry(cfg, x) for x in leaves]), ctx)
                 rows = {**rows, **{name: _lane_dense(x, cfg.blocks.q) for name, x in new.items()}}
             return *split_output(cfg, out), rows
