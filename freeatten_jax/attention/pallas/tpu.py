@@ -192,7 +192,8 @@ def pass_kernel(cfg: Static, which: int, row_names, plan: Schedule, spans: Spans
 
     @pl.when(step.first)
     def _():
-        fresh = one.init(jnp.zeros((cfg.blocks.q, 1), jnp.float32), jnp.zeros((cfg.blocks.q, x.q.shape[-1] // cfg.pack)))
+        zeros_Q1, zeros_QD = (jnp.zeros((cfg.blocks.q, w), jnp.float32) for w in (1, x.q.shape[-1] // cfg.pack))
+        fresh = one.init(zeros_Q1, zeros_QD)
         _store(acc_refs, [carry_in(cfg, ref[...]) for ref in x.carry] if x.carry else jax.tree.leaves(fresh))
 
     def visit(is_masked: bool):
