@@ -1512,6 +1512,20 @@ MUTANTS = [
         ("tests/test_memory_accounting.py", "-k", "lane_padded_array"),
     ),
     Mutant(
+        "kernel ring: the first step's rotations issued as soon as their inputs exist (a TPU then waits for one)",
+        "freeatten_jax/attention/pallas/ring.py",
+        "local = jax.lax.optimization_barrier((travelling, q))[0]",
+        "local = travelling",
+        ("tests/test_compile.py", "-k", "two_slices"),
+    ),
+    Mutant(
+        "exposed_permutes: every permute counted as a ring rotation (the zig-zag layout's too)",
+        "freeatten_jax/compile/run.py",
+        "if len(cycle) < 2 or step.get(cycle[-1]) != cycle[0]:",
+        "if False:",
+        ("tests/test_compile.py", "-k", "context_parallel_step"),
+    ),
+    Mutant(
         "tpu kernels: keys packed by the query block",
         "freeatten_jax/attention/pallas/core.py",
         "keys = [packed(cfg, x, cfg.blocks.k) for x in (k, v)]",
