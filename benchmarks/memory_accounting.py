@@ -58,40 +58,56 @@ def category(name: str, shape: str, origin: str) -> str:
     return "forward and other temporaries"
 
 
-def read_dump(folder: str):
+class Dump(NamedTuple):
+    """XLA's dump of the compiled step, each file read once."""
+
+    peak: str  # the live-range report's peak section
+    values: list[tuple[str, str, str]]  # (HLO value, bytes as laid out, shape) of every buffer-assigned value
+    origins: dict[str, str]  # HLO instruction -> its op name
+    report: str  # the memory-usage report
+
+
+def _dump_file(folder: str, suffix: str) -> str:
+    """The text of the one dump file of the optimized step named with `suffix`."""
+    (path,) = glob.glob(os.path.join(folder, f"*after_optimizations{suffix}.txt"))
+    return open(path).read()
+
+
+def read_dump(folder: str) -> Dump:
+    """The dump in `folder` (xla_dump_to), parsed once for the readers below."""
+    return Dump(
+        _PEAK.search(_dump_file(folder, "-live-range")).group(1),
+        _VALUE.findall(_dump_file(folder, "-buffer-assignment")),
+        dict(_OP_NAME.findall(_dump_file(folder, ""))),
+        _dump_file(folder, "-memory-usage-report"),
+    )
+
+
+def live_at_peak(dump: Dump):
     """[(bytes, name, shape, origin)] of the buffers live at the peak, largest first."""
-    (live_file,) = glob.glob(os.path.join(folder, "*after_optimizations-live-range.txt"))
-    (values_file,) = glob.glob(os.path.join(folder, "*after_optimizations-buffer-assignment.txt"))
-    (hlo_file,) = glob.glob(os.path.join(folder, "*after_optimizations.txt"))
-    peak = _PEAK.search(open(live_file).read())
-    shapes = {name: shape.strip() for name, _, shape in _VALUE.findall(open(values_file).read())}
-    origins = dict(_OP_NAME.findall(open(hlo_file).read()))
+    shapes = {name: shape.strip() for name, _, shape in dump.values}
     rows = []
-    for name, size in _LIVE.findall(peak.group(1)):
+    for name, size in _LIVE.findall(dump.peak):
         base = name.split("{")[0]
         shape = shapes.get(name, shapes.get(base, "?"))
-        rows.append((int(size), name, shape, origins.get(base, "").replace("\\'", "'")))
+        rows.append((int(size), name, shape, dump.origins.get(base, "").replace("\\'", "'")))
     return sorted(rows, reverse=True)
 
 
-def padded_kernel_outputs(folder: str) -> list[tuple[int, str, str]]:
+def padded_kernel_outputs(dump: Dump) -> list[tuple[int, str, str]]:
     """(bytes as laid out, HLO value, shape) of every array a Pallas kernel writes that the chip lays out at twice its
     bytes or more, over the whole step (a [.., 64] row padded to 128 lanes; a [.., 1] column 128x)."""
-    (values_file,) = glob.glob(os.path.join(folder, "*after_optimizations-buffer-assignment.txt"))
-    (hlo_file,) = glob.glob(os.path.join(folder, "*after_optimizations.txt"))
-    origins = dict(_OP_NAME.findall(open(hlo_file).read()))
     return [
         (int(size), name, shape.strip())
-        for name, size, shape in _VALUE.findall(open(values_file).read())
-        if "freeatten_" in origins.get(name.split("{")[0], "") and int(size) >= 2 * logical_bytes(shape) > 0
+        for name, size, shape in dump.values
+        if "freeatten_" in dump.origins.get(name.split("{")[0], "") and int(size) >= 2 * logical_bytes(shape) > 0
     ]
 
 
-def packed_bytes(folder: str) -> int:
+def packed_bytes(dump: Dump) -> int:
     """Bytes of the main memory the buffer assignment (before the TPU's codegen passes) gives the program: its
     parameters and its preallocated temporary heap, every buffer at its packed offset (the dump's memory-space report)."""
-    (report,) = glob.glob(os.path.join(folder, "*after_optimizations-memory-usage-report.txt"))
-    return int(re.search(r"Memory Space: default \(color=0\)\nTotal bytes: (\d+)", open(report).read()).group(1))
+    return int(re.search(r"Memory Space: default \(color=0\)\nTotal bytes: (\d+)", dump.report).group(1))
 
 
 def floor_bytes(cfg, devices) -> dict[str, int]:
@@ -150,7 +166,8 @@ def account(case: str, variant: str = "lssar", implementation: str = "pallas", l
     memory = compiled.memory_analysis()
     peak = memory.argument_size_in_bytes + memory.output_size_in_bytes - memory.alias_size_in_bytes + memory.temp_size_in_bytes
     floor = floor_bytes(typed, targets.devices(target))
-    return Accounting(peak, read_dump(folder), packed_bytes(folder), floor, typed.model.num_layers, padded_kernel_outputs(folder))
+    dump = read_dump(folder)
+    return Accounting(peak, live_at_peak(dump), packed_bytes(dump), floor, typed.model.num_layers, padded_kernel_outputs(dump))
 
 
 def main(argv=None) -> int:
