@@ -17,7 +17,7 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 
-from freeatten_jax.attention.rules import FAMILIES, Ctx, Family, output_only
+from freeatten_jax.attention.rules import FAMILIES, Ctx, Family, Pass, output_only
 
 NT = (((1,), (1,)), ((), ()))  # a [M, D] x b [N, D] -> [M, N]
 NN = (((1,), (0,)), ((), ()))  # a [M, N] x b [N, D] -> [M, D]
@@ -210,10 +210,14 @@ def carry_out(cfg: Static, x):
     return row(x) if x.shape[1] == 1 else pack(cfg, x)
 
 
+def fresh_carry(one: Pass, q: int, d: int):
+    """Pass `one`'s carry before any key block, for q rows of head dim d: its init on float32 zeros."""
+    return one.init(jnp.zeros((q, 1), jnp.float32), jnp.zeros((q, d), jnp.float32))
+
+
 def carry_widths(cfg: Static, which: int, d: int) -> list[int]:
     """The last-axis widths of pass `which`'s carry leaves: 1 for a [Q, 1] row statistic, D for an accumulator."""
-    one = kernel_family(cfg).passes[which]
-    return [x.shape[-1] for x in jax.tree.leaves(one.init(jnp.zeros((1, 1)), jnp.zeros((1, d))))]
+    return [x.shape[-1] for x in jax.tree.leaves(fresh_carry(kernel_family(cfg).passes[which], 1, d))]
 
 
 def forward_outputs(cfg: Static, shapes, block_spec, row_spec) -> tuple[list, list]:

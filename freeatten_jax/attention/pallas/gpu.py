@@ -31,6 +31,7 @@ from freeatten_jax.attention.pallas.common import (
     dq_outputs,
     first_carry,
     forward_outputs,
+    fresh_carry,
     kernel_ctx,
     kernel_family,
     key_block,
@@ -158,7 +159,7 @@ def pass_kernel(cfg: Static, ptx: bool, which: int, row_names, spans: Spans, x: 
     one = kernel_family(cfg).passes[which]
     rows = {name: column(ref[...]) for name, ref in zip(row_names, x.rows)}  # each [1, Q] in HBM
     ctx = kernel_ctx(cfg, x.n[...], x.p[0], family_math(cfg, ptx))
-    fresh = one.init(jnp.zeros((cfg.blocks.q, 1), jnp.float32), jnp.zeros((cfg.blocks.q, x.q.shape[-1]), jnp.float32))
+    fresh = fresh_carry(one, cfg.blocks.q, x.q.shape[-1])
     carry = jax.tree.unflatten(jax.tree.structure(fresh), [carry_in(cfg, ref[...]) for ref in x.carry]) if x.carry else fresh
     step = lambda carry, s, vis, v: one.step(carry, s, vis, v, ctx, rows)  # noqa: E731
     for ref, value in zip(out_refs, jax.tree.leaves(_key_sweep(cfg, spans, x)(lambda *_: carry, step, one.with_values))):

@@ -15,7 +15,7 @@ import jax
 import jax.numpy as jnp
 
 from freeatten_jax.attention.pallas import core, plan
-from freeatten_jax.attention.pallas.common import Static, kernel_ctx, kernel_family, split_output
+from freeatten_jax.attention.pallas.common import Static, fresh_carry, kernel_ctx, kernel_family, split_output
 from freeatten_jax.attention.ring_mask import Ring, rotate
 
 
@@ -46,7 +46,7 @@ def _core(cfg: Static, lowering: core.Lowering, shapes):
             out, rows = None, dict[str, jax.Array]()
             for which, one in enumerate(kernel_family(cfg).passes):
                 calls = {fresh: lowering.pass_call(cfg, shapes, which, tuple(rows), fresh) for fresh in (True, False)}
-                tree = jax.tree.structure(one.init(jnp.zeros((1, 1)), jnp.zeros((1, 1))))
+                tree = jax.tree.structure(fresh_carry(one, 1, 1))
                 travelling = (k, ks, v) if one.with_values else (k, ks)  # LSSAR's first pass reads no values
 
                 row_values = tuple(rows.values())

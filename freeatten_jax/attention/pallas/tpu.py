@@ -35,6 +35,7 @@ from freeatten_jax.attention.pallas.common import (
     dq_outputs,
     first_carry,
     forward_outputs,
+    fresh_carry,
     kernel_ctx,
     kernel_family,
     key_block,
@@ -140,8 +141,7 @@ def forward_kernel(cfg: Static, plan: Schedule, spans: Spans, x: KernelRefs, *re
     ctx, row_refs, d = kernel_ctx(cfg, x.n[...], x.p[0], EUP_MATH), dict[str, Any](), x.q.shape[-1] // cfg.pack
     load_rows = lambda: {name: ref[...] for name, ref in row_refs.items()}  # noqa: E731
     for which, one in enumerate(family.passes):
-        zeros = jnp.zeros((cfg.blocks.q, 1), jnp.float32), jnp.zeros((cfg.blocks.q, d), jnp.float32)
-        leaves, tree = jax.tree.flatten(one.init(*zeros))
+        leaves, tree = jax.tree.flatten(fresh_carry(one, cfg.blocks.q, d))
         carry_refs = [next(slots) for _ in leaves]
         load = functools.partial(lambda refs, tree: jax.tree.unflatten(tree, [ref[...] for ref in refs]), carry_refs, tree)
         pl.when((now == which) & step.first)(functools.partial(_store, carry_refs, leaves))
@@ -173,8 +173,7 @@ def finished_rows(cfg: Static, which: int, d: int) -> dict:
     """{name: shape} of the row statistics pass `which` finishes with (sorted by name), for a [Q, D] block."""
     one, q = kernel_family(cfg).passes[which], cfg.blocks.q
     ctx = kernel_ctx(cfg, jnp.zeros((q, 1), jnp.float32), jnp.zeros((), jnp.float32), EUP_MATH)
-    carry = one.init(jnp.zeros((q, 1), jnp.float32), jnp.zeros((q, d), jnp.float32))
-    rows = jax.eval_shape(lambda c: one.finish(c, ctx)[1], carry)
+    rows = jax.eval_shape(lambda c: one.finish(c, ctx)[1], fresh_carry(one, q, d))
     return {name: rows[name].shape for name in sorted(rows)}
 
 
@@ -186,14 +185,13 @@ def pass_kernel(cfg: Static, which: int, row_names, plan: Schedule, spans: Spans
     step = _step(plan)
     one = kernel_family(cfg).passes[which]
     interior, masked = _visits(spans, step)
-    leaves, tree = jax.tree.flatten(one.init(jnp.zeros((1, 1)), jnp.zeros((1, 1))))
+    leaves, tree = jax.tree.flatten(fresh_carry(one, 1, 1))
     out_refs, acc_refs = refs[: len(leaves)], refs[len(leaves) :]
     load = lambda: jax.tree.unflatten(tree, [ref[...] for ref in acc_refs])  # noqa: E731
 
     @pl.when(step.first)
     def _():
-        zeros_Q1, zeros_QD = (jnp.zeros((cfg.blocks.q, w), jnp.float32) for w in (1, x.q.shape[-1] // cfg.pack))
-        fresh = one.init(zeros_Q1, zeros_QD)
+        fresh = fresh_carry(one, cfg.blocks.q, x.q.shape[-1] // cfg.pack)
         _store(acc_refs, [carry_in(cfg, ref[...]) for ref in x.carry] if x.carry else jax.tree.leaves(fresh))
 
     def visit(is_masked: bool):
