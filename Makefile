@@ -52,7 +52,7 @@ compile-check: $(VENV)/.installed
 	$(PY) -m pip install -q -c constraints.txt -e '.[compile]'
 	$(PY) benchmarks/compile_matrix.py
 
-# Each curated mutant (scripts/mutants.py) applied alone, its tests run, caught or survived printed (about 10 minutes
-# of both cores; refuses to start while a target file has uncommitted changes). tests/test_mutants.py keeps it runnable.
+# Each curated mutant (tests/mutation/) applied alone, its tests run, caught or survived printed (about 10 minutes
+# of both cores; refuses to start while a target file has uncommitted changes). tests/mutation/test_catalogue.py keeps it runnable.
 mutants: $(VENV)/.installed
-	$(PY) scripts/mutation_check.py
+	$(PY) -m tests.mutation.run

@@ -32,7 +32,7 @@ STEP_LIMITS = {
 }  # seconds
 MARGIN = 10  # seconds a step keeps after its last row starts, to print and exit before its limit
 TINY_SLACK = 4  # --tiny's limits are this many times the device's: it proves the script on CPUs a test suite loads
-KERNEL_TESTS = ["tests/test_pallas.py", "tests/test_block_edges.py"]
+KERNEL_TESTS = ["tests/attention/pallas/test_kernels.py", "tests/attention/test_block_edges.py"]
 
 
 def _command(name: str, limit: int, tiny: bool) -> list[str]:

@@ -8,11 +8,11 @@ N=${1:-20}
 PATTERN=${2:-}
 PY=${PYTHON:-.venv/bin/python}
 TESTS=(
-  "tests/test_multihost.py::test_two_processes_match_one_survive_a_kill_9_of_process_1_and_resume_from_a_checkpoint_without_fingerprints"
-  "tests/test_multihost.py::test_a_kill_9_of_process_0_the_coordinator_stops_process_1_and_both_resume_exactly"
-  "tests/test_multihost.py::test_a_process_that_cannot_reach_the_workdir_stops_both_in_one_line_each"
-  "tests/test_multihost.py::test_with_the_context_axis_across_both_processes_a_kill_9_of_either_stops_the_other_and_both_resume_exactly"
-  "tests/test_multihost.py::test_with_the_context_axis_across_both_processes_a_sigterm_of_one_saves_and_stops_both_and_both_resume_exactly"
+  "tests/training/test_distributed.py::test_two_processes_match_one_survive_a_kill_9_of_process_1_and_resume_from_a_checkpoint_without_fingerprints"
+  "tests/training/test_distributed.py::test_a_kill_9_of_process_0_the_coordinator_stops_process_1_and_both_resume_exactly"
+  "tests/training/test_distributed.py::test_a_process_that_cannot_reach_the_workdir_stops_both_in_one_line_each"
+  "tests/training/test_distributed.py::test_with_the_context_axis_across_both_processes_a_kill_9_of_either_stops_the_other_and_both_resume_exactly"
+  "tests/training/test_distributed.py::test_with_the_context_axis_across_both_processes_a_sigterm_of_one_saves_and_stops_both_and_both_resume_exactly"
 )
 log=$(mktemp)
 for i in $(seq "$N"); do

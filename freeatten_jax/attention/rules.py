@@ -32,7 +32,7 @@ def reciprocal(x):
 
 # log2(1 + t) / t on [0, 1], highest degree first: degree 7, a minimax fit (iteratively re-weighted least squares at
 # Chebyshev nodes; relative error 2.3e-7). t·P(t) in float32 Horner has relative error < 4e-7 for every t in [0, 1]
-# (tests/test_degenerate.py), with FMAs only: no log (libdevice's log2f is ~20 FP32 instructions on a GPU), no branch
+# (tests/attention/test_degenerate.py), with FMAs only: no log (libdevice's log2f is ~20 FP32 instructions on a GPU), no branch
 # for small t. Degree 8 (one more FMA a score, 2e-7) bought float32 accuracy that no bfloat16 kernel can use.
 LOG2_1P = (
     -0.012027023664008344,

@@ -95,7 +95,7 @@ class Step(NamedTuple):
 
 # XLA's GPU scheduler keeps one collective in flight by default: round the context-parallel ring the K, V and key
 # factor blocks (and, backward, the dK/dV sums) then wait for one another, and only one of them overlaps the step's
-# kernel. With room for 8 every rotation of a ring step runs during its kernels (tests/test_compile.py). The other
+# kernel. With room for 8 every rotation of a ring step runs during its kernels (tests/compile/test_run.py). The other
 # backends accept the option and ignore it.
 COMPILER_OPTIONS = {"xla_gpu_experimental_parallel_collective_overlap_limit": 8}
 

@@ -1,6 +1,6 @@
-"""Applies each mutant of scripts/mutants.py alone, runs its tests, and reports whether they caught it.
+"""Applies each mutant of the catalogue (tests/mutation/) alone, runs its tests, and reports whether they caught it.
 
-Run on demand (not in CI) from the repository root: `make mutants`, or `python scripts/mutation_check.py [-k SUBSTRING]`.
+Run on demand (not in CI) from the repository root: `make mutants`, or `python -m tests.mutation.run [-k SUBSTRING]`.
 A mutant is caught when its tests fail. Files are restored after each mutant, also on Ctrl-C or SIGTERM;
 the script refuses to start if a target file has uncommitted changes or a mutant's snippet is not found once.
 """
@@ -12,9 +12,9 @@ import subprocess
 import sys
 import time
 
-from mutants import MUTANTS, misplaced
+from . import MUTANTS, misplaced
 
-ROOT = pathlib.Path(__file__).resolve().parent.parent
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 
 def _interrupt(signum, frame):

@@ -11,7 +11,7 @@ import sys
 import pytest
 from helpers import read_metrics, subprocess_env
 
-README = pathlib.Path(__file__).resolve().parent.parent / "README.md"
+README = pathlib.Path(__file__).resolve().parents[2] / "README.md"
 BIN = pathlib.Path(sys.executable).parent
 
 
@@ -49,7 +49,7 @@ def test_quickstart_commands_and_load_run(text_glob, tmp_path, monkeypatch, caps
     section, _ = _quickstart()
     commands = [shlex.split(line, comments=True) for line in _blocks(section, "bash")[0].splitlines()]
     help_argv, train_argv, eval_argv = [c for c in commands if c]
-    # the --help command's output from an empty folder: tests/test_help.py (the same command, run as installed)
+    # the --help command's output from an empty folder: tests/cli/test_usage.py (the same command, run as installed)
     assert (help_argv, train_argv[0], eval_argv[0]) == (["freeatten-train", "--help"], "freeatten-train", "freeatten-eval")
 
     _run([*train_argv, "--config.data.source=text", f"--config.data.path={text_glob}"], tmp_path)

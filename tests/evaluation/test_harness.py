@@ -15,7 +15,7 @@ from helpers import tiny_config
 
 from freeatten_jax.evaluation import loss
 
-ROOT = pathlib.Path(__file__).parents[1]
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 TASKS = ROOT / "tests" / "harness_tasks"
 CONTEXT = 2 * 16  # multiplier 2 x the tiny run's training length
 

@@ -5,7 +5,7 @@ import re
 
 import pytest
 
-DOC = pathlib.Path(__file__).resolve().parent.parent / "docs" / "drop_in.md"
+DOC = pathlib.Path(__file__).resolve().parents[2] / "docs" / "drop_in.md"
 BLOCKS = re.findall(r"```python\n(.*?)```", DOC.read_text(), flags=re.S)
 
 

@@ -175,7 +175,7 @@ def test_the_compiled_step_is_the_one_training_runs(tmp_path, monkeypatch):
 
 def _readme_command(target: str) -> list[str]:
     """The README's `freeatten-compile --target=TARGET --config=...:gpt2_small ...` command (continuation lines joined)."""
-    readme = (pathlib.Path(__file__).resolve().parent.parent / "README.md").read_text().replace("\\\n", " ")
+    readme = (pathlib.Path(__file__).resolve().parents[2] / "README.md").read_text().replace("\\\n", " ")
     (command,) = re.findall(rf"^freeatten-compile --target={target} --config=\S+:gpt2_small.*$", readme, flags=re.M)
     return shlex.split(command)[1:]
 

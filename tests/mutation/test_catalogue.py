@@ -1,15 +1,15 @@
-"""The mutation catalogue (scripts/mutants.py) matches the tree, so that `make mutants` can apply every mutant and run the
+"""The mutation catalogue (tests/mutation/) matches the tree, so that `make mutants` can apply every mutant and run the
 tests it names: a moved snippet or a renamed test fails here at once, not at the next mutation run."""
 
 import pathlib
 
-from scripts import mutants
+from . import MUTANTS, misplaced
 
-ROOT = pathlib.Path(__file__).resolve().parent.parent
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 
 def test_every_mutants_snippet_is_in_its_file_exactly_once():
-    assert mutants.misplaced(mutants.MUTANTS, ROOT) == []
+    assert misplaced(MUTANTS, ROOT) == []
 
 
 def _there(arg: str) -> bool:
@@ -20,5 +20,5 @@ def _there(arg: str) -> bool:
 
 
 def test_every_test_a_mutant_names_is_there():
-    named = [(m.name, arg) for m in mutants.MUTANTS for arg in m.tests if arg.startswith("tests/")]
+    named = [(m.name, arg) for m in MUTANTS for arg in m.tests if arg.startswith("tests/")]
     assert len(named) > 100 and [(name, arg) for name, arg in named if not _there(arg)] == []

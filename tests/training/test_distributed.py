@@ -77,7 +77,8 @@ def _config_file(folder, text_glob, layout) -> str:
     process."""
     path = folder / f"multihost_{layout}_cfg.py"
     path.write_text(
-        "import sys\nsys.path.insert(0, 'tests')\nfrom helpers import tiny_config\nfrom test_multihost import LAYOUTS\n"
+        "import sys\nsys.path[:0] = ['tests', 'tests/training']\n"
+        "from helpers import tiny_config\nfrom test_distributed import LAYOUTS\n"
         f"def get_config():\n    variant, steps = LAYOUTS[{layout!r}]\n    return tiny_config(variant, {text_glob!r}, **steps)\n"
     )
     return str(path)

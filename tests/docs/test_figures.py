@@ -15,7 +15,7 @@ from freeatten_jax.errors import UserError
 from scripts import check_figures as cf
 from scripts import figures_data as fd
 
-ROOT = pathlib.Path(__file__).resolve().parent.parent
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 SOURCES = cf.Sources()
 SWAPPED = {"t": "bootstrap", "bootstrap": "t interval", "range": "bootstrap"}
 

@@ -9,7 +9,7 @@ import sys
 import pytest
 from helpers import subprocess_env
 
-ROOT = pathlib.Path(__file__).resolve().parent.parent
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 
 def budget_table(*args) -> dict[str, list[str]]:

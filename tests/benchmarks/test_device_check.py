@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 NOT_ON_THE_DEVICE = ("grain", "ml_collections", "tokenizers", "matplotlib")  # the lent H200 has none of them
 
 
