@@ -252,14 +252,17 @@ def test_only_statically_plain_masks_are_fused():
 
 
 def test_default_implementation_is_auto():
+    """The default is auto's choice on both sides of the CPU's reference size: the reference below it, blockwise
+    above it (which differs from the reference in its last bits there, so the comparison can tell them apart)."""
     assert inspect.signature(attention.attend).parameters["implementation"].default == "auto"
-    q, k, v, _ = inputs(key("default"), 1, 16, 16, 2, 1, 8)
-    default, reference_out = jit_call(
-        lambda q, k, v: [
-            attention.attend(q, k, v, variant="lssa", **options) for options in ({}, {"implementation": "reference"})
-        ],
-        q,
-        k,
-        v,
-    )
-    np.testing.assert_array_equal(default, reference_out)
+    for t, chosen, other in ((16, "reference", "blockwise"), (160, "blockwise", "reference")):
+        q, k, v, _ = inputs(key("default", str(t)), 1, t, t, 2, 1, 8)
+        mask = attention.make_mask(1, t, t)
+        assert auto.choose(q, k, variant=attention.VARIANTS["lssa"], mask=mask, platform="cpu") == chosen
+        outs = [
+            jit_call(functools.partial(attention.attend, variant="lssa", **options), q, k, v)
+            for options in ({}, {"implementation": chosen}, {"implementation": other})
+        ]
+        default, picked, unpicked = (np.asarray(out) for out in outs)
+        np.testing.assert_array_equal(default, picked)
+        assert np.any(default != unpicked), t
