@@ -181,9 +181,7 @@ def make_core(variant: Variant, opts, forward=forward, backward=backward):
     """core(q_IBKGQD, kt_JBKDC, v_JBKCD, where) -> out_IBKGQD: the variant's rule with a custom VJP that
     saves only the output and per-row statistics. `forward` and `backward` stream the key blocks of
     `where`: this module's pair for a Plan; ring.py passes its own for a Ring (K/V round a mesh axis)."""
-    kind, p = variant.normalise, opts.get("p")
-    if kind == "reweight" and p is None:
-        kind = "sum"  # re-weighting switched off: plain LSSA
+    kind, p = variant.rule(opts), opts.get("p")
     p_grad = kind == "reweight" and isinstance(p, jax.Array)  # a Python number is a constant
     rule, cfg_static = RULES[kind], Config(weight=variant.weight, p=None, static_power=rules.static_power(p), p_grad=p_grad)
     p_arg = jnp.asarray(0.0 if p is None else p, jnp.float32)

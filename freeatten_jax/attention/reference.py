@@ -28,8 +28,6 @@ def _none(scores, visible, n, opts, weight):
 def _reweight(scores, visible, n, opts, weight):
     """LSSAR: softmax_j(p log relu(N_i A0_ij - o_i)), i.e. relu(.)^p / sum, without overflow."""
     a0 = _sum(scores, visible, n, opts, weight)
-    if opts["p"] is None:  # re-weighting switched off: plain LSSA
-        return a0
     x = n * a0 - reweight_offset(n)
     above = visible & (x > 0)
     logits = jnp.where(above, opts["p"] * jnp.log(jnp.where(above, x, 1.0)), NEG_INF)
@@ -54,7 +52,7 @@ def _weights(q_BTHD, k_BSKD, v_BSKD, variant: Variant, mask: Mask, opts):
     q_BTKGD = q_BTHD.reshape(b, t, kv_heads, h // kv_heads, d)
     scores_BKGTS = jnp.einsum("BTKGD,BSKD->BKGTS", q_BTKGD, k_BSKD, precision=_HIGHEST)
     scores_BHTS = scores_BKGTS.reshape(b, h, t, s)
-    normalise = NORMALISERS[variant.normalise]
+    normalise = NORMALISERS[variant.rule(opts)]
     n_BHT1 = n_BHT[..., None].astype(jnp.float32)
     return normalise(scores_BHTS, visible_BHTS, n_BHT1, opts, variant.weight), v_BSKD
 

@@ -85,6 +85,10 @@ class Variant(NamedTuple):
     weight: Callable[[jax.Array, jax.Array], jax.Array] | None = None  # for sum / none / reweight
     defaults: dict[str, Any] = {}  # the options the variant accepts, with their defaults
 
+    def rule(self, opts) -> str:
+        """The row rule a call runs: `normalise`, except LSSAR with p=None (re-weighting off), which is LSSA's sum."""
+        return "sum" if self.normalise == "reweight" and opts.get("p") is None else self.normalise
+
     def prepare(self, q_BTHD, k_BSKD, n_BHT, opts):
         """(q', k') = (a q, b k) in float32: every factor folded in, so that the scores are plain q'_i·k'_j."""
         a_BTH1, b_BSK1 = self.scales(q_BTHD, k_BSKD, n_BHT, opts)

@@ -60,6 +60,13 @@ def every_skipping(name: str, original: str, replacement: str) -> list[Mutant]:
 MUTANTS = [
     # --- attention/variants.py: one per formula (prepare or weight of each variant)
     Mutant(
+        "variants.rule: p=None (re-weighting off) runs LSSAR's re-weighting, not LSSA",
+        VARIANTS_PY,
+        'return "sum" if self.normalise == "reweight" and opts.get("p") is None else self.normalise',
+        'return self.normalise if self.normalise == "reweight" else self.normalise',
+        ("tests/attention/test_api.py::test_lssar_p_and_off",),
+    ),
+    Mutant(
         "softmax: 1/d instead of 1/sqrt(d)",
         VARIANTS_PY,
         'scale = 1.0 / math.sqrt(d) if opts.get("scale") is None else opts["scale"]',

@@ -135,9 +135,7 @@ def unpacked_sums(cfg: Static, dq_sum, dk_sum, dv) -> tuple:
 def kernel_arguments(variant: Variant, mask: Mask, opts, q_BTHD, k_BSKD, v_BSKD, n_B1T, split_matmuls=None):
     """The kernels' Static (blocks unset) and arguments: q, k, v in q's dtype, the variant's float32 factors qs
     [B, T, H, 1] and ks [B, S, K, 1] (ones when it has none; the family's score_scale not yet in qs) and p_1."""
-    kind, p = variant.normalise, opts.get("p")
-    if kind == "reweight" and p is None:
-        kind = "sum"  # re-weighting switched off: plain LSSA
+    kind, p = variant.rule(opts), opts.get("p")
     dtype = q_BTHD.dtype
     qs_BTH1, ks_BSK1 = variant.scales(q_BTHD, k_BSKD, n_B1T, opts)
     key_scale = ks_BSK1 is not None
