@@ -82,7 +82,10 @@ class Variant(NamedTuple):
 
     scales: Callable[..., tuple[jax.Array, jax.Array | None]]
     normalise: str  # "softmax" | "sum" (l1) | "none" | "reweight" (LSSAR on top of "sum")
-    weight: Callable[[jax.Array, jax.Array], jax.Array] | None = None  # for sum / none / reweight
+    # "none": each score's weight, in every implementation. "sum" / "reweight": softplus, which only the reference
+    # reads (blockwise and the kernels compute it fused with its sigmoid, rules.softplus_and_sigmoid): a "sum"
+    # variant of another weight needs its own family in rules.py.
+    weight: Callable[[jax.Array, jax.Array], jax.Array] | None = None
     defaults: dict[str, Any] = {}  # the options the variant accepts, with their defaults
 
     def rule(self, opts) -> str:
