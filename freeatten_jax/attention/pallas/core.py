@@ -145,7 +145,17 @@ def kernel_arguments(variant: Variant, mask: Mask, opts, q_BTHD, k_BSKD, v_BSKD,
     groups = q_BTHD.shape[2] // k_BSKD.shape[2]
     split = kind in SPLIT_BY_DEFAULT if split_matmuls is None else bool(split_matmuls)
     cfg = Static(
-        kind, mask.causal, mask.window, BlockSizes(0, 0), groups, static_power(p), variant.weight, dtype, p_grad, key_scale, split
+        family=kind,
+        causal=mask.causal,
+        window=mask.window,
+        blocks=BlockSizes(0, 0),
+        kv_groups=groups,
+        static_power=static_power(p),
+        weight=variant.weight,
+        dtype=dtype,
+        p_grad=p_grad,
+        key_scale=key_scale,
+        split=split,
     )
     return cfg, (q_BTHD, k_BSKD.astype(dtype), v_BSKD.astype(dtype), qs_BTH1, ks_BSK1, p_1)
 

@@ -176,7 +176,19 @@ def test_gpu_kernels_sum_the_weights_as_their_weighted_sum_rounds_them(split, dt
     """The GPU kernels' row sums of weights (LSSA's Z, LSSAR's l and Σ ρ^(p-1)) add the weights rounded to the inputs'
     dtype, as the unsplit weighted sum multiplies them (gpu.rounded_row_sum, on the tensor cores); with split matmuls
     or float32 inputs, the float32 weights."""
-    cfg = Static("sum", True, None, BlockSizes(16, 32), 1, None, None, dtype, False, True, split)
+    cfg = Static(
+        family="sum",
+        causal=True,
+        window=None,
+        blocks=BlockSizes(16, 32),
+        kv_groups=1,
+        static_power=None,
+        weight=None,
+        dtype=dtype,
+        p_grad=False,
+        key_scale=True,
+        split=split,
+    )
     ctx = kernel_ctx(cfg, 1.0, 1.0, gpu.family_math(cfg, ptx=False))
     w = jnp.asarray(1 + 2.0**-9 * (1 + np.random.default_rng(1).random((16, 32))), jnp.float32)  # bfloat16 rounds to 1
     sums = np.asarray(ctx.row_sum(w), np.float64)[:, 0]
@@ -470,7 +482,21 @@ def test_split_matmuls_split_the_weights_but_never_lssars_y(split):
     w, x = jnp.asarray(rng.random((16, 32)), jnp.float32), jnp.asarray(rng.normal(size=(32, 16)), jnp.bfloat16)
     acc = jnp.zeros((16, 16), jnp.float32)
     ctx = kernel_ctx(
-        Static("reweight", True, None, BlockSizes(16, 16), 1, None, None, jnp.bfloat16, False, True, split), 1.0, 2.0
+        Static(
+            family="reweight",
+            causal=True,
+            window=None,
+            blocks=BlockSizes(16, 16),
+            kv_groups=1,
+            static_power=None,
+            weight=None,
+            dtype=jnp.bfloat16,
+            p_grad=False,
+            key_scale=True,
+            split=split,
+        ),
+        1.0,
+        2.0,
     )
     once = np.asarray(jnp.dot(w.astype(jnp.bfloat16), x, preferred_element_type=jnp.float32))
     exact = np.asarray(w) @ np.asarray(x, np.float32)
