@@ -140,9 +140,9 @@ def forward_kernel(cfg: Static, plan: Schedule, spans: Spans, x: KernelRefs, *re
     out_refs, slots = refs[:outputs], iter(refs[outputs:])
     ctx, row_refs, d = kernel_ctx(cfg, x.n[...], x.p[0], EUP_MATH), dict[str, Any](), x.q.shape[-1] // cfg.pack
     load_rows = lambda: {name: ref[...] for name, ref in row_refs.items()}  # noqa: E731
-    for which, one in enumerate(family.passes):
+    for which, (one, (carried, finished)) in enumerate(zip(family.passes, forward_scratch(cfg, d))):
         leaves, tree = jax.tree.flatten(fresh_carry(one, cfg.blocks.q, d))
-        carry_refs = [next(slots) for _ in leaves]
+        carry_refs = [next(slots) for _ in carried]
         load = functools.partial(lambda refs, tree: jax.tree.unflatten(tree, [ref[...] for ref in refs]), carry_refs, tree)
         pl.when((now == which) & step.first)(functools.partial(_store, carry_refs, leaves))
 
@@ -152,7 +152,7 @@ def forward_kernel(cfg: Static, plan: Schedule, spans: Spans, x: KernelRefs, *re
         for when, is_masked in ((masked, True), (interior, False)):
             pl.when((now == which) & when)(functools.partial(visit, one, carry_refs, load, is_masked))
         if which < sweeps - 1:
-            names = list(finished_rows(cfg, which, d))
+            names = list(finished)
             new_refs = [next(slots) for _ in names]
 
             def finish(one, load, new_refs):
@@ -175,6 +175,23 @@ def finished_rows(cfg: Static, which: int, d: int) -> dict:
     ctx = kernel_ctx(cfg, jnp.zeros((q, 1), jnp.float32), jnp.zeros((), jnp.float32), EUP_MATH)
     rows = jax.eval_shape(lambda c: one.finish(c, ctx)[1], fresh_carry(one, q, d))
     return {name: rows[name].shape for name in sorted(rows)}
+
+
+def forward_scratch(cfg: Static, d: int) -> list[tuple[list[tuple[int, int]], dict]]:
+    """The forward kernel's VMEM scratch, pass by pass, in the order it takes the refs: the [Q, width] carry leaves,
+    then (every pass but the last) the row statistics it finishes with, {name: shape} (finished_rows)."""
+    passes = len(kernel_family(cfg).passes)
+    return [
+        ([(cfg.blocks.q, w) for w in carry_widths(cfg, which, d)], finished_rows(cfg, which, d) if which < passes - 1 else {})
+        for which in range(passes)
+    ]
+
+
+def dq_scratch(cfg: Static, d: int) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
+    """The dq kernel's VMEM scratch: its accumulators (dq [Q, D], and the rows' dL/dp [Q, 1] if cfg.p_grad, one per
+    output), then the family's backward rows as [Q, 1] columns."""
+    q = cfg.blocks.q
+    return [(q, d), (q, 1)][: 1 + cfg.p_grad], [(q, 1)] * len(FAMILIES[cfg.family].rows)
 
 
 def pass_kernel(cfg: Static, which: int, row_names, plan: Schedule, spans: Spans, x: KernelRefs, *refs):
@@ -212,9 +229,12 @@ def dq_kernel(cfg: Static, plan: Schedule, spans: Spans, x: KernelRefs, *refs):
     cfg.p_grad, written as a [1, Q] row); written at the query block's last step. The rows come lane-dense, as [1, Q]."""
     step = _step(plan)
     family = FAMILIES[cfg.family]
-    column_refs = refs[len(refs) - len(family.rows) :]
-    rest = refs[: len(refs) - len(family.rows)]
-    out_refs, acc_refs = rest[: len(rest) // 2], rest[len(rest) // 2 :]
+    accumulators, _ = dq_scratch(cfg, x.q.shape[-1] // cfg.pack)
+    out_refs, acc_refs, column_refs = (
+        refs[: len(accumulators)],
+        refs[len(accumulators) : 2 * len(accumulators)],
+        refs[2 * len(accumulators) :],
+    )
 
     @pl.when(step.first)
     def _():
@@ -372,7 +392,6 @@ def calls(cfg: Static, shapes, interpret: bool):
     specs, q_spec, lane_dense = _query_major_specs(cfg, shapes, dq_plan)
     first_valued = [one.with_values for one in forward_family.passes].index(True)  # LSSAR's first pass reads no V
     forward_specs, forward_q, forward_rows = _query_major_specs(cfg, shapes, forward_plan, first_valued)
-    carries = [[(block_q, w) for w in carry_widths(cfg, which, d)] for which in range(passes)]
     out_specs, out_shape = forward_outputs(cfg, shapes, forward_q, forward_rows)
     forward = pl.pallas_call(
         functools.partial(forward_kernel, cfg, forward_plan),
@@ -382,9 +401,7 @@ def calls(cfg: Static, shapes, interpret: bool):
             forward_specs,
             out_specs=out_specs,
             scratch_shapes=[
-                pltpu.VMEM(shape, f32)
-                for which, one in enumerate(carries)
-                for shape in one + (list(finished_rows(cfg, which, d).values()) if which < passes - 1 else [])
+                pltpu.VMEM(shape, f32) for carry, finished in forward_scratch(cfg, d) for shape in carry + list(finished.values())
             ],
         ),
         out_shape=out_shape,
@@ -399,8 +416,7 @@ def calls(cfg: Static, shapes, interpret: bool):
             dq_plan,
             specs._replace(dout=q_spec, rows=(lane_dense,) * len(family.rows)),
             out_specs=dq_specs,
-            scratch_shapes=[pltpu.VMEM((block_q, d), f32), pltpu.VMEM((block_q, 1), f32)][: 1 + cfg.p_grad]
-            + [pltpu.VMEM((block_q, 1), f32)] * len(family.rows),
+            scratch_shapes=[pltpu.VMEM(shape, f32) for shape in sum(dq_scratch(cfg, d), [])],
         ),
         out_shape=dq_shape,
         name=f"freeatten_{cfg.family}_dq",
