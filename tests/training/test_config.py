@@ -20,6 +20,7 @@ from freeatten_jax.errors import ConfigError
 from freeatten_jax.nn import preset, sharding
 from freeatten_jax.training import checkpoint, config, resume
 
+
 def _parse(*args):
     values = flags.FlagValues()
     argv = cli.config_argv(["train.py", *args])
