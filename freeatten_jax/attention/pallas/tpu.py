@@ -50,7 +50,7 @@ from freeatten_jax.attention.pallas.common import (
     weighted_dot,
     write_forward,
 )
-from freeatten_jax.attention.pallas.tpu_schedule import Causal, Schedule, full, locate
+from freeatten_jax.attention.pallas.tpu_schedule import Causal, Schedule, every_block, locate
 from freeatten_jax.attention.rules import FAMILIES, log2_1p_eup
 
 EUP_MATH = dict(log2_1p=log2_1p_eup)  # the elementwise maths the TPU kernels' families run
@@ -113,27 +113,27 @@ def _visits(spans: Spans, step):
     return interior, (spans.first[b, i] <= j) & (j < spans.end[b, i]) & step.valid & ~interior
 
 
-def _step(plan: Schedule):
+def _step(schedule: Schedule):
     """The schedule's step (tpu_schedule.locate) of this grid step (b, heads, r, t)."""
-    return locate(plan, pl.program_id(2), pl.program_id(3))
+    return locate(schedule, pl.program_id(2), pl.program_id(3))
 
 
-def sweep(cfg: Static, outer: int, inner: int, passes: int = 1, minor: int = 1, key_major: bool = False) -> Schedule:
+def kernel_schedule(cfg: Static, outer: int, inner: int, passes: int = 1, minor: int = 1, key_major: bool = False) -> Schedule:
     """A kernel's schedule over `outer` blocks: the causal spans under a plain causal mask, else every inner block."""
     if not (cfg.causal and cfg.plain_length):
-        return full(outer, inner, passes, minor)
+        return every_block(outer, inner, passes, minor)
     blocks = (cfg.blocks.k, cfg.blocks.q) if key_major else (cfg.blocks.q, cfg.blocks.k)
     return Schedule(outer, inner, passes, minor, Causal(cfg.plain_length, *blocks, key_major))
 
 
-def forward_kernel(cfg: Static, plan: Schedule, spans: Spans, x: KernelRefs, *refs):
+def forward_kernel(cfg: Static, schedule: Schedule, spans: Spans, x: KernelRefs, *refs):
     """One grid step (b, h, r, t): a key block of one pass for one query block (tpu_schedule.locate). Each pass's
     `finish` runs once, at its last step, under its own `pl.when` (Mosaic does not move a computation into the
     branch that uses it: LSSAR's first finish cost ~1,200 bundles on every step): an earlier pass's row
     statistics wait in scratch for the next pass's steps, and the last pass's output and statistics are written
     at the last step."""
-    step, sweeps = _step(plan), plan.passes
-    now = step.sweep
+    step, passes = _step(schedule), schedule.passes
+    now = step.which
     interior, masked = _visits(spans, step)
     family = kernel_family(cfg)
     outputs = 1 + len(family.stats) + len(family.extras) + low_half(cfg)
@@ -151,7 +151,7 @@ def forward_kernel(cfg: Static, plan: Schedule, spans: Spans, x: KernelRefs, *re
 
         for when, is_masked in ((masked, True), (interior, False)):
             pl.when((now == which) & when)(functools.partial(visit, one, carry_refs, load, is_masked))
-        if which < sweeps - 1:
+        if which < passes - 1:
             names = list(finished)
             new_refs = [next(slots) for _ in names]
 
@@ -194,12 +194,12 @@ def dq_scratch(cfg: Static, d: int) -> tuple[list[tuple[int, int]], list[tuple[i
     return [(q, d), (q, 1)][: 1 + cfg.p_grad], [(q, 1)] * len(FAMILIES[cfg.family].rows)
 
 
-def pass_kernel(cfg: Static, which: int, row_names, plan: Schedule, spans: Spans, x: KernelRefs, *refs):
+def pass_kernel(cfg: Static, which: int, row_names, schedule: Schedule, spans: Spans, x: KernelRefs, *refs):
     """One grid step (b, h, r, t): pass `which` of the family continued from a carry over a key block of a ring
     step's chunk (ring.py). The carry (row statistics lane-dense, [1, Q]) is read into VMEM scratch at the query
     block's first step (the ring's first step, given no carry, starts it from the family's init), accumulated there
     and written out at its last."""
-    step = _step(plan)
+    step = _step(schedule)
     one = kernel_family(cfg).passes[which]
     interior, masked = _visits(spans, step)
     leaves, tree = jax.tree.flatten(fresh_carry(one, 1, 1))
@@ -224,10 +224,10 @@ def pass_kernel(cfg: Static, which: int, row_names, plan: Schedule, spans: Spans
         _store(out_refs, [carry_out(cfg, ref[...]) for ref in acc_refs])
 
 
-def dq_kernel(cfg: Static, plan: Schedule, spans: Spans, x: KernelRefs, *refs):
+def dq_kernel(cfg: Static, schedule: Schedule, spans: Spans, x: KernelRefs, *refs):
     """One grid step (b, h, r, t): adds a key block j's share of Σ_j ds_ij b_j k_j (and of the rows' dL/dp if
     cfg.p_grad, written as a [1, Q] row); written at the query block's last step. The rows come lane-dense, as [1, Q]."""
-    step = _step(plan)
+    step = _step(schedule)
     family = FAMILIES[cfg.family]
     accumulators, _ = dq_scratch(cfg, x.q.shape[-1] // cfg.pack)
     out_refs, acc_refs, column_refs = (
@@ -269,10 +269,10 @@ def dq_kernel(cfg: Static, plan: Schedule, spans: Spans, x: KernelRefs, *refs):
             out_refs[1][...] = row(acc_refs[1][...])
 
 
-def dkv_kernel(cfg: Static, plan: Schedule, spans: Spans, x: KernelRefs, dk_ref, dv_ref, dk_acc, dv_acc):
+def dkv_kernel(cfg: Static, schedule: Schedule, spans: Spans, x: KernelRefs, dk_ref, dv_ref, dk_acc, dv_acc):
     """One grid step (b, kv head, r, t): adds a query block i of one head of the group to Σ_i ds_ij a_i q_i and
     dv (key-major [C, Q] blocks, as gpu.dkv_kernel); written at the key block's last step."""
-    step = _step(plan)
+    step = _step(schedule)
     family = FAMILIES[cfg.family]
 
     @pl.when(step.first)
@@ -312,7 +312,7 @@ def _tokens(cfg: Static, block: int, d: int) -> tuple:
     return (None, *tokens_shape(cfg, None, block, d))
 
 
-def _query_major_specs(cfg: Static, shapes, plan: Schedule, values_from: int = 0):
+def _query_major_specs(cfg: Static, shapes, schedule: Schedule, values_from: int = 0):
     """The forward, dq and pass kernels' input specs on the grid (b, h, r, t) of a schedule (the key block clamped
     into the visiting span, which a static span is already), and the specs of a [Q, D] block and a lane-dense
     [1, Q] row. V is read from pass `values_from` on: before it (LSSAR's first pass) its index stays
@@ -322,15 +322,15 @@ def _query_major_specs(cfg: Static, shapes, plan: Schedule, values_from: int = 0
     (block_q, block_k, _), g = cfg.blocks, cfg.kv_groups
 
     def query_index(r, t):
-        return locate(plan, r, t).outer
+        return locate(schedule, r, t).outer
 
     def key_index(b, r, t, spans: Spans):
-        step = locate(plan, r, t)
-        return _clamp(step.inner, spans.first[b, step.outer], spans.end[b, step.outer]) if plan.causal is None else step.inner
+        step = locate(schedule, r, t)
+        return _clamp(step.inner, spans.first[b, step.outer], spans.end[b, step.outer]) if schedule.causal is None else step.inner
 
     def value_index(b, r, t, spans: Spans):
-        step = locate(plan, r, t)
-        return jnp.where(step.sweep < values_from, spans.first[b, step.outer], key_index(b, r, t, spans))
+        step = locate(schedule, r, t)
+        return jnp.where(step.which < values_from, spans.first[b, step.outer], key_index(b, r, t, spans))
 
     q_spec = pl.BlockSpec(_tokens(cfg, block_q, d), lambda b, h, r, t, _: (b, h, query_index(r, t), 0))
     lane_dense = pl.BlockSpec((None, None, None, 1, block_q), lambda b, h, r, t, _: (b, h, query_index(r, t), 0, 0))
@@ -350,10 +350,10 @@ def _query_major_specs(cfg: Static, shapes, plan: Schedule, values_from: int = 0
     return specs, q_spec, lane_dense
 
 
-def _grid_spec(shapes_bh, plan: Schedule, in_specs: KernelRefs, **specs):
+def _grid_spec(shapes_bh, schedule: Schedule, in_specs: KernelRefs, **specs):
     """The grid spec of a kernel on grid (b, heads, R, L), called as call(spans, KernelRefs): the spans as scalar
     prefetch."""
-    grid = (*shapes_bh, plan.rows, plan.steps)
+    grid = (*shapes_bh, schedule.rows, schedule.steps)
     return pltpu.PrefetchScalarGridSpec(num_scalar_prefetch=1, grid=grid, in_specs=(in_specs,), **specs)
 
 
@@ -362,16 +362,16 @@ def pass_call(cfg: Static, shapes, which: int, row_names, fresh: bool, interpret
     forward's inputs, the earlier passes' rows and the carry in (fresh: none, the ring's first step); the carry
     out (aliasing the carry in)."""
     (b, h, tp, d), (_, sp) = shapes
-    plan = full(tp // cfg.blocks.q, sp // cfg.blocks.k)
+    schedule = every_block(tp // cfg.blocks.q, sp // cfg.blocks.k)
     with_values = kernel_family(cfg).passes[which].with_values
-    specs, q_spec, lane_dense = _query_major_specs(cfg, shapes, plan, 0 if with_values else 1)
+    specs, q_spec, lane_dense = _query_major_specs(cfg, shapes, schedule, 0 if with_values else 1)
     carries = carry_shapes(cfg, shapes, which)
     carry_specs = tuple(lane_dense if len(x.shape) == 5 else q_spec for x in carries)
     specs = specs._replace(rows=(lane_dense,) * len(row_names), carry=() if fresh else carry_specs)
     scratch = [pltpu.VMEM((cfg.blocks.q, w), jnp.float32) for w in carry_widths(cfg, which, d)]
     return pl.pallas_call(
-        functools.partial(pass_kernel, cfg, which, tuple(row_names), plan),
-        grid_spec=_grid_spec((b, h), plan, specs, out_specs=list(carry_specs), scratch_shapes=scratch),
+        functools.partial(pass_kernel, cfg, which, tuple(row_names), schedule),
+        grid_spec=_grid_spec((b, h), schedule, specs, out_specs=list(carry_specs), scratch_shapes=scratch),
         out_shape=carries,
         input_output_aliases={} if fresh else {first_carry((Spans(0, 0, 0), specs)) + x: x for x in range(len(carries))},
         name=f"freeatten_{cfg.family}_pass{which}",
@@ -388,16 +388,16 @@ def calls(cfg: Static, shapes, interpret: bool):
     family, forward_family, f32 = FAMILIES[cfg.family], kernel_family(cfg), jnp.float32
     common = _common(interpret)
     passes = len(forward_family.passes)
-    forward_plan, dq_plan = sweep(cfg, q_blocks, k_blocks, passes), sweep(cfg, q_blocks, k_blocks)
-    specs, q_spec, lane_dense = _query_major_specs(cfg, shapes, dq_plan)
+    forward_schedule, dq_schedule = kernel_schedule(cfg, q_blocks, k_blocks, passes), kernel_schedule(cfg, q_blocks, k_blocks)
+    specs, q_spec, lane_dense = _query_major_specs(cfg, shapes, dq_schedule)
     first_valued = [one.with_values for one in forward_family.passes].index(True)  # LSSAR's first pass reads no V
-    forward_specs, forward_q, forward_rows = _query_major_specs(cfg, shapes, forward_plan, first_valued)
+    forward_specs, forward_q, forward_rows = _query_major_specs(cfg, shapes, forward_schedule, first_valued)
     out_specs, out_shape = forward_outputs(cfg, shapes, forward_q, forward_rows)
     forward = pl.pallas_call(
-        functools.partial(forward_kernel, cfg, forward_plan),
+        functools.partial(forward_kernel, cfg, forward_schedule),
         grid_spec=_grid_spec(
             (b, h),
-            forward_plan,
+            forward_schedule,
             forward_specs,
             out_specs=out_specs,
             scratch_shapes=[
@@ -410,10 +410,10 @@ def calls(cfg: Static, shapes, interpret: bool):
     )
     dq_specs, dq_shape = dq_outputs(cfg, shapes, q_spec, lane_dense)
     dq = pl.pallas_call(
-        functools.partial(dq_kernel, cfg, dq_plan),
+        functools.partial(dq_kernel, cfg, dq_schedule),
         grid_spec=_grid_spec(
             (b, h),
-            dq_plan,
+            dq_schedule,
             specs._replace(dout=q_spec, rows=(lane_dense,) * len(family.rows)),
             out_specs=dq_specs,
             scratch_shapes=[pltpu.VMEM(shape, f32) for shape in sum(dq_scratch(cfg, d), [])],
@@ -424,14 +424,18 @@ def calls(cfg: Static, shapes, interpret: bool):
     )
 
     # dkv: grid (b, kv head, r, t), key block `outer`, query block `inner` clamped into the span, head `minor` of the group
-    dkv_plan = sweep(cfg, k_blocks, q_blocks, minor=g, key_major=True)
+    dkv_schedule = kernel_schedule(cfg, k_blocks, q_blocks, minor=g, key_major=True)
 
     def at(r, t):
-        return locate(dkv_plan, r, t)
+        return locate(dkv_schedule, r, t)
 
     def query_index(b, r, t, spans: Spans):
         step = at(r, t)
-        return _clamp(step.inner, spans.first[b, step.outer], spans.end[b, step.outer]) if dkv_plan.causal is None else step.inner
+        return (
+            _clamp(step.inner, spans.first[b, step.outer], spans.end[b, step.outer])
+            if dkv_schedule.causal is None
+            else step.inner
+        )
 
     def head(k, r, t):
         return k * g + at(r, t).minor
@@ -455,10 +459,10 @@ def calls(cfg: Static, shapes, interpret: bool):
         rows=(group_rows,) * len(family.rows),
     )
     dkv = pl.pallas_call(
-        functools.partial(dkv_kernel, cfg, dkv_plan),
+        functools.partial(dkv_kernel, cfg, dkv_schedule),
         grid_spec=_grid_spec(
             (b, kv_heads),
-            dkv_plan,
+            dkv_schedule,
             dkv_specs,
             out_specs=[k_spec, k_spec],
             scratch_shapes=[pltpu.VMEM((block_k, d), f32)] * 2,

@@ -66,7 +66,7 @@ class Schedule(NamedTuple):
         return self.passes * self.minor * int(np.max(n_a + n_b))
 
 
-def full(outer: int, inner: int, passes: int = 1, minor: int = 1) -> Schedule:
+def every_block(outer: int, inner: int, passes: int = 1, minor: int = 1) -> Schedule:
     """Every inner block for every outer block (the visiting spans decided at run time)."""
     return Schedule(outer, inner, passes, minor)
 
@@ -75,7 +75,7 @@ class Step(NamedTuple):
     """Grid step (r, t) of a schedule, as scalars: `valid` False on a row's idle tail (which holds its last step)."""
 
     outer: jax.Array
-    sweep: jax.Array  # the pass
+    which: jax.Array  # the pass
     inner: jax.Array
     minor: jax.Array
     first: jax.Array  # the pass's first step on this outer block (never on the idle tail)
@@ -83,14 +83,14 @@ class Step(NamedTuple):
     valid: jax.Array
 
 
-def locate(plan: Schedule, r, t) -> Step:
+def locate(schedule: Schedule, r, t) -> Step:
     """Where step t of grid row r goes: the row's first outer block for its first steps, then its second, each
     sweeping its span `passes` times; an idle step repeats the row's last step (nothing new fetched)."""
-    each = plan.passes * plan.minor
-    if plan.causal is None:  # row r is outer block r, over every inner block
-        outer, lo, n, rest, valid = r, jnp.int32(0), jnp.int32(plan.inner), t, jnp.bool_(True)
+    each = schedule.passes * schedule.minor
+    if schedule.causal is None:  # row r is outer block r, over every inner block
+        outer, lo, n, rest, valid = r, jnp.int32(0), jnp.int32(schedule.inner), t, jnp.bool_(True)
     else:
-        (a, lo_a, n_a), (b, lo_b, n_b) = plan._pairs(r)
+        (a, lo_a, n_a), (b, lo_b, n_b) = schedule._pairs(r)
         split = each * n_a
         total = split + each * n_b
         valid = t < total
@@ -98,16 +98,16 @@ def locate(plan: Schedule, r, t) -> Step:
         second = t >= split
         outer, lo, n = (jnp.where(second, y, x) for x, y in ((a, b), (lo_a, lo_b), (n_a, n_b)))
         rest = t - jnp.where(second, split, 0)
-    per_pass = n * plan.minor
-    sweep = jnp.zeros_like(rest)
-    if plan.passes > 1 and plan.causal is None:
-        sweep, rest = jax.lax.div(rest, per_pass), jax.lax.rem(rest, per_pass)  # a constant divisor
-    elif plan.passes > 1:
-        for k in range(1, plan.passes):
-            sweep += (rest >= k * per_pass).astype(rest.dtype)
-        rest = rest - sweep * per_pass
+    per_pass = n * schedule.minor
+    which = jnp.zeros_like(rest)
+    if schedule.passes > 1 and schedule.causal is None:
+        which, rest = jax.lax.div(rest, per_pass), jax.lax.rem(rest, per_pass)  # a constant divisor
+    elif schedule.passes > 1:
+        for k in range(1, schedule.passes):
+            which += (rest >= k * per_pass).astype(rest.dtype)
+        rest = rest - which * per_pass
     inner, within = lo + rest, jnp.zeros_like(rest)
-    if plan.minor > 1:
-        inner, within = lo + jax.lax.div(rest, plan.minor), jax.lax.rem(rest, plan.minor)
+    if schedule.minor > 1:
+        inner, within = lo + jax.lax.div(rest, schedule.minor), jax.lax.rem(rest, schedule.minor)
     first, last = (rest == 0) & valid, (rest == per_pass - 1) & valid
-    return Step(outer, sweep, inner, within, first, last, valid)
+    return Step(outer, which, inner, within, first, last, valid)

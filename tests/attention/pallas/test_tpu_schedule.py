@@ -40,7 +40,7 @@ def _walk(plan: tpu_schedule.Schedule):
 def test_each_outer_block_sweeps_its_span_in_order_once_and_idle_steps_hold_the_last(spans, t, q, c, key_major, passes, minor):
     plan = _causal(t, q, c, key_major, passes, minor)
     if spans == "every":
-        plan = tpu_schedule.full(plan.outer, plan.inner, passes, minor)
+        plan = tpu_schedule.every_block(plan.outer, plan.inner, passes, minor)
     lo, n = plan.span(np.arange(plan.outer), np)
     lo, n = np.broadcast_to(lo, (plan.outer,)), np.broadcast_to(n, (plan.outer,))
     steps = _walk(plan)
@@ -49,7 +49,7 @@ def test_each_outer_block_sweeps_its_span_in_order_once_and_idle_steps_hold_the_
         valid = fields["valid"]
         count = int(valid.sum())
         assert valid[:count].all() and not valid[count:].any(), "the idle steps are a row's tail"
-        visits = list(zip(*(fields[name][:count].tolist() for name in ("outer", "sweep", "inner", "minor"))))
+        visits = list(zip(*(fields[name][:count].tolist() for name in ("outer", "which", "inner", "minor"))))
         outers = dict.fromkeys(fields["outer"][:count].tolist())  # in order of first visit
         expected = [(o, p, lo[o] + j, m) for o in outers for p in range(passes) for j in range(n[o]) for m in range(minor)]
         assert visits == expected
@@ -57,7 +57,7 @@ def test_each_outer_block_sweeps_its_span_in_order_once_and_idle_steps_hold_the_
         ends = [x[2] == lo[x[0]] + n[x[0]] - 1 and x[3] == minor - 1 for x in visits]
         assert fields["first"][:count].tolist() == starts and fields["last"][:count].tolist() == ends
         assert not fields["first"][count:].any() and not fields["last"][count:].any()
-        for name in ("outer", "sweep", "inner", "minor"):  # an idle step repeats the last block indices: no fetch
+        for name in ("outer", "which", "inner", "minor"):  # an idle step repeats the last block indices: no fetch
             assert (fields[name][count:] == fields[name][count - 1]).all()
     outers = steps["outer"][steps["valid"]]
     assert sorted(set(outers.tolist())) == list(range(plan.outer)), "every outer block in some row"
@@ -87,7 +87,7 @@ def test_a_plain_causal_mask_has_no_empty_grid_step(t, block):
         for passes, minor in ((1, 1), (2, 1), (1, 4)):
             plan = _causal(t, block, block, key_major, passes, minor)
             assert plan.rows * plan.steps == passes * minor * blocks * (blocks + 1) // 2
-    full = tpu_schedule.full(blocks, blocks)
+    full = tpu_schedule.every_block(blocks, blocks)
     assert full.rows * full.steps == blocks**2
 
 
