@@ -157,7 +157,7 @@ def measure(checkpoint_at: str, switch: switches.Switch, settings: Settings, spl
         run.mqar = []
         train_len, task = cfg.train.seq_len, data.mqar_task(cfg.data)
         for placement in settings.mqar_placements:  # as mqar.accuracy_by_length orders its rows
-            for m in sorted(settings.multipliers):
+            for m in settings.multipliers:
                 score = functools.partial(
                     mqar.accuracy_by_length, model, task, train_len, [m], settings.mqar_instances, MQAR_SEED, (placement,)
                 )
@@ -227,7 +227,7 @@ def _text_measurements(run: results.RunResult, model, cfg, tokenizer, settings: 
     tasks asked for, into `run`."""
     train_len = cfg.train.seq_len
     run.span_tokens = min(span_tokens(settings, train_len), sum(len(s) for s in splits.val))
-    multipliers = sorted(settings.multipliers)  # the last one is the longest: per-position loss and analysis
+    multipliers = settings.multipliers  # ascending (Settings sorts them): the last, the longest, gets the analysis
     for m in multipliers:
         score = functools.partial(_loss_cell, model, cfg, splits, run.span_tokens, m, settings, mesh, m == multipliers[-1])
         saved = yield from _cell(store, f"loss-{m * train_len}", f"loss at length {m * train_len}", score)

@@ -94,3 +94,8 @@ def test_a_list_setting_off_by_default_takes_an_empty_value():
 def test_a_bad_setting_is_refused_naming_its_allowed_values(arg, allowed):
     with pytest.raises(flags.IllegalFlagValueError, match=re.escape(f"{arg}: is invalid; allowed: {allowed}")):
         _flags(Settings, arg)
+
+
+def test_multipliers_are_ascending_however_given_so_the_last_is_the_longest():
+    assert Settings(multipliers=(16, 1, 4)).multipliers == (1, 4, 16)
+    assert dataclasses.replace(Settings(), multipliers=(8, 2)).multipliers == (2, 8)
