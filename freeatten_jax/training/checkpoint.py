@@ -150,6 +150,10 @@ class Checkpointer:
         if jax.process_index() == 0:
             storage.write_atomic(self.workdir / "confirmed.json", json.dumps({"step": step}) + "\n")
 
+    def unconfirm(self) -> None:
+        """Forgets the confirmed step read at the start (its confirmed.json was moved aside by a start from step 0)."""
+        self._confirmed[0] = None
+
     def confirmed_step(self) -> int | None:
         """The newest checkpoint confirmed good by `confirm`, if any (a damaged confirmed.json confirms none)."""
         path = self.workdir / "confirmed.json"

@@ -1,15 +1,18 @@
 """Resume policy: which checkpoint a rerun continues from, and whether it may (the same model, data stream and data
-files). Provably bad checkpoints are moved aside; one that cannot be read stops the run with nothing moved."""
+files). Provably bad checkpoints are moved aside; one that cannot be read stops the run with nothing moved. A run
+folder without a usable checkpoint that shows progress (bad checkpoints, or training.history's records) starts from
+step 0 only when asked, its earlier records moved aside."""
 
 from freeatten_jax import data
 from freeatten_jax.errors import ConfigError, UserError
-from freeatten_jax.training import config, integrity
+from freeatten_jax.training import config, history, integrity
 from freeatten_jax.training.checkpoint import CheckpointMismatchError, CheckpointUnavailableError, describe, is_unavailable
 from freeatten_jax.training.progress import log
 
 
 class NoUsableCheckpointError(UserError, RuntimeError):
-    """Every checkpoint of a workdir was bad, and config.checkpoint.allow_fresh_start is off."""
+    """A workdir that shows progress has no usable checkpoint (every one was bad, or they are gone), and
+    config.checkpoint.allow_fresh_start is off."""
 
 
 # Fields a resumed run must share with its checkpoint: the parameters' shapes and origin, and the data stream.
@@ -45,7 +48,8 @@ def check_resumable(saved: dict, cfg: config.Config, step: int, workdir) -> None
 
 def resume(ckpt, abstract, train_iter, cfg, workdir):
     """(state, step) from the newest checkpoint that restores and matches its fingerprints, else (None, 0); when
-    every checkpoint is bad, a start from scratch needs config.checkpoint.allow_fresh_start."""
+    every checkpoint is bad, or the workdir shows progress without one, a start from scratch needs
+    config.checkpoint.allow_fresh_start (and moves the earlier run's records aside)."""
     bad = []
     for step in reversed(ckpt.all_steps()):
         ckpt.check_readable(step)
@@ -81,14 +85,23 @@ def resume(ckpt, abstract, train_iter, cfg, workdir):
         return state, step
     for number, reason, error, moved in bad:
         log(f"checkpoint {number} is {_BAD[reason]} ({error}); moved it to {moved}")
-    quarantined = ckpt.workdir / "quarantine"
+    quarantined, shown = ckpt.workdir / "quarantine", history.progress(ckpt.workdir)
     if bad or (quarantined.exists() and any(quarantined.iterdir())):
-        if not cfg.checkpoint.allow_fresh_start:
-            raise NoUsableCheckpointError(
-                f"no usable checkpoint in {ckpt.directory} (the bad ones are in {quarantined}); not "
-                f"starting from scratch: rerun with --config.checkpoint.allow_fresh_start=True to train from step 0"
-            )
-        log(f"no usable checkpoint in {ckpt.directory}; starting from scratch (config.checkpoint.allow_fresh_start)")
+        why, hint = f"no usable checkpoint in {ckpt.directory} (the bad ones are in {quarantined})", ""
+    elif shown:
+        why = f"no checkpoint in {ckpt.directory}, but {ckpt.workdir} shows a run's progress ({shown})"
+        hint = "restore the checkpoints, or "
+    else:
+        return None, 0
+    if not cfg.checkpoint.allow_fresh_start:
+        raise NoUsableCheckpointError(
+            f"{why}; not starting from scratch: {hint}rerun with --config.checkpoint.allow_fresh_start=True to train "
+            f"from step 0 (the earlier records move to {ckpt.workdir / history.PREVIOUS})"
+        )
+    moved = history.move_aside(ckpt.workdir)
+    ckpt.unconfirm()
+    aside = f"; the earlier run's records moved to {moved}" if moved else ""
+    log(f"no usable checkpoint in {ckpt.directory}; starting from scratch (config.checkpoint.allow_fresh_start){aside}")
     return None, 0
 
 
