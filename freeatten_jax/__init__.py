@@ -1,14 +1,11 @@
 """freeatten_jax: length-extrapolating attention (softmax, SSMax, LSSA, LSSAR) for JAX and Flax NNX.
 
 `freeatten_jax.load_run(workdir)` loads a trained run (needs the `train` extra; imported on first use, so
-the core install keeps working without it). On a host without the chips, the [compile] extra's accelerator plugins
-stay quiet (`quiet_plugins`: JAX_PLATFORMS=cpu unless set).
+the core install keeps working without it). Importing it never changes jax's platform (the console scripts keep the
+[compile] extra's plugins quiet on a host without chips: `quiet_plugins`).
 """
 
-from freeatten_jax import quiet_plugins
-
 __version__ = "0.1.0"
-quiet_plugins.quiet_platforms()
 
 
 def __getattr__(name: str):

@@ -1,10 +1,11 @@
-"""The accelerator plugins kept quiet on a host without the chips.
+"""The accelerator plugins kept quiet on a host without the chips, for the console scripts (opt-in).
 
 The [compile] extra installs libtpu and the CUDA plugin. Where no accelerator's device file exists, both can only
 print why they cannot start (libtpu's host-bounds lines and an `E0000 ... INVALID_ARGUMENT`, a 25-line "Unable to load
-cuDNN" traceback) at jax's first use, in a command or in a user's script: importing freeatten_jax then sets
-JAX_PLATFORMS=cpu (a value already set is kept), and a deviceless compile still reaches both compilers through their
-topologies, libtpu told what it would ask the cloud's metadata server.
+cuDNN" traceback) at jax's first use. Every console script calls `quiet_platforms()` before it imports jax: it sets
+JAX_PLATFORMS=cpu there (a value already set is kept); a deviceless compile still reaches both compilers through their
+topologies, libtpu told what it would ask the cloud's metadata server. Importing the library changes nothing: a
+user's script opts in with `from freeatten_jax import quiet_plugins; quiet_plugins.quiet_platforms()`.
 """
 
 import functools
@@ -13,7 +14,8 @@ import importlib.util
 import os
 import sys
 
-ACCELERATOR_DEVICES = ("/dev/accel*", "/dev/vfio/[0-9]*", "/dev/nvidia[0-9]*")  # a TPU VM's (accel, vfio), NVIDIA's
+# a TPU VM's (accel, vfio), NVIDIA's, AMD ROCm's kernel driver: where one exists, the platform is left to jax
+ACCELERATOR_DEVICES = ("/dev/accel*", "/dev/vfio/[0-9]*", "/dev/nvidia[0-9]*", "/dev/kfd")
 
 # What libtpu would learn from the metadata server on a TPU host (variables already set win).
 _ONE_HOST_WITHOUT_CHIPS = {

@@ -1,11 +1,15 @@
 """Console-script entry points. Each loads its command lazily, so that a core install (`pip install .`)
-without the extra a command needs says which extra to install in one line instead of a traceback."""
+without the extra a command needs says which extra to install in one line instead of a traceback, and after
+quiet_plugins has kept the accelerator plugins quiet on a host without chips."""
 
 import importlib
 import sys
 
+from freeatten_jax import quiet_plugins
+
 
 def _run(module: str, extra: str) -> None:
+    quiet_plugins.quiet_platforms()
     try:
         command = importlib.import_module(module)
     except ModuleNotFoundError as e:

@@ -12,7 +12,6 @@ import tempfile
 
 import pytest
 
-from freeatten_jax import quiet_plugins
 from freeatten_jax.training.config import SECTIONS
 
 BIN = pathlib.Path(sys.executable).parent
@@ -97,13 +96,3 @@ def test_a_command_prints_only_its_error_line_where_the_accelerator_plugins_are_
     )
     assert result.returncode == 1
     assert result.stderr.splitlines() == ["error: config.optim.lr=-1.0 is invalid; allowed: a finite number > 0"]
-
-
-def test_quiet_platforms_keeps_an_accelerator_and_a_choice():
-    for environ, devices, want in [
-        ({}, ("/nonexistent*",), "cpu"),
-        ({}, ("/",), None),  # an accelerator's device file exists
-        ({"JAX_PLATFORMS": "tpu"}, ("/nonexistent*",), "tpu"),
-    ]:
-        quiet_plugins.quiet_platforms(environ, devices)
-        assert environ.get("JAX_PLATFORMS") == want

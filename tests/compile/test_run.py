@@ -245,9 +245,10 @@ def test_a_tpu_target_compiles_without_libtpus_start_up_lines_on_a_host_without_
 
 def test_a_users_script_starts_jax_without_the_plugins_start_up_noise():
     """With the [compile] extra installed and JAX_PLATFORMS unset, jax's first use on a host without chips printed a
-    25-line "Unable to load cuDNN" traceback and libtpu's 7 lines; after `import freeatten_jax` (which sets
-    JAX_PLATFORMS=cpu there) nothing, and jax runs on the CPU."""
+    25-line "Unable to load cuDNN" traceback and libtpu's 7 lines; after the script's opt-in
+    `quiet_plugins.quiet_platforms()` (which sets JAX_PLATFORMS=cpu there) nothing, and jax runs on the CPU."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("TPU_") and k != "JAX_PLATFORMS"}
-    code = "import jax, freeatten_jax; print(jax.devices()[0].platform)"
+    code = "import jax\nfrom freeatten_jax import quiet_plugins\n"
+    code += "quiet_plugins.quiet_platforms()\nprint(jax.devices()[0].platform)"
     result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0 and result.stdout.split() == ["cpu"] and result.stderr == "", result.stderr[-2000:]
