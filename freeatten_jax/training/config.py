@@ -168,7 +168,10 @@ class CheckpointConfig:
     max_to_keep: int = option(3, help="the newest ones; the last confirmed checkpoint is kept as well", check=integer(1))
     async_save: bool = option(True, help="write checkpoints while training goes on", check=BOOL)
     allow_fresh_start: bool = option(
-        False, help="start from step 0 when every checkpoint in the workdir is bad (else an error)", check=BOOL
+        False,
+        help="start from step 0 when the workdir shows progress but has no usable checkpoint (every one bad, or gone; else "
+        "an error); the earlier run's metrics.jsonl, confirmed.json and tensorboard/ move to WORKDIR/previous/N",
+        check=BOOL,
     )
 
 
