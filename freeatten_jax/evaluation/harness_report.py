@@ -6,6 +6,7 @@ The harness's own bootstrap is off (bootstrap_iters=0): it forks a process pool,
 
 import json
 import pathlib
+import sys
 
 import numpy as np
 
@@ -42,7 +43,8 @@ def evaluate(
     for workdir in workdirs:
         for switch in [switches.NONE, *map(switches.parse, switch_texts)]:
             run = load_run(workdir)  # fresh per switch: a switch changes the model in place
-            if not switches.applicable(run.config, switch):
+            if reason := switches.skipped(run.config, switch):
+                print(f"{workdir}: {reason}", file=sys.stderr)
                 continue
             for multiplier in multipliers:
                 lm = FreeattenLM(run, multiplier, "" if switch is switches.NONE else switch.label, **model_options)

@@ -333,6 +333,8 @@ def run_suite(
         "estimate of the whole",
         file=sys.stderr,
     )
+    for w, s in ((w, s) for w in workdirs for s in parsed if not switches.applicable(configs[w], s)):
+        print(f"{w}: {switches.skipped(configs[w], s)}", file=sys.stderr)
     folder = pathlib.Path(out)
     with lock.hold(folder, flag="--out"):
         _resumable(folder, settings, mqar_runs > 0)

@@ -103,13 +103,20 @@ def _trained_p(cfg) -> str:
     return "off" if p is None else str(float(p))
 
 
-def applicable(cfg, switch: Switch) -> bool:
-    """Whether the switch suits this checkpoint's variant and changes something (p=15 on a p=15 LSSAR run does not)."""
-    needs = {"p": REWEIGHTABLE, "s": ("ssmax",)}
-    if switch.variants and cfg.model.attention not in switch.variants:
-        return False
-    if not all(cfg.model.attention in needs.get(key, (cfg.model.attention,)) for key, _ in switch.settings):
-        return False
+def skipped(cfg, switch: Switch) -> str | None:
+    """Why the switch gives no row of its own on this checkpoint (another variant's switch, or the checkpoint's own
+    setting: p=15 on a p=15 LSSAR run), in a line; None where it applies."""
+    variant, needs = cfg.model.attention, {"p": REWEIGHTABLE, "s": ("ssmax",)}
+    if switch.variants and variant not in switch.variants:
+        return f"switch {switch.label} is for {'/'.join(switch.variants)} checkpoints, not {variant}"
+    if wrong := [key for key, _ in switch.settings if variant not in needs.get(key, (variant,))]:
+        return f"switch {wrong[0]} applies to {'/'.join(needs[wrong[0]])} checkpoints, not {variant}"
     normalise = lambda value: value if value == "off" else str(float(value))
-    no_ops = [key == "p" and normalise(value) == _trained_p(cfg) for key, value in switch.settings]
-    return not (no_ops and all(no_ops))
+    if switch.settings and all(key == "p" and normalise(value) == _trained_p(cfg) for key, value in switch.settings):
+        return f"{switch.label} is {variant}'s own p: no extra row"
+    return None
+
+
+def applicable(cfg, switch: Switch) -> bool:
+    """Whether the switch suits this checkpoint's variant and changes something (`skipped` says why not)."""
+    return skipped(cfg, switch) is None

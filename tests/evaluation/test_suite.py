@@ -53,6 +53,12 @@ def test_suite_writes_every_output(trained, tmp_path, capsys):
     )
     assert "lssa (lssa) [none]" in progress and "ssmax (ssmax) [s=0.5]" in progress and "loss at length 256" in progress
     assert "passkey at length 64" in progress and "first of 3 runs took " in progress
+    said = progress.splitlines()[1:4]  # each switch that gives no row, said once, after the plan
+    assert said == [
+        f"{workdirs[0]}: p=off is lssa's own p: no extra row",
+        f"{workdirs[0]}: switch s applies to ssmax checkpoints, not lssa",
+        f"{workdirs[1]}: switch p applies to lssa/lssar checkpoints, not ssmax",
+    ]
     labels = [(r.variant, r.switch) for r in runs]
     assert labels == [("lssa", "none"), ("ssmax", "none"), ("ssmax", "s=0.5")]  # p=off changes nothing: skipped
     saved, _ = results.read(tmp_path / "results.json")
@@ -367,6 +373,8 @@ def test_switches_that_change_nothing_are_skipped():
     assert switches.applicable(lssar, switches.parse("p=3")) and switches.applicable(lssar, switches.parse("p=off"))
     assert not switches.applicable(_typed("softmax"), switches.parse("p=15"))
     assert switches.applicable(lssar, switches.parse("p=15,rope_theta=2x"))
+    assert switches.skipped(lssar, switches.parse("p=15.0")) == "p=15.0 is lssar's own p: no extra row"
+    assert switches.skipped(lssar, switches.NONE) is None and switches.skipped(lssar, switches.parse("p=3")) is None
     ssmax_protocol = switches.parse("rope_theta=50x@softmax+ssmax")
     assert ssmax_protocol.label == "rope_theta=50x" and ssmax_protocol.variants == ("softmax", "ssmax")
     assert switches.applicable(_typed("softmax"), ssmax_protocol) and switches.applicable(_typed("ssmax"), ssmax_protocol)
