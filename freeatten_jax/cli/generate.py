@@ -15,6 +15,21 @@ from freeatten_jax.cli import shared as cli
 SEPARATOR = "-" * 40
 
 
+def speed_line(step: int, samples: int, max_new: int, timing: dict) -> str:
+    """The stderr line after the samples: the first token's latency and the rate of the tokens after it (none to time
+    when every sample stopped at its first token)."""
+    after = timing["tokens_after_first"]
+    rate = (
+        f"then {after / timing['after_first_s']:,.1f} tokens/s"
+        if after
+        else "no later token to time (every sample stopped at its first)"
+    )
+    return (
+        f"checkpoint step {step}; {samples} sample(s) x up to {max_new} tokens: first token after "
+        f"{timing['first_token_s']:.2f} s (compilation included), {rate}"
+    )
+
+
 def main() -> None:
     workdir = flags.DEFINE_string(
         "workdir", None, "Training run directory, or WORKDIR@STEP for one of its checkpoints.", required=True
@@ -49,11 +64,6 @@ def main() -> None:
             timing=timing,
         )
         print(f"\n{SEPARATOR}\n".join(prompt.value + text for text in texts))
-        rate = timing["tokens_after_first"] / timing["after_first_s"] if timing["tokens_after_first"] else float("nan")
-        print(
-            f"checkpoint step {loaded.step}; {len(texts)} sample(s) x up to {max_new.value} tokens: first token after "
-            f"{timing['first_token_s']:.2f} s (compilation included), then {rate:,.1f} tokens/s",
-            file=sys.stderr,
-        )
+        print(speed_line(loaded.step, len(texts), max_new.value, timing), file=sys.stderr)
 
     cli.run(run, sys.argv, verbosity=logging.ERROR)  # orbax read-only notices would mix with the text

@@ -10,7 +10,7 @@ import sys
 
 import numpy as np
 import pytest
-from helpers import read_metrics, subprocess_env
+from helpers import read_metrics, subprocess_env, tiny_config
 
 README = pathlib.Path(__file__).resolve().parents[2] / "README.md"
 BIN = pathlib.Path(sys.executable).parent
@@ -136,3 +136,19 @@ def test_readme_python_blocks_run_and_do_what_their_comments_say():
         namespace = {"__name__": "readme"}
         exec(compile(block, str(README), "exec"), namespace)
         check(namespace)
+
+
+def test_the_generate_example_produces_text(trained_run, text_glob, run_cli, tmp_path):
+    """The README's freeatten-generate command as written (its run swapped for one trained here): every sample
+    continues the prompt with text, and the speed line gives a rate."""
+    from freeatten_jax.cli import generate as generate_cli
+
+    (command,) = re.findall(r"`(freeatten-generate --workdir=runs/lssar-tiny [^`]+)`", README.read_text().replace("\n", " "))
+    argv = shlex.split(command)
+    workdir = trained_run("readme-generate", tiny_config("lssar", text_glob))
+    args = [f"--workdir={workdir}" if a.startswith("--workdir=") else a for a in argv[1:]]
+    code, lines = run_cli(generate_cli.main, *args)
+    samples = "\n".join(lines[:-1]).split(f"\n{generate_cli.SEPARATOR}\n")
+    prompt, count = _flags(argv)["--prompt"], int(_flags(argv)["--num_samples"])
+    assert code == 0 and len(samples) == count and all(s.startswith(prompt) and len(s) > len(prompt) for s in samples)
+    assert lines[-1].endswith(" tokens/s") and "nan" not in lines[-1]
