@@ -25,7 +25,7 @@ os.environ.setdefault(
 import helpers  # noqa: E402
 import jax  # noqa: E402
 import pytest  # noqa: E402
-from absl import flags  # noqa: E402
+from absl import app, flags  # noqa: E402, F401 (app: its flags defined before any run_cli)
 
 flags.FLAGS.mark_as_parsed()
 

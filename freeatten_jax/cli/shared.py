@@ -1,5 +1,6 @@
 """What every console script shares: packaged config names on the command line, and user errors as one line."""
 
+import difflib
 import os
 import pathlib
 import re
@@ -44,8 +45,16 @@ def _one_line(error: BaseException, argv: list[str]) -> str:
     text = re.sub(r"^[\w.]+(Error|Exception): ", "", lines[-1] if lines else type(error).__name__)
     text = re.sub(r"^flag (--\S+): is invalid", r"\1 is invalid", text)  # absl's wording of a fields.FieldParser's error
     if "Errno 2" in text and "config" in str(error):
-        return f"--config: cannot load the config file: {text} (packaged configs: {configs.PACKAGED})"
+        return f"--config: cannot load the config file: {text}{_did_you_mean(argv)} (packaged configs: {configs.PACKAGED})"
     return text
+
+
+def _did_you_mean(argv: list[str]) -> str:
+    """'; did you mean lssar:tiny?' when --config's name is a misspelt packaged config's (lsar:tiny), else ''."""
+    given = next((a.split("=", 1)[1] for a in argv if a.startswith("--config=")), "")
+    name, sep, arg = given.partition(":")
+    close = difflib.get_close_matches(name, (*configs.EXPERIMENTS, *configs.NAMES), n=1)
+    return f"; did you mean {close[0]}{sep}{arg}?" if close and "/" not in name and not name.endswith(".py") else ""
 
 
 def config_value(holder):

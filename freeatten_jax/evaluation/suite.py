@@ -269,6 +269,8 @@ def _saved_config(checkpoint_at: str) -> tuple[int, config.Config]:
     """(step, the typed config saved with it) of checkpoint WORKDIR[@STEP] (the latest without @STEP); a UserError if it
     is not there."""
     workdir, step = run_dir.split_step(checkpoint_at)
+    if not pathlib.Path(workdir).is_dir():
+        raise UserError(f"--workdir={checkpoint_at}: no such folder")
     ckpt = checkpoint.Checkpointer(workdir, read_only=True)
     try:
         if step is not None and step not in ckpt.all_steps():

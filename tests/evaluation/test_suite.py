@@ -391,6 +391,9 @@ def test_switch_parsing_and_errors(trained, tmp_path):
         switches.parse("p")
     with pytest.raises(ConfigError, match="not a number"):
         switches.parse("p=fifteen")
+    with pytest.raises(UserError, match=f"--workdir={tmp_path / 'missing'}: no such folder$"):
+        suite.run_suite([str(tmp_path / "missing")], [], SETTINGS, str(tmp_path / "out"))
+    (tmp_path / "empty").mkdir()
     with pytest.raises(UserError, match="no checkpoint"):
         suite.run_suite([str(tmp_path / "empty")], [], SETTINGS, str(tmp_path / "out"))
     with pytest.raises(UserError, match="held-out tokens"):
