@@ -71,6 +71,7 @@ def attend(
     block_k=None,
     block_k_dkv=None,
     interpret=False,
+    gpu_kernels="triton",
     split_matmuls=None,
     batch_axes=mesh_axes.BATCH,
     head_axes=mesh_axes.HEADS,
@@ -82,6 +83,8 @@ def attend(
     kernel's key block, a divisor of the key block (default: the key block; the TPU kernels use theirs): fewer
     registers for its accumulators, which spill at 64 keys and D = 128 (benchmarks/RESULTS.md). interpret=True: run
     the GPU kernels in Pallas interpret mode on any platform (CPU always uses it); "tpu": the TPU ones.
+    gpu_kernels: the GPU kernels, "triton" (every GPU) or "mosaic_gpu" (Hopper: a Mosaic GPU forward for LSSA on
+    plain masks with Triton's backward; a ValueError where it does not apply; `auto` does not choose it yet).
     split_matmuls: True, the float32 weights and score gradients enter their bfloat16 matmuls as two halves
     (common.weighted_dot), for 1.3-1.5x the matmuls; False, they are rounded once to bfloat16, as
     FlashAttention does; None: False but for core.SPLIT_BY_DEFAULT, so that every variant keeps FlashAttention's
@@ -92,7 +95,7 @@ def attend(
     if unknown:
         raise ValueError(
             f"unknown option(s) {sorted(unknown)}; implementation 'pallas' takes block_q, block_k, block_k_dkv, "
-            "interpret, split_matmuls, batch_axes, head_axes"
+            "interpret, gpu_kernels, split_matmuls, batch_axes, head_axes"
         )
     if mask.dense is not None:
         raise ValueError("implementation 'pallas' does not take a dense `mask`; use 'blockwise' or 'reference'")
@@ -100,10 +103,11 @@ def attend(
     check_positive_int("block_k", block_k)
     check_positive_int("block_k_dkv", block_k_dkv)
     core.check_interpret(interpret)
+    core.check_gpu_kernels(gpu_kernels)
     n_B1T, seen_B1S = count_visible(mask, 512)
     k_BSKD, v_BSKD = hide_unseen(k_BSKD, v_BSKD, seen_B1S)
     cfg, args = core.kernel_arguments(variant, mask, opts, q_BTHD, k_BSKD, v_BSKD, n_B1T, split_matmuls)
     blocks = (block_q, block_k, block_k_dkv)
     run = lambda name: functools.partial(_run, core.LOWERINGS[name], cfg, blocks)  # noqa: E731
-    per_platform = functools.partial(platform_dependent, core.choose_lowering(interpret), run)
+    per_platform = functools.partial(platform_dependent, core.choose_lowering(interpret, gpu_kernels=gpu_kernels), run)
     return _per_shard(per_platform, batch_axes, head_axes)(*args, mask, n_B1T[:, 0])

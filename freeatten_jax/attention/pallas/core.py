@@ -17,7 +17,7 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
-from freeatten_jax.attention.pallas import gpu, tpu
+from freeatten_jax.attention.pallas import gpu, mosaic_gpu, tpu
 from freeatten_jax.attention.pallas.common import BlockSizes, KernelRefs, Spans, Static, kernel_family, low_half
 from freeatten_jax.attention.pallas.plan import Plan
 from freeatten_jax.attention.rules import FAMILIES, static_power
@@ -47,6 +47,18 @@ def _tpu(interpret: bool, blocks=lambda family: tpu.tuning().blocks, min_block: 
     return Lowering(blocks, min_block, not interpret, calls, pass_call, lanes=128)
 
 
+def _mosaic_gpu(interpret: bool) -> Lowering:
+    """The forward compiled by Mosaic GPU (Hopper) or run in interpret mode, with gpu.py's backward and pass kernels,
+    which read the statistics it writes."""
+
+    def calls(cfg: Static, shapes):
+        _, dq, dkv = gpu.calls(cfg, shapes, ptx=not interpret, interpret=interpret)
+        return mosaic_gpu.calls(cfg, shapes, interpret=interpret), dq, dkv
+
+    pass_call = functools.partial(gpu.pass_call, ptx=not interpret, interpret=interpret)
+    return Lowering(mosaic_gpu.blocks, mosaic_gpu.ROWS, True, calls, pass_call)
+
+
 INTERPRET_BLOCKS = lambda family: (64, 64)  # noqa: E731
 LOWERINGS = {  # by jax's platform names, and the interpret modes
     "cuda": _gpu(ptx=True, interpret=False),
@@ -54,9 +66,14 @@ LOWERINGS = {  # by jax's platform names, and the interpret modes
     "tpu": _tpu(interpret=False),
     "interpret": _gpu(ptx=False, interpret=True, blocks=INTERPRET_BLOCKS, min_block=8),
     "interpret_tpu": _tpu(interpret=True, blocks=INTERPRET_BLOCKS, min_block=8),
+    "mosaic_gpu": _mosaic_gpu(interpret=False),
+    "interpret_mosaic_gpu": _mosaic_gpu(interpret=True),
 }
 ON_THE_CPU = "interpret"  # the CPU has no kernel compiler: the GPU kernels in interpret mode
 INTERPRETED = {True: "interpret", "tpu": "interpret_tpu"}  # the `interpret` option: which kernels interpret mode runs
+# The `gpu_kernels` option: the lowerings that replace the Triton ones (on CUDA and in GPU interpret mode). Mosaic GPU
+# runs the forward of LSSA on plain masks (mosaic_gpu.check); `auto` does not choose it yet.
+GPU_KERNELS = {"triton": {}, "mosaic_gpu": {"cuda": "mosaic_gpu", "interpret": "interpret_mosaic_gpu"}}
 # Families whose kernels split their matmuls by default: the un-normalised rows (sigmoid) round a lone key's score
 # gradient once more than the reference, 2.9x its bfloat16 dq error at T = 128 without the split.
 SPLIT_BY_DEFAULT = frozenset({"none"})
@@ -68,12 +85,19 @@ def check_interpret(interpret) -> None:
         raise ValueError(f"interpret must be False, True (the GPU kernels) or 'tpu' (the TPU kernels), got {interpret!r}")
 
 
-def choose_lowering(interpret, on_the_cpu: str = ON_THE_CPU):
+def check_gpu_kernels(gpu_kernels) -> None:
+    """A ValueError for a `gpu_kernels` option that names no kernels."""
+    if gpu_kernels not in GPU_KERNELS:
+        raise ValueError(f"gpu_kernels must be one of {', '.join(map(repr, GPU_KERNELS))}, got {gpu_kernels!r}")
+
+
+def choose_lowering(interpret, on_the_cpu: str = ON_THE_CPU, gpu_kernels: str = "triton"):
     """platform -> the LOWERINGS entry the kernels run there: the `interpret` option's everywhere, else the
-    platform's own (`on_the_cpu` on the CPU)."""
+    platform's own (`on_the_cpu` on the CPU), the GPU ones as `gpu_kernels` names them (GPU_KERNELS)."""
+    rename = GPU_KERNELS[gpu_kernels]
     if interpret:
-        return lambda platform: INTERPRETED[interpret]
-    return lambda platform: on_the_cpu if platform == "cpu" else platform
+        return lambda platform: rename.get(INTERPRETED[interpret], INTERPRETED[interpret])
+    return lambda platform: rename.get(name := on_the_cpu if platform == "cpu" else platform, name)
 
 
 def _fit(block: int, length: int, lowering: Lowering) -> int:
