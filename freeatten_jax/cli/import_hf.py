@@ -7,7 +7,8 @@ attention (--config=lm:variant=lssar,init=WORKDIR).
 
 The run's config is `lm:init=HF_DIR`: softmax attention, the model's sizes and tokenizer, train.seq_len its
 max_position_embeddings (the length evaluations take as 1x); --config.* overrides any field, e.g. the text
-freeatten-eval scores it on (--config.data.source=text --config.data.path=...).
+freeatten-eval scores it on (--config.data.source=text --config.data.path=...). Exit 75: stopped by SIGTERM/SIGINT before
+checkpoint 0 was written (rerun to import).
 """
 
 import sys
@@ -16,7 +17,7 @@ from absl import flags
 from ml_collections import config_flags
 
 from freeatten_jax.cli import shared as cli
-from freeatten_jax.errors import UserError
+from freeatten_jax.errors import EXIT_PREEMPTED, UserError
 
 
 def main() -> None:
@@ -38,7 +39,8 @@ def main() -> None:
 
         if len(folders) != 1:
             raise UserError(f"give one Hugging Face model folder (got {len(folders)}): freeatten-import HF_DIR --workdir=DIR")
-        loop.train_and_evaluate(cli.config_value(config), workdir.value, initialise_only=True)
+        if loop.train_and_evaluate(cli.config_value(config), workdir.value, initialise_only=True).preempted:
+            sys.exit(EXIT_PREEMPTED)  # a signal before checkpoint 0 was written: rerun to import
         print(f"imported {folders[0]} as checkpoint 0 of {workdir.value}")
 
     cli.run(run, argv)

@@ -48,16 +48,24 @@ def train_and_evaluate(
     checked before anything is written. Process 0 holds WORKDIR/lock for the run: a second trainer on the same workdir
     stops at once. initialise_only: write the initial state (a warm start's checkpoint 0) and stop (freeatten-import).
     """
-    distributed.initialize_distributed(cluster=cluster)
-    watch = distributed.PeerWatch((cluster or distributed.Cluster()).peer_timeout_s) if jax.process_count() > 1 else None
-    failed = True  # until the run returns: the peers must not wait for this process in a collective
-    try:
-        metrics = _checked_and_trained(cfg_dict, workdir, initialise_only)
-        failed = False
-        return metrics
-    finally:
-        if watch is not None:
-            watch.stop(failed)
+    with signals.stopping() as stop:  # before anything that takes time: a signal in start-up stops it, exit 75
+        distributed.initialize_distributed(cluster=cluster)
+        stop.take_back()  # from jax's preemption notifier, which a multi-process start installs
+        watch = distributed.PeerWatch((cluster or distributed.Cluster()).peer_timeout_s) if jax.process_count() > 1 else None
+        failed = True  # until the run returns: the peers must not wait for this process in a collective
+        try:
+            metrics = _checked_and_trained(cfg_dict, workdir, initialise_only, stop)
+            failed = False
+            return metrics
+        except signals.StoppedStarting as e:
+            failed = False
+            progress.log(f"{e} during start-up: stopped before training, nothing to save; rerun the same command to resume")
+            stopped = RunMetrics()
+            stopped.preempted = True
+            return stopped
+        finally:
+            if watch is not None:
+                watch.stop(failed)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -75,7 +83,7 @@ class _Run:
     source: warm_start.Source | None  # a warm start's, checked (None: from scratch, or resuming one)
 
 
-def _checked_and_trained(cfg_dict, workdir, initialise_only: bool) -> RunMetrics:
+def _checked_and_trained(cfg_dict, workdir, initialise_only: bool, stop: signals.StopSignal) -> RunMetrics:
     cfg = config.parse(cfg_dict)
     storage.check_workdir(workdir)
     mesh = preflight.make_mesh(cfg)
@@ -88,9 +96,10 @@ def _checked_and_trained(cfg_dict, workdir, initialise_only: bool) -> RunMetrics
     source = warm_start.checked_source(cfg, splits.tokenizer) if warm else None
     storage.check_free_space(workdir, sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(abstract)))
     run = _Run(cfg, workdir, mesh, splits, watch, tx, abstract, shardings, source)
+    stop.check()
     with lock.hold(workdir):
         try:
-            return _train(run, initialise_only)
+            return _train(run, initialise_only, stop)
         except OSError as e:
             if isinstance(e, UserError) or e.errno not in storage.FULL_OR_READ_ONLY:
                 raise
@@ -100,8 +109,9 @@ def _checked_and_trained(cfg_dict, workdir, initialise_only: bool) -> RunMetrics
             ) from e
 
 
-def _train(run: _Run, initialise_only: bool) -> RunMetrics:
-    """Resumes or starts the state (a warm start saves its start as checkpoint 0), then runs the loop."""
+def _train(run: _Run, initialise_only: bool, stop: signals.StopSignal) -> RunMetrics:
+    """Resumes or starts the state (a warm start saves its start as checkpoint 0), then runs the loop; a signal before
+    the first step stops it at the check after the resume or the one before the loop."""
     cfg = run.cfg
     block, blocks = distributed.data_shard(run.mesh, cfg.mesh.rules)  # processes holding the same rows read the same
     train_iter = data.train_iterator(
@@ -118,6 +128,7 @@ def _train(run: _Run, initialise_only: bool) -> RunMetrics:
     ckpt = Checkpointer(run.workdir, cfg.checkpoint, data_files=integrity.files(data.files(cfg.data)))
     try:
         state, start = resume.resume(ckpt, run.abstract, train_iter, cfg, run.workdir)
+        stop.check()
         if jax.process_index() == 0:
             data.save_to_run(run.splits.tokenizer, storage.path(run.workdir))  # the run carries its tokenizer
         if state is None:
@@ -134,13 +145,13 @@ def _train(run: _Run, initialise_only: bool) -> RunMetrics:
         ckpt.close()
         return RunMetrics()
     writer = MetricsWriter(run.workdir, start, cfg.source)
-    stop = signals.StopSignal()
     try:
         loop = _Loop(run, ckpt, train_iter, writer, stop, start)
+        stop.check()
+        stop.until = "after this step"
         with sharding.use_mesh(run.mesh, cfg.mesh.rules):
             return loop(state, start)
     finally:
-        stop.restore()
         with contextlib.ExitStack() as cleanup:  # each runs even if one raises (a failed save does, again)
             cleanup.callback(getattr(train_iter, "close", lambda: None))
             cleanup.callback(writer.close)
