@@ -14,6 +14,7 @@ import errno
 import json
 import os
 import re
+import time
 import uuid
 
 import grain
@@ -25,6 +26,7 @@ from jax.experimental import multihost_utils
 from freeatten_jax.errors import UserError
 from freeatten_jax.formats import hf_llama
 from freeatten_jax.training import config, integrity, storage
+from freeatten_jax.training.progress import log
 
 ITEMS = ("state", "data", "config", "integrity")
 
@@ -113,6 +115,7 @@ class Checkpointer:
         self.workdir = storage.path(workdir)
         self.directory = self.workdir / "checkpoints"
         self.data_files = data_files or []  # integrity.files of the run's data, saved with each checkpoint
+        self._writing, self._waited = None, False  # the step of the last save started; whether a save had to wait
         self._confirmed = [None if read_only else self.confirmed_step()]
         options = ocp.CheckpointManagerOptions(
             enable_async_checkpointing=async_save, read_only=read_only, preservation_policy=_KeepConfirmed(keep, self._confirmed)
@@ -169,7 +172,10 @@ class Checkpointer:
         return None
 
     def save(self, step: int, train_state, data_iterator, source: dict) -> None:
-        """Starts saving (in the background with async_save); the fingerprints are computed first, on the devices."""
+        """Starts saving (in the background with async_save); the fingerprints are computed first, on the devices. A
+        save still being written is waited for first: one at a time, so the newest whole checkpoint is at most one
+        interval older than the last one due."""
+        self._wait_for_the_one_before(step)
         probe_writable(self.directory)
         fingerprints = {
             "state": integrity.arrays(train_state),
@@ -183,6 +189,21 @@ class Checkpointer:
             integrity=ocp.args.JsonSave(fingerprints),
         )
         self._reporting(lambda: self.manager.save(step, args=args, force=True))  # it raises a previous save's failure
+        self._writing = step
+
+    def _wait_for_the_one_before(self, step: int) -> None:
+        """Waits for a save still being written; the first such wait of the run is said, with how long it took."""
+        if not self.saving():
+            return
+        began = time.perf_counter()
+        self.wait()
+        if not self._waited:
+            self._waited = True
+            log(
+                f"checkpoint {step} is due while checkpoint {self._writing} is still being written: waited "
+                f"{time.perf_counter() - began:.1f} s for it (the saves take longer than train.checkpoint_every steps; "
+                f"at most one is written at a time; later waits are not said)"
+            )
 
     def check_for_errors(self) -> None:
         """Raises CheckpointWriteError if a background save has failed (called before every step: a failed save stops
