@@ -71,7 +71,7 @@ LOWERINGS = {  # by jax's platform names, and the interpret modes
 }
 ON_THE_CPU = "interpret"  # the CPU has no kernel compiler: the GPU kernels in interpret mode
 INTERPRETED = {True: "interpret", "tpu": "interpret_tpu"}  # the `interpret` option: which kernels interpret mode runs
-# The `gpu_kernels` option: the lowerings that replace the Triton ones (on CUDA and in GPU interpret mode). Mosaic GPU
+# The `gpu_kernels` option: the lowerings that replace the Triton ones (on CUDA and with interpret=True). Mosaic GPU
 # runs the forward of LSSA on plain masks (mosaic_gpu.check); `auto` does not choose it yet.
 GPU_KERNELS = {"triton": {}, "mosaic_gpu": {"cuda": "mosaic_gpu", "interpret": "interpret_mosaic_gpu"}}
 # Families whose kernels split their matmuls by default: the un-normalised rows (sigmoid) round a lone key's score
@@ -93,11 +93,13 @@ def check_gpu_kernels(gpu_kernels) -> None:
 
 def choose_lowering(interpret, on_the_cpu: str = ON_THE_CPU, gpu_kernels: str = "triton"):
     """platform -> the LOWERINGS entry the kernels run there: the `interpret` option's everywhere, else the
-    platform's own (`on_the_cpu` on the CPU), the GPU ones as `gpu_kernels` names them (GPU_KERNELS)."""
+    platform's own (`on_the_cpu` on the CPU), the GPU ones as `gpu_kernels` names them (GPU_KERNELS). The CPU keeps
+    `on_the_cpu` beside compiled branches: the Mosaic GPU interpreter's ordered callbacks do not lower inside
+    platform_dependent's branches."""
     rename = GPU_KERNELS[gpu_kernels]
     if interpret:
         return lambda platform: rename.get(INTERPRETED[interpret], INTERPRETED[interpret])
-    return lambda platform: rename.get(name := on_the_cpu if platform == "cpu" else platform, name)
+    return lambda platform: on_the_cpu if platform == "cpu" else rename.get(platform, platform)
 
 
 def _fit(block: int, length: int, lowering: Lowering) -> int:
