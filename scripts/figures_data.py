@@ -24,7 +24,7 @@ import numpy as np
 from scipy import stats as scipy_stats
 
 from freeatten_jax.data import mqar
-from freeatten_jax.evaluation import mqar_report, paired, plots, results, ruler_report, stats
+from freeatten_jax.evaluation import mqar_report, paired, plots, report, results, ruler_report, stats
 from freeatten_jax.evaluation.results import RunResult
 from freeatten_jax.evaluation.settings import Settings
 
@@ -249,7 +249,7 @@ def _run_tables(runs: Runs) -> list[Table]:
         return Value(float(s_RLH[:, int(column.split()[1])].mean()))
 
     def entropy(row: str, column: str) -> Value:
-        u = [f"N>={n}" for n in n_from].index(column)
+        u = report.n_bins(n_from).index(column)
         return Value(float(np.mean([np.asarray(r.attention.entropy)[:, :, u].mean() for r in runs.group(row)])))  # type: ignore[union-attr]
 
     def key_rank(row: str, column: str) -> Value:
@@ -259,7 +259,7 @@ def _run_tables(runs: Runs) -> list[Table]:
 
     return [
         Table("Learned SSMax s, mean", with_s, [f"layer {i}" for i in range(layers)], learned_s),
-        Table("Entropy by N_i", list(runs.names), [f"N>={n}" for n in n_from], entropy),
+        Table("Entropy by N_i", list(runs.names), report.n_bins(n_from), entropy),
         Table("Key rank", list(tasks), ["mean rank"], key_rank),
     ]
 

@@ -22,6 +22,11 @@ def _md_table(header: list[str], rows: list[list]) -> str:
     return "\n".join(lines)
 
 
+def n_bins(n_from) -> list[str]:
+    """The entropy tables' column headings: the bin of visible keys [n, 2n) each averages over (N=1, N=2-3, N=4-7...)."""
+    return [f"N={n}" if n == 1 else f"N={n}-{2 * n - 1}" for n in n_from]
+
+
 def _fmt(x: float | None) -> str:
     return "n/a" if x is None or not np.isfinite(x) else f"{x:.3f}"
 
@@ -101,7 +106,7 @@ def grouped_tables(runs: list[RunResult], multipliers, candidates: int) -> str:
     )
     n_from = runs[0].attention.n_from if runs else []
     entropy = _md_table(
-        ["variant", *[f"N>={n}" for n in n_from]],
+        ["variant", *n_bins(n_from)],
         [[names[g], *[_fmt(float(np.mean(column))) for column in zip(*map(_entropy_by_n, rs))]] for g, rs in groups.items()],
     )
     s_by_layer = {g: np.mean([r.ssmax_s for r in rs], axis=(0, 2)) for g, rs in groups.items() if rs[0].ssmax_s is not None}
@@ -243,7 +248,7 @@ def markdown(runs: list[RunResult], settings: dict, figures: dict[str, str]) -> 
     windows = ", ".join(f"{x.length}: {x.windows} windows, {x.tokens_scored} tokens" for x in runs[0].lengths) if runs else ""
     spans = ", ".join(sorted({f"{r.span_tokens}" for r in runs}))
     n_from = runs[0].attention.n_from if runs else []
-    entropy = _md_table(["run", *[f"N>={n}" for n in n_from]], [[r.label, *map(_fmt, _entropy_by_n(r))] for r in runs])
+    entropy = _md_table(["run", *n_bins(n_from)], [[r.label, *map(_fmt, _entropy_by_n(r))] for r in runs])
     parts = [
         "# Length-extrapolation report",
         *comparability_warnings(runs),

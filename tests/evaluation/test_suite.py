@@ -494,6 +494,6 @@ def test_summary_pools_seeds_per_variant_and_switch():
     assert "| softmax [rope_theta=50x] | 1.500 [1.400, 1.600] | 1.500 [1.400, 1.600] |" in text
     assert "| softmax (2 runs) | retrieval | 3/4 | 1/4 | 2.000 |" in text
     assert "| softmax [rope_theta=50x] | passkey | 0/2 | 0/2 | 1.000 |" in text
-    entropy = "| variant | N>=1 | N>=8 |\n|---|---|---|\n| softmax (2 runs) | 0.000 | 2.000 |\n"
+    entropy = "| variant | N=1 | N=8-15 |\n|---|---|---|\n| softmax (2 runs) | 0.000 | 2.000 |\n"
     assert entropy + "| softmax [rope_theta=50x] | 0.000 | 1.500 |" in text  # mean over runs, layers and heads
     assert text.endswith("| variant | layer 0 |\n|---|---|\n| softmax (2 runs) | 0.400 |")  # runs that learn s only
