@@ -19,6 +19,7 @@ from ml_collections import config_flags
 
 from freeatten_jax.attention import IMPLEMENTATIONS, VARIANTS
 from freeatten_jax.cli import shared as cli
+from freeatten_jax.errors import UserError
 
 
 def main() -> None:
@@ -52,8 +53,12 @@ def main() -> None:
 
         jax.config.update("jax_platforms", "cpu")  # the targets' compilers come from their topologies; nothing runs here
 
-        from freeatten_jax.compile import run
+        from freeatten_jax.compile import run, targets
 
+        try:
+            targets.parse(target.value)  # before anything is printed or built
+        except ValueError as e:
+            raise UserError(f"--target={target.value}: {e}") from None
         if variant.value:
             print(
                 f"compiling {variant.value} attention forward+backward, T={seq_len.value or 8192}, {heads.value} heads x {head_dim.value}, "  # noqa: E501
