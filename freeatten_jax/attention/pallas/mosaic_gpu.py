@@ -257,7 +257,7 @@ def _kernel(cfg: Static, interpret: bool, shapes, refs, scoped):
                 plgpu.copy_gmem_to_smem(ks_ref.at[b, kv_head, step], ks_smem.at[slot], ks_bar.at[slot])
             plgpu.copy_gmem_to_smem(v_ref.at[b, kv_head, pl.ds(start, c)], v_smem.at[slot], v_bar.at[slot])
 
-        for i in range(SLOTS):
+        for i in range(min(SLOTS, num_blocks)):
             pl.when(i < max_steps)(functools.partial(load, i, i))
 
         @pl.loop(0, max_steps - SLOTS)
