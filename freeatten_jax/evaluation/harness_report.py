@@ -4,12 +4,14 @@ project's interval over documents where the metric is a mean of per-document val
 The harness's own bootstrap is off (bootstrap_iters=0): it forks a process pool, and forking a JAX process can hang.
 """
 
+import difflib
 import json
 import pathlib
 import sys
 
 import numpy as np
 
+from freeatten_jax.errors import UserError
 from freeatten_jax.evaluation import stats, switches
 from freeatten_jax.evaluation.harness import FreeattenLM
 from freeatten_jax.training import storage
@@ -39,6 +41,10 @@ def evaluate(
     from lm_eval.tasks import TaskManager
 
     manager = TaskManager(include_path=include_path, include_defaults=default_tasks)
+    if unknown := [task for task in tasks if task not in manager.all_tasks and not manager.match_tasks([task])]:
+        close = difflib.get_close_matches(unknown[0], manager.all_tasks, n=1)
+        where = "" if default_tasks else " (--nodefault_tasks: only --include_path's)"
+        raise UserError(f"--tasks: no task {unknown[0]!r}{where}" + (f"; did you mean {close[0]!r}?" if close else ""))
     rows = []
     for workdir in workdirs:
         for switch in [switches.NONE, *map(switches.parse, switch_texts)]:
@@ -48,9 +54,17 @@ def evaluate(
                 continue
             for multiplier in multipliers:
                 lm = FreeattenLM(run, multiplier, "" if switch is switches.NONE else switch.label, **model_options)
-                results = lm_eval.simple_evaluate(
-                    model=lm, tasks=list(tasks), task_manager=manager, limit=limit, bootstrap_iters=0, log_samples=True
-                )
+                try:
+                    results = lm_eval.simple_evaluate(
+                        model=lm, tasks=list(tasks), task_manager=manager, limit=limit, bootstrap_iters=0, log_samples=True
+                    )
+                except OSError as e:  # a dataset the Hub must give, offline or unreachable (requests' ConnectionError too)
+                    raise UserError(
+                        f"--tasks={','.join(tasks)}: a dataset could not be loaded ({type(e).__name__}: "
+                        f"{(str(e).splitlines() or [''])[0]}); "
+                        "the harness's own tasks download from the Hugging Face Hub on first use: run once with network "
+                        "(HF_DATASETS_OFFLINE / HF_HUB_OFFLINE unset), or use --include_path's local tasks"
+                    ) from None
                 rows.append(
                     {
                         "run": pathlib.Path(run.workdir).name,

@@ -222,3 +222,22 @@ def test_an_imported_hub_llama_gives_the_transformers_models_log_likelihoods(tex
         log_probs_TV = np.asarray(jax.nn.log_softmax(reference(tokens_T[None, :-1]).logits[0], axis=-1))
         targets = np.arange(len(context_T) - 1, len(tokens_T) - 1)
         np.testing.assert_allclose(logprob, log_probs_TV[targets, tokens_T[targets + 1]].sum(), rtol=1e-4)
+
+
+def test_a_misspelt_task_and_a_stock_task_offline_are_one_error_line_each(run_cli, workdir, tmp_path):
+    """A task name lm-eval does not know: one line with the nearest name; a stock task whose dataset the Hub must
+    give, offline (this module's fixture): one line saying so, not lm-eval's traceback."""
+    from freeatten_jax.cli import harness as harness_cli
+
+    local = [f"--workdir={workdir}", f"--out={tmp_path}", f"--include_path={TASKS}", "--nodefault_tasks"]
+    code, lines = run_cli(harness_cli.main, *local, "--tasks=tiny_choise")
+    assert (code, lines[-1]) == (
+        1,
+        "error: --tasks: no task 'tiny_choise' (--nodefault_tasks: only --include_path's); did you mean 'tiny_choice'?",
+    )
+    code, lines = run_cli(harness_cli.main, f"--workdir={workdir}", f"--out={tmp_path}", "--tasks=lambada_openai", "--limit=1")
+    assert code == 1 and lines[-1].startswith("error: --tasks=lambada_openai: a dataset could not be loaded ("), lines[-3:]
+    assert lines[-1].endswith(
+        "run once with network (HF_DATASETS_OFFLINE / HF_HUB_OFFLINE unset), or use --include_path's local tasks"
+    )
+    assert not (tmp_path / "harness.json").exists()
