@@ -3,7 +3,7 @@
 XLA's latency-hiding scheduler moves work that nothing needs until the optimizer (a weight's gradient `x^T g`, a bias's
 or a norm scale's sum over tokens) later, to overlap later layers' collectives (the context-parallel ring's rotations
 above all), and the activations it reads stay alive until then. On 8 x H100 at 512K tokens a layer cost 1.44 GiB where
-it must keep 0.20 (benchmarks/RESULTS.md, issue 54 third round). Two optimization barriers stop that: `dense` ties a
+it must keep 0.20 (benchmarks/history/long_context.md, issue 54 third round). Two optimization barriers stop that: `dense` ties a
 projection's weight gradient to its input's, `block` a whole block's parameter gradients to the block's input gradient.
 Values are unchanged, bit for bit.
 """
