@@ -26,7 +26,8 @@ def attend(q, k, v, *, variant: str, causal: bool = True, implementation: str = 
     `q_offset`, `q_segment_ids`, `kv_segment_ids`, `kv_mask`, `window`, `mask`: an explicit boolean
     [B or 1, H or 1, T, S] mask ANDed with the others), and any the implementation takes.
     Keys and values that no query of their batch row sees may hold NaN/Inf (docs/method.md §8); a row that
-    sees no key outputs zeros.
+    sees no key outputs zeros. check_finite=True: concrete q, k, v are checked to lie where the output is
+    guaranteed finite (§8), else one ValueError names the input at fault; traced ones are refused.
     """
     if implementation not in IMPLEMENTATIONS:
         raise ValueError(f"unknown implementation {implementation!r}; valid: {', '.join(IMPLEMENTATIONS)}")
@@ -58,5 +59,5 @@ def _check_unknown(variant: str, implementation: str, rest: dict) -> None:
             f"unknown option(s) {sorted(unknown)}: variant {variant!r} takes "
             f"{', '.join(get_variant(variant).defaults) or 'none'}; implementation {implementation!r} takes "
             f"{', '.join(accepted) or 'none'}; every variant takes the mask options "
-            f"{', '.join(arguments.MASK_OPTIONS)}"
+            f"{', '.join(arguments.MASK_OPTIONS)}, and check_finite"
         )

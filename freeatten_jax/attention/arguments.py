@@ -1,4 +1,5 @@
-"""Parsing `attend`'s public arguments: shape checks, the Mask (`make_mask`), the variant options.
+"""Parsing `attend`'s public arguments: shape checks, the Mask (`make_mask`), the variant options, the opt-in
+`check_finite` (finite.py).
 
 Glossary: B batch, T queries, S keys, H query heads, K key/value heads, D head dim.
 Shared by every entry point (`attend`, `attention_weights`, `context_parallel_attend`).
@@ -10,6 +11,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from freeatten_jax.attention import finite
 from freeatten_jax.attention.variants import Mask, Variant, check_positive_int, get_variant, is_concrete, variant_options
 
 
@@ -125,12 +127,19 @@ def _check_shapes(q, k, v):
 
 
 def parse(q, k, v, variant: str, causal: bool, options: dict[str, Any]) -> tuple[Variant, Mask, dict, dict]:
-    """(Variant, Mask, variant options, implementation options) from the public arguments."""
+    """(Variant, Mask, variant options, implementation options) from the public arguments; with check_finite=True,
+    concrete q, k, v checked to lie where the output is finite (finite.check)."""
     _check_shapes(q, k, v)
+    check_finite = options.pop("check_finite", False)
+    if not isinstance(check_finite, (bool, np.bool_)):
+        raise TypeError(f"check_finite must be True or False, got {check_finite!r}")
     spec = get_variant(variant)
     mask_args = {name: options.pop(name) for name in MASK_OPTIONS if name in options}
     mask = make_mask(q.shape[0], q.shape[1], k.shape[1], causal=causal, **mask_args)
     if mask.dense is not None and mask.dense.shape[1] not in (1, q.shape[2]):
         raise ValueError(f"mask's head axis must be 1 or num_heads={q.shape[2]}, got {mask.dense.shape}")
     variant_args = {name: options.pop(name) for name in (*spec.defaults, "scale") if name in options}
-    return spec, mask, variant_options(variant, variant_args, q.shape[2]), options
+    opts = variant_options(variant, variant_args, q.shape[2])
+    if check_finite:
+        finite.check(q, k, v, spec, mask, opts, variant)
+    return spec, mask, opts, options

@@ -152,6 +152,36 @@ MISUSES = {  # name: (call, error, a regular expression the one-line message mus
         ValueError,
         r"unknown option\(s\) \['pp'\]",
     ),
+    "check_finite: bfloat16 q and k of 1e30 (q·k overflows float32)": (
+        lambda: attend(*(jnp.full((1, 8, 2, 16), 1e30, jnp.bfloat16),) * 3, check_finite=True),
+        ValueError,
+        r"check_finite: q and k overflow together: \|q_i\| up to 4e\+30 .* not below 1e\+29",
+    ),
+    "check_finite: q whose squared norm overflows (lssa normalises it)": (
+        lambda: attend(q_BTHD.at[0, 2, 1].set(1e20), k_BSKD + 1, k_BSKD, variant="lssa", check_finite=True),
+        ValueError,
+        r"check_finite: q's squared norm overflows float32: \|q\| = 4e\+20 at \[0, 2, 1\]",
+    ),
+    "check_finite: v that makes relu's output overflow": (
+        lambda: attend(q_BTHD + 1e3, k_BSKD + 1e3, k_BSKD + 1e36, variant="relu", check_finite=True),
+        ValueError,
+        r"check_finite: v is too large for variant 'relu'",
+    ),
+    "check_finite: a NaN key that a query sees": (
+        lambda: attend(q_BTHD, k_BSKD.at[0, 3, 1, 2].set(jnp.nan), k_BSKD, check_finite=True),
+        ValueError,
+        r"check_finite: k holds NaN or Inf at \[0, 3, 1, 2\], in a key that a query sees",
+    ),
+    "check_finite: traced inputs": (
+        lambda: jax.jit(lambda q: attend(q, k_BSKD, k_BSKD, check_finite=True))(q_BTHD),
+        ValueError,
+        "check_finite=True checks the values of q, k and v, but q is traced",
+    ),
+    "check_finite not a bool": (
+        lambda: attend(q_BTHD, k_BSKD, k_BSKD, check_finite="yes"),
+        TypeError,
+        "check_finite must be True or False, got 'yes'",
+    ),
     "ring: length not a multiple of 2 x context": (
         lambda: _ring(variant="lssa"),
         ValueError,
