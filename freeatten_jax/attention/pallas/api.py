@@ -3,9 +3,10 @@
 Glossary: B batch, T queries, S keys, H heads, K kv heads, D head dim. The kernels per platform (core.LOWERINGS):
 Triton on CUDA (gpu.py; on ROCm without inline PTX), Mosaic on TPU (tpu.py), interpret mode on the CPU (or anywhere
 with interpret=True, or "tpu" for the TPU kernels); chosen while tracing (platforms.platform_dependent), so
-cross-platform lowering is right. Inside a mesh (the ambient one, `jax.set_mesh`) the kernels run in `shard_map`,
-each device on its shard: the SPMD partitioner cannot split a Pallas call (Mosaic refuses; Triton calls get
-replicated).
+cross-platform lowering is right. gpu_kernels="mosaic_gpu" takes LSSA's forward on CUDA (and with interpret=True)
+from the Mosaic GPU kernel (mosaic_gpu.py), its backward from Triton's. Inside a mesh (the ambient one,
+`jax.set_mesh`) the kernels run in `shard_map`, each device on its shard: the SPMD partitioner cannot split a Pallas
+call (Mosaic refuses; Triton calls get replicated).
 """
 
 import functools
