@@ -18,7 +18,10 @@ def _run(module: str, extra: str) -> None:
 
 
 def train() -> None:
-    _run("freeatten_jax.cli.train", "train")
+    from freeatten_jax.training import signals
+
+    with signals.stopping():  # first: a signal during the command's imports (seconds) is a preemption too, exit 75
+        _run("freeatten_jax.cli.train", "train")
 
 
 def evaluate() -> None:

@@ -8,26 +8,18 @@ Metrics go to WORKDIR/metrics.jsonl and WORKDIR/tensorboard; checkpoints to WORK
 Several processes (one per host): `--coordinator_address=host0:1234 --num_processes=2 --process_id=0|1`
 (left out on TPU pods, SLURM and MPI: detected). Exit codes: 0 done, 1 error, 75 stopped by SIGTERM/SIGINT
 after saving, or during start-up before any step (rerun to resume), 76 another process died (restart them all to resume).
-The signal handlers come first, before the command's imports (seconds): a signal from then on is a preemption.
 """
 
 import sys
 
-from freeatten_jax.training import signals
+from absl import flags
+from ml_collections import config_flags
+
+from freeatten_jax.cli import shared as cli
+from freeatten_jax.errors import EXIT_PREEMPTED
 
 
 def main() -> None:
-    with signals.stopping():
-        _main()
-
-
-def _main() -> None:
-    from absl import flags
-    from ml_collections import config_flags
-
-    from freeatten_jax.cli import shared as cli
-    from freeatten_jax.errors import EXIT_PREEMPTED
-
     argv = cli.config_argv(sys.argv)
     config = config_flags.DEFINE_config_file(
         "config",

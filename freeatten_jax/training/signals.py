@@ -2,7 +2,7 @@
 it), or, during start-up, to stop at its next check (`StopSignal.check`: before the lock, after the resume, before
 the first step) with nothing to save; a second SIGINT interrupts at once. The handler records, and says so with one
 os.write (a handler that prints through sys.stderr could interrupt a print). `stopping` installs the handlers once
-per process: the train command does so on its first line, before its imports, and the run takes them over."""
+per process: freeatten-train (cli/scripts.py) does so before it imports the command, and the run takes them over."""
 
 import contextlib
 import os
