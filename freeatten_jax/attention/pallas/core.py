@@ -53,7 +53,7 @@ def _mosaic_gpu(interpret: bool) -> Lowering:
 
     def calls(cfg: Static, shapes):
         _, dq, dkv = gpu.calls(cfg, shapes, ptx=not interpret, interpret=interpret)
-        return mosaic_gpu.calls(cfg, shapes, interpret=interpret), dq, dkv
+        return mosaic_gpu.forward_call(cfg, shapes, interpret=interpret), dq, dkv
 
     pass_call = functools.partial(gpu.pass_call, ptx=not interpret, interpret=interpret)
     return Lowering(mosaic_gpu.blocks, mosaic_gpu.ROWS, True, calls, pass_call)

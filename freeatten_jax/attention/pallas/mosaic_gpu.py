@@ -210,7 +210,9 @@ def _kernel(cfg: Static, interpret: bool, shapes, refs, scoped):
             plgpu.barrier_wait(schedule)
 
             def pv(acc_ref):
-                plgpu.wgmma(acc_ref, _weights_operand(interpret, w_QC, p_smem2 and p_smem2.at[wg]), v_smem.at[slot])
+                plgpu.wgmma(
+                    acc_ref, _weights_operand(interpret, w_QC, None if p_smem2 is None else p_smem2.at[wg]), v_smem.at[slot]
+                )
 
                 @pl.when(step + 1 < steps)
                 def _():
@@ -301,8 +303,9 @@ def _interpret_params(interpret):
 
 
 def forward_call(cfg: Static, shapes, interpret=False):
-    """The forward as call(spans, KernelRefs) -> (out, statistics..., low half), gpu.py's outputs for the same cfg.
-    A plain mask's spans are known while tracing: `spans` and the mask arrays go unread."""
+    """The forward as call(spans, KernelRefs) -> (out, statistics..., low half), gpu.py's outputs for the same cfg
+    (core.py pairs it with gpu.py's backward).
+        A plain mask's spans are known while tracing: `spans` and the mask arrays go unread."""
     (b_size, h_size, tp, d), (kv_heads, sp) = shapes
     check(cfg, d)
     tile = CONSUMERS * ROWS
@@ -344,8 +347,3 @@ def forward_call(cfg: Static, shapes, interpret=False):
         return [out[:, :, :tp], *stats, *[lo[:, :, :tp] for lo in rest[len(family.stats) :]]]
 
     return call
-
-
-def calls(cfg: Static, shapes, interpret=False):
-    """The forward (Mosaic GPU); the backward is the caller's (core.py pairs it with gpu.py's)."""
-    return forward_call(cfg, shapes, interpret)
