@@ -556,4 +556,11 @@ MUTANTS = [
         "blocks = (block_q, block_k, None)",
         ("tests/attention/pallas/test_kernels.py", "-k", "smaller_dkv or dkv_key_block"),
     ),
+    Mutant(
+        "check_finite: scores allowed up to float32's max (beyond the masked logits' -1e30)",
+        "freeatten_jax/attention/finite.py",
+        "    if score >= SCORE_LIMIT:",
+        "    if score >= FLOAT32_MAX:",
+        ("tests/attention/test_finite.py",),
+    ),
 ]

@@ -436,4 +436,25 @@ MUTANTS = [
         "",
         (f"{HF_IMPORT}::test_rope_scaling_is_imported",),
     ),
+    Mutant(
+        "resume: a workdir that shows progress but holds no checkpoint starts from scratch silently",
+        "freeatten_jax/training/resume.py",
+        "    elif shown:\n",
+        "    elif False:\n",
+        ("tests/training/test_history.py", "-k", "without_its_checkpoints"),
+    ),
+    Mutant(
+        "signals: freeatten-train's handlers installed only once the run starts (after the imports)",
+        "freeatten_jax/cli/scripts.py",
+        "    with signals.stopping():  # first:",
+        "    if True:  # first:",
+        ("tests/training/test_signals.py", "-k", "start_up"),
+    ),
+    Mutant(
+        "checkpoint: a due save waits for the one before without saying so",
+        "freeatten_jax/training/checkpoint.py",
+        "        self._wait_for_the_one_before(step)\n",
+        "",
+        ("tests/training/test_checkpoint.py",),
+    ),
 ]
