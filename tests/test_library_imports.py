@@ -79,3 +79,18 @@ def test_the_wheel_lists_every_package():
     setuptools = tomllib.loads(pathlib.Path("pyproject.toml").read_text())["tool"]["setuptools"]
     found = {".".join(p.parent.parts) for p in pathlib.Path("freeatten_jax").rglob("__init__.py")}
     assert set(setuptools["packages"]) == found and "freeatten_jax.configs" in found and "package-dir" not in setuptools
+
+
+def test_the_harness_extra_admits_no_hub_that_the_test_extras_transformers_refuses():
+    """`pip install '.[harness]'` into a `[test]` environment resolves only the harness's requirements: a newer
+    huggingface-hub than transformers 4 accepts broke lm-eval's start (its environment report imports transformers)."""
+    import tomllib
+    from importlib.metadata import requires
+
+    from packaging.requirements import Requirement
+
+    extras = tomllib.loads(open("pyproject.toml", "rb").read().decode())["project"]["optional-dependencies"]
+    hub = lambda requirements: next(r.specifier for r in map(Requirement, requirements) if r.name == "huggingface-hub")  # noqa: E731
+    harness = hub(extras["harness"])
+    transformers = hub(r for r in requires("transformers") if "extra ==" not in r)
+    assert [v for v in ("0.34.0", "0.36.2", "0.99.0", "1.0.0", "1.33.0") if v in harness and v not in transformers] == []
