@@ -636,6 +636,7 @@ BAD_EVAL = {  # (main, arguments, what the line must contain); {run} is a copy o
         "--passkey_depths=2 is invalid; allowed: numbers in [0, 1]",
     ),
     "eval, no checkpoint": (eval_cli.main, ["--workdir={empty}"], "no checkpoint in"),
+    "eval, no such folder": (eval_cli.main, ["--workdir={missing}"], "missing: no such folder"),
     "eval, checkpoint missing a file": (eval_cli.main, ["--workdir={broken}"], "checkpoint step 6 in"),
     "generate, checkpoint missing a file": (generate_cli.main, ["--workdir={broken}", "--prompt=hi"], "checkpoint step 6 in"),
     "generate, no prompt": (generate_cli.main, ["--workdir={broken}"], "--prompt must have a value"),
@@ -668,9 +669,11 @@ def test_bad_eval_or_generate_input_is_one_error_line(case, run_cli, run6, tmp_p
     paths = {
         "run": run6,
         "empty": tmp_path / "empty",
+        "missing": tmp_path / "missing",
         "broken": _missing_a_file(run6, tmp_path),
         "tampered": tmp_path / "tampered",
     }
+    paths["empty"].mkdir()
     shutil.copytree(run6, paths["tampered"])
     _another_steps_state(paths["tampered"] / "checkpoints" / "6")
     defaults = [f"--out={tmp_path / 'out'}"] if main is eval_cli.main else []
