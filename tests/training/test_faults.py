@@ -144,7 +144,8 @@ def _config_file(tmp_path, text_glob, steps, **overrides) -> str:
     """A config file giving `_cfg(text_glob, steps, **overrides)`, for running the train command line in-process."""
     path = tmp_path / "cfg.py"
     path.write_text(
-        f"import sys\nsys.path.insert(0, {str(pathlib.Path(__file__).parent)!r})\nfrom test_faults import _cfg\n"
+        f"import sys\nsys.path[:0] = {[str(pathlib.Path(__file__).parent), str(pathlib.Path(__file__).parents[1])]!r}\n"
+        "from test_faults import _cfg\n"
         f"def get_config():\n    return _cfg({text_glob!r}, {steps}, **{overrides!r})\n"
     )
     return str(path)

@@ -229,7 +229,7 @@ def dq_kernel(cfg: Static, schedule: Schedule, spans: Spans, x: KernelRefs, *ref
     cfg.p_grad, written as a [1, Q] row); written at the query block's last step. The rows come lane-dense, as [1, Q]."""
     step = _step(schedule)
     family = FAMILIES[cfg.family]
-    accumulators, _ = dq_scratch(cfg, x.q.shape[-1] // cfg.pack)
+    accumulators = dq_scratch(cfg, x.q.shape[-1] // cfg.pack)[0]
     out_refs, acc_refs, column_refs = (
         refs[: len(accumulators)],
         refs[len(accumulators) : 2 * len(accumulators)],
