@@ -3,6 +3,7 @@ the config; the command line's ConfigDict is derived from them (`config_dict`) a
 
 import codecs
 import dataclasses
+import importlib.util
 import json
 import math
 from typing import Any
@@ -37,6 +38,10 @@ _MESH_SHAPE = (
     "3 or 4 sizes (data, fsdp, tensor[, context]), each >= 1 or -1 for 'the rest', e.g. '(1,1,1)' or '(2,1,1,4)'",
 )
 _PROFILE_STEPS = (_profile_steps, "() for none, or (first, last) steps with 1 <= first <= last, e.g. '(10,12)'")
+_WANDB = (
+    lambda v: v == "" or importlib.util.find_spec("wandb") is not None,
+    "'' (off), or a project where wandb is installed: pip install 'freeatten_jax[wandb]'",
+)
 
 
 # the data sources that read data.path (and data.val_path) -> what data.path names for them
@@ -129,6 +134,11 @@ class TrainConfig:
     grad_accum_steps: int = option(1, help="micro-batches per step (batch_size must be divisible by it)", check=integer(1))
     seed: int = option(0, help="parameters and data order", check=integer(0))
     log_every: int = option(25, help="steps between logged metrics", check=integer(1))
+    wandb_project: str = option(
+        "", help="Weights & Biases project to log the metrics to as well (the [wandb] extra); '': off", check=_WANDB
+    )
+    wandb_entity: str = option("", help="W&B entity (team or user) of wandb_project; '': your default")
+    wandb_run_name: str = option("", help="W&B run name; '': W&B's own (the run is resumed on restart either way)")
     eval_every: int = option(50, help="steps between validations; 0: only at the end", check=integer(0))
     eval_windows: int = option(64, help="held-out windows of seq_len tokens per validation", check=integer(1))
     checkpoint_every: int = option(100, help="steps between checkpoints", check=integer(1))

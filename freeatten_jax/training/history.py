@@ -8,7 +8,7 @@ import jax
 
 from freeatten_jax.training import storage
 
-RECORDS = ("metrics.jsonl", "confirmed.json", "tensorboard")
+RECORDS = ("metrics.jsonl", "confirmed.json", "tensorboard", "wandb.json", "wandb")  # wandb*: wandb_log.RUN_FILE, its files
 PREVIOUS = "previous"  # WORKDIR/previous/1, 2, ...: the records of each earlier run that a fresh start replaced
 
 

@@ -5,6 +5,7 @@ anything is written), `resume` (which checkpoint a rerun continues from), `rollb
 
 import contextlib
 import dataclasses
+import functools
 
 import jax
 
@@ -25,6 +26,7 @@ from freeatten_jax.training import (
     rollback,
     signals,
     storage,
+    wandb_log,
     warm_start,
 )
 from freeatten_jax.training import state as train_state
@@ -144,7 +146,7 @@ def _train(run: _Run, initialise_only: bool, stop: signals.StopSignal) -> RunMet
     if initialise_only:
         ckpt.close()
         return RunMetrics()
-    writer = MetricsWriter(run.workdir, start, cfg.source)
+    writer = MetricsWriter(run.workdir, start, cfg.source, functools.partial(wandb_log.sinks, run.workdir, cfg.train, cfg.source))
     try:
         loop = _Loop(run, ckpt, train_iter, writer, stop, start)
         stop.check()

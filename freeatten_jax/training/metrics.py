@@ -69,8 +69,10 @@ class MetricsWriter:
     """Appends {step, ...} lines; on resume, drops lines past the restored step (and bad ones) so that the file
     holds each step once."""
 
-    def __init__(self, workdir, resumed_step: int = 0, config: dict | None = None):
+    def __init__(self, workdir, resumed_step: int = 0, config: dict | None = None, sinks=lambda: ()):
+        """sinks() -> further loggers (log(step, metrics), close()), made on process 0 only: W&B's (wandb_log)."""
         self.enabled = jax.process_index() == 0
+        self._sinks: tuple = ()
         self.path = storage.path(workdir) / "metrics.jsonl"
         self._tb, self._lines, self.rows = None, [], []  # rows: the records kept (process 0)
         if self.enabled:
@@ -82,6 +84,7 @@ class MetricsWriter:
             self._tb = _tensorboard(storage.path(workdir) / "tensorboard")
             if config is not None:  # the run's config, readable in TensorBoard's text tab
                 self._tb.add_text("config", "```\n" + json.dumps(config, indent=1) + "\n```", resumed_step)
+            self._sinks = tuple(sinks())
 
     def write(self, step: int, metrics: dict) -> None:
         if not self.enabled:
@@ -96,8 +99,12 @@ class MetricsWriter:
         for name, value in metrics.items():
             self._tb.add_scalar(name, value, step)
         self._tb.flush()
+        for sink in self._sinks:
+            sink.log(step, metrics)
 
     def close(self) -> None:
+        for sink in self._sinks:
+            sink.close()
         if self._tb is not None:
             try:
                 self._tb.close()
