@@ -104,7 +104,7 @@ def origin(workdir) -> str:
 
 
 @contextlib.contextmanager
-def _quiet_orbax():
+def quiet_orbax():
     """Orbax warns on every read-only restore (absl WARNING lines on the console); keep them out of it."""
     logger = logging.getLogger("absl")
     level = logger.level
@@ -206,6 +206,6 @@ def load_run(workdir, step: int | None = None, mesh=None) -> Run:
     from freeatten_jax import data
 
     workdir, at = split_step(str(workdir))
-    with _quiet_orbax():
+    with quiet_orbax():
         model, cfg, step = load_params(workdir, step=at if step is None else step, mesh=mesh)
     return Run(workdir, model, data.run_tokenizer(workdir, cfg.data), cfg, int(step))

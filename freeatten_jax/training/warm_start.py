@@ -130,8 +130,10 @@ def open_source(text: str) -> Source:
 
 def settings(text: str) -> dict:
     """The config fields (flattened) of a warm start from `text` (the lm config's init= argument): the source's
-    architecture, the data fields that tokenize as it did, its training length as train.seq_len, and init.path."""
-    source = open_source(text)
+    architecture, the data fields that tokenize as it did, its training length as train.seq_len, and init.path. Read
+    while the command line's config loads, before absl's flags are parsed: orbax's read-only notices kept quiet."""
+    with run_dir.quiet_orbax():
+        source = open_source(text)
     plain = lambda value: value.name if isinstance(value, np.dtype) else value
     model = {f"model.{name}": plain(getattr(source.model, name)) for name in ARCHITECTURE}
     return {**model, **source.data_settings, "train.seq_len": source.training_length, "init.path": text}

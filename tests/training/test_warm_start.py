@@ -6,6 +6,7 @@ writes nothing."""
 import json
 import math
 import os
+import pathlib
 import shutil
 import signal
 import subprocess
@@ -17,7 +18,7 @@ import numpy as np
 import pytest
 import tokenizers
 from flax import nnx
-from helpers import WORDS, read_metrics, tiny_config
+from helpers import WORDS, read_metrics, subprocess_env, tiny_config
 
 from freeatten_jax import data
 from freeatten_jax.cli import train as train_cli
@@ -236,3 +237,15 @@ def test_a_bad_warm_start_source_is_one_error_line_and_writes_nothing(case, sour
     code, lines = run_cli(train_cli.main, *_args(source, text_glob, tmp_path / "run", **overrides))
     assert code == 1 and len(lines) == 1 and lines[0].startswith("error: ") and expected.format(**paths) in lines[0], lines
     assert (_files(tmp_path), _files(source)) == before and not (tmp_path / "run").exists()
+
+
+def test_a_warm_start_by_the_lm_configs_init_argument_prints_no_logging_notices(source, tmp_path):
+    """`--config=lm:variant=lssar,init=RUN` reads the source while the config loads, before absl's flags are parsed:
+    no 'Logging before flag parsing' line and no orbax read-only notice, as with --config.init.path."""
+    train = pathlib.Path(sys.executable).parent / "freeatten-train"
+    command = [str(train), f"--config=lm:variant=lssar,init={source}", f"--workdir={tmp_path / 'run'}"]
+    command += ["--config.train.steps=1", "--config.train.batch_size=8", "--config.mesh.shape=(1,1,1)"]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=300, env=subprocess_env(1))
+    assert result.returncode == 0, result.stderr[-2000:]
+    notices = [line for line in result.stderr.splitlines() if "flag parsing" in line or "read_only" in line]
+    assert notices == [] and read_metrics(tmp_path / "run")[-1]["step"] == 1
