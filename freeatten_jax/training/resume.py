@@ -35,14 +35,17 @@ def check_resumable(saved: dict, cfg: config.Config, step: int, workdir) -> None
     (a field the checkpoint lacks was added since: it had its default)."""
     old, new = flat_fields(saved), flat_fields(cfg.source)
     free = FREE + (CHANGEABLE_DATA if cfg.data.allow_changed else ())
-    changed = [
-        k for k in sorted(set(old) | set(new)) if k.startswith(FIXED) and k not in free and k in old and old[k] != new.get(k)
-    ]
+    following = {f"model.{name}" for name in config.MODEL_NOTES}  # filled in from other fields: named after them
+    changed = sorted(
+        (k for k in set(old) | set(new) if k.startswith(FIXED) and k not in free and k in old and old[k] != new.get(k)),
+        key=lambda k: (k in following, k),
+    )
     if changed:
-        k = changed[0]
+        k, others = changed[0], ", ".join(f"config.{o}" for o in changed[1:])
+        also = f"; also changed: {others}" if others else ""
         raise ConfigError(
-            f"config.{k} is {new.get(k)!r} but the checkpoint at step {step} in {workdir} used "
-            f"{old.get(k)!r} ({len(changed)} such field(s)); resume with the same value or use a new --workdir"
+            f"config.{k} is {new.get(k)!r} but the checkpoint at step {step} in {workdir} used {old.get(k)!r}{also}; "
+            "resume with the same values or use a new --workdir"
         )
 
 
