@@ -171,16 +171,13 @@ def test_bfloat16_within_twice_the_reference_error(variant):
         assert np.all(errors <= BF16_CONTRACT * reference), f"{name}: ratios {errors / reference} (out, dq, dk, dv)"
 
 
-@pytest.mark.parametrize("split, dtype", [(False, jnp.bfloat16), (True, jnp.bfloat16), (False, jnp.float32)])
-def test_gpu_kernels_sum_the_weights_as_their_weighted_sum_rounds_them(split, dtype):
-    """The GPU kernels' row sums of weights (LSSA's Z, LSSAR's l and Σ ρ^(p-1)) add the weights rounded to the inputs'
-    dtype, as the unsplit weighted sum multiplies them (gpu.rounded_row_sum, on the tensor cores); with split matmuls
-    or float32 inputs, the float32 weights."""
-    cfg = Static(
-        family="sum",
+def _causal_static(family: str, blocks: BlockSizes, dtype, split: bool) -> Static:
+    """A causal kernel's constants, one query head a kv head, LSSA's key factor, no power: for the row-sum checks."""
+    return Static(
+        family=family,
         causal=True,
         window=None,
-        blocks=BlockSizes(16, 32),
+        blocks=blocks,
         kv_groups=1,
         static_power=None,
         weight=None,
@@ -189,6 +186,14 @@ def test_gpu_kernels_sum_the_weights_as_their_weighted_sum_rounds_them(split, dt
         key_scale=True,
         split=split,
     )
+
+
+@pytest.mark.parametrize("split, dtype", [(False, jnp.bfloat16), (True, jnp.bfloat16), (False, jnp.float32)])
+def test_gpu_kernels_sum_the_weights_as_their_weighted_sum_rounds_them(split, dtype):
+    """The GPU kernels' row sums of weights (LSSA's Z, LSSAR's l and Σ ρ^(p-1)) add the weights rounded to the inputs'
+    dtype, as the unsplit weighted sum multiplies them (gpu.rounded_row_sum, on the tensor cores); with split matmuls
+    or float32 inputs, the float32 weights."""
+    cfg = _causal_static("sum", BlockSizes(16, 32), dtype, split)
     ctx = kernel_ctx(cfg, 1.0, 1.0, gpu.family_math(cfg, ptx=False))
     w = jnp.asarray(1 + 2.0**-9 * (1 + np.random.default_rng(1).random((16, 32))), jnp.float32)  # bfloat16 rounds to 1
     sums = np.asarray(ctx.row_sum(w), np.float64)[:, 0]
@@ -482,19 +487,7 @@ def test_split_matmuls_split_the_weights_but_never_lssars_y(split):
     w, x = jnp.asarray(rng.random((16, 32)), jnp.float32), jnp.asarray(rng.normal(size=(32, 16)), jnp.bfloat16)
     acc = jnp.zeros((16, 16), jnp.float32)
     ctx = kernel_ctx(
-        Static(
-            family="reweight",
-            causal=True,
-            window=None,
-            blocks=BlockSizes(16, 16),
-            kv_groups=1,
-            static_power=None,
-            weight=None,
-            dtype=jnp.bfloat16,
-            p_grad=False,
-            key_scale=True,
-            split=split,
-        ),
+        _causal_static("reweight", BlockSizes(16, 16), jnp.bfloat16, split),
         1.0,
         2.0,
     )
