@@ -1,7 +1,7 @@
 """Per-score instruction budget of the Pallas kernels, compiled for H100 (sm_90a) or a TPU without the chip.
 
     python benchmarks/kernel_budget.py [--target h100|v5e|v5p|v6e] [--variants softmax,lssa,lssar,sigmoid] [--seq_len 8192]
-                                       [--head_dim 128]
+                                       [--head_dim 128] [--kernels triton,mosaic_gpu] [--mosaic_shapes 8192x128,8192x64]
 
 TPU targets: the VLIW bundles of each kernel's grid step (benchmarks/tpu_bundles.py), D = --head_dim (below 128 the
 kernels read and write their [.., L, D] arrays packed: what unpacking costs a grid step shows here). H100:
@@ -16,6 +16,11 @@ score, 10·D a backward one, FlashAttention-2's count) by the time of the busies
 per-SM rates per clock: 4,096 tensor FLOP, 16 MUFU, 128 FP32, 64 other ALU, 128 issued instructions.
 It is a static upper bound (1.0 = could be tensor-bound), not a measured speed. The ceiling is the bound if
 only the tensor cores counted: model FLOP over the kernel's own tensor FLOP (the split matmuls add to the latter).
+
+The Mosaic GPU forward (LSSA, gpu_kernels="mosaic_gpu") at each of --mosaic_shapes (T x D): its MOSAIC_GPU_DUMP_TO
+dump gives the ptxas log (registers, spill bytes) and the PTX, re-assembled for the SASS; the loops counted are
+those holding HGMMA (the mask-free run, then the masked blocks), per score with the classes above, each body's
+scores being its HGMMA FLOP over 4·D.
 """
 
 import argparse
@@ -94,9 +99,11 @@ def cuda_tool(name: str) -> str:
     sys.exit(f"{name} not found: install '.[compile]' (the nvidia-cuda-* wheels) or a CUDA toolkit")
 
 
-def compile_kernels(variant: str, seq_len: int, dump: str, gradients: bool = True, block_k_dkv=None) -> None:
-    """Compile attend's forward+backward (the forward alone without `gradients`) for one H100 with XLA's dump (PTX)
-    going to `dump`; block_k_dkv: the dK/dV kernel's key block (None: the key block)."""
+def compile_kernels(
+    variant: str, seq_len: int, gradients: bool = True, block_k_dkv=None, head_dim: int = 128, gpu_kernels="triton"
+) -> None:
+    """Compile attend's forward+backward (the forward alone without `gradients`) for one H100, the dumps going where
+    main() pointed XLA's and Mosaic GPU's; block_k_dkv: the dK/dV kernel's key block (None: the key block)."""
     import jax
     import jax.numpy as jnp
     from jax.experimental import topologies
@@ -106,15 +113,24 @@ def compile_kernels(variant: str, seq_len: int, dump: str, gradients: bool = Tru
     topology = topologies.get_topology_desc(platform="cuda", topology_name="", topology="1x1x1", target_config=H100)
     mesh = jax.sharding.Mesh(topology.devices[:1], ("device",))
     shape = jax.ShapeDtypeStruct(
-        (1, seq_len, 2, 128), jnp.bfloat16, sharding=jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+        (1, seq_len, 2, head_dim), jnp.bfloat16, sharding=jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
     )
 
     def loss(q, k, v):
-        out = attention.attend(q, k, v, variant=variant, implementation="pallas", block_k_dkv=block_k_dkv)
+        out = attention.attend(
+            q, k, v, variant=variant, implementation="pallas", block_k_dkv=block_k_dkv, gpu_kernels=gpu_kernels
+        )
         return jnp.sum(out.astype(jnp.float32))
 
     with jax.set_mesh(mesh):
         jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2)) if gradients else loss).lower(shape, shape, shape).compile()
+
+
+def ptxas_counts(log: str):
+    """(registers, spill bytes stored + loaded) from a `ptxas -v` log."""
+    used = re.search(r"Used (\d+) registers", log)
+    assert used, log
+    return int(used.group(1)), sum(int(x) for x in re.findall(r"(\d+) bytes spill (?:stores|loads)", log))
 
 
 def ptxas(ptx: str, cubin: str):
@@ -122,9 +138,7 @@ def ptxas(ptx: str, cubin: str):
     out = subprocess.run(
         [cuda_tool("ptxas"), "-arch=sm_90a", "-v", ptx, "-o", cubin], capture_output=True, text=True, check=True
     ).stderr
-    registers = int(re.search(r"Used (\d+) registers", out).group(1))
-    spills = sum(int(x) for x in re.findall(r"(\d+) bytes spill (?:stores|loads)", out))
-    return registers, spills
+    return ptxas_counts(out)
 
 
 def loops(cubin: str):
@@ -228,7 +242,7 @@ def gpu_table(args, dump: str) -> None:
         block_q, block_k = core.LOWERINGS["cuda"].blocks(attention.get_variant(variant).normalise)
         for gradients in (True, False):  # training's kernels, then inference's forward (rules.output_only)
             before = set(glob.glob(os.path.join(dump, "*.ptx")))
-            compile_kernels(variant, args.seq_len, dump, gradients, args.block_k_dkv)
+            compile_kernels(variant, args.seq_len, gradients, args.block_k_dkv)
             seen = set()
             for ptx in sorted(set(glob.glob(os.path.join(dump, "*.ptx"))) - before):
                 entry = re.search(r"\.entry\s+(freeatten_\w+)\(", open(ptx).read())
@@ -263,6 +277,65 @@ def gpu_table(args, dump: str) -> None:
             print(
                 f"| {variant} backward {part} ({' + '.join(names)} at 10·D per score) | | | | | | | | {backward:.2f} "
                 f"| {ceiling:.2f} |",
+                flush=True,
+            )
+
+
+def mosaic_loops(cubin: str):
+    """The loops holding HGMMA, in code order; a branch back from past the kernel's EXIT (a barrier wait's
+    out-of-line retry) spans no loop and is dropped."""
+    bodies = [body for body in loops(cubin) if not any(mnemonic(t) == "EXIT" for t in body)]
+    return [body for body in bodies if any(mnemonic(t).startswith("HGMMA") for t in body)]
+
+
+def mosaic_budget(dump: str, d: int, rows: int, keys: int):
+    """(registers, spill bytes) from the ptxas log of the one Mosaic GPU kernel in `dump`, and {part: (per-score
+    counts by class, tensor FLOP per score)}: part "interior" then "edge" (mosaic_gpu's two key loops), each body's
+    counts per score over its HGMMA FLOP / 4·D scores, its FLOP over a warpgroup's rows x keys."""
+    (log,) = glob.glob(os.path.join(dump, "*.ptxas"))
+    registers, spills = ptxas_counts(open(log).read())
+    (ptx,) = glob.glob(os.path.join(dump, "*.ptx"))
+    ptxas(ptx, ptx + ".cubin")
+    found = mosaic_loops(ptx + ".cubin")
+    names = ("interior", "edge") if len(found) == 2 else [f"loop {i}" for i in range(len(found))]
+    parts = {}
+    for name, body in zip(names, found):
+        counts, flop = classify(body)
+        scores = flop * 4 / (MODEL_FLOP["fwd"] * d)  # one warp's share of its warpgroup's HGMMA FLOP
+        per_score = collections.Counter({k: v * 4 * 32 / scores for k, v in counts.items()})
+        per_score["spill"] = sum(mnemonic(t).startswith(("LDL", "STL")) for t in body)
+        parts[name] = (per_score, flop * 4 / (rows * keys))
+    return registers, spills, parts
+
+
+def mosaic_table(args, dump: str) -> None:
+    """The Mosaic GPU forward's table: LSSA's forward at each T x D, the columns of the Triton table; compiled without
+    a gradient (half the compile time: its key loops are the training forward's, which only stores more after them)."""
+    from freeatten_jax.attention.pallas import mosaic_gpu
+
+    rows, keys = mosaic_gpu.blocks("sum")
+    print(
+        f"Mosaic GPU forward (H100): sm_90a, LSSA, bf16, causal, blocks {rows} x {keys} a consumer warpgroup, "
+        "gpu_kernels='mosaic_gpu', per score of the HGMMA loops (interior = mask-free blocks, edge = masked ones)"
+    )
+    print(
+        "| kernel | tensor FLOP | MUFU | FP32 | other ALU | all | spill ld/st per iteration | registers, spill bytes | bound "
+        "| ceiling |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for shape in args.mosaic_shapes.split(","):
+        t, d = (int(x) for x in shape.split("x"))
+        for path in glob.glob(os.path.join(dump, "*")):
+            os.remove(path)
+        compile_kernels("lssa", t, False, head_dim=d, gpu_kernels="mosaic_gpu")
+        registers, spills, parts = mosaic_budget(dump, d, rows, keys)
+        model = MODEL_FLOP["fwd"] * d
+        for part, (per_score, flop) in parts.items():
+            row = [f"{flop:.0f}"] + [f"{per_score[c]:.2f}" for c in ("mufu", "fp32", "alu", "all")]
+            bound = model / RATES["tensor"] / clocks(per_score, model)
+            print(
+                f"| lssa fwd mosaic_gpu T={t} D={d} {part} | {' | '.join(row)} | {per_score['spill']:.0f} "
+                f"| {registers}, {spills} | {bound:.2f} | {model / flop:.2f} |",
                 flush=True,
             )
 
@@ -331,14 +404,26 @@ def main(argv=None) -> None:
     parser.add_argument(
         "--full_grid", action="store_true", help="TPU: also compile on the full grid and compare whole-kernel bundles"
     )
+    parser.add_argument("--kernels", default="triton,mosaic_gpu", help="H100: the tables, of triton and mosaic_gpu")
+    parser.add_argument("--mosaic_shapes", default="8192x128,8192x64", help="H100: the Mosaic GPU forward's T x D")
     args = parser.parse_args(argv)
     dump = tempfile.mkdtemp(prefix="kernel_budget_")
+    mosaic_dump = os.path.join(dump, "mosaic_gpu")
     if args.target == "h100":
         os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} --xla_dump_to={dump} --xla_dump_hlo_as_text"
+        os.makedirs(mosaic_dump)
+        os.environ["MOSAIC_GPU_DUMP_TO"] = mosaic_dump  # read by each Mosaic GPU compile
     else:  # read once, when libtpu loads
         os.environ["LIBTPU_INIT_ARGS"] = f"{os.environ.get('LIBTPU_INIT_ARGS', '')} {tpu_bundles.dump_flags(dump)}"
     os.environ.setdefault("JAX_PLATFORMS", "cpu")  # the CUDA plugin compiles through its topology; no GPU is opened
-    (gpu_table if args.target == "h100" else tpu_table)(args, dump)
+    if args.target != "h100":
+        tpu_table(args, dump)
+    else:
+        kernels = args.kernels.split(",")
+        if "triton" in kernels:
+            gpu_table(args, dump)
+        if "mosaic_gpu" in kernels:
+            mosaic_table(args, mosaic_dump)
     shutil.rmtree(dump)
 
 
