@@ -130,6 +130,8 @@ class Attention(nnx.Module):
         implementation: str = "auto",
         implementation_options: dict[str, Any] | None = None,
         use_bias: bool = False,
+        qkv_bias: bool = False,
+        window: int | None = None,
         rope_theta: float = 10_000.0,
         rope_scaling: Scaling = NO_SCALING,
         ssmax_s_init: float = 1.0,
@@ -155,13 +157,15 @@ class Attention(nnx.Module):
         self.wo_HDE = param(rngs.params(), out_init, (h, d, e), ("heads", "head_dim", "embed"), param_dtype)
         zeros = jax.nn.initializers.zeros
         self.biases = nnx.data(None)
-        if use_bias:
+        if use_bias or qkv_bias:  # qkv_bias: none on the output projection (Qwen2's)
+            out = dict(o_E=param(None, zeros, (e,), ("embed",), param_dtype)) if use_bias else {}
             self.biases = nnx.Dict(
                 q_HD=param(None, zeros, (h, d), ("heads", "head_dim"), param_dtype),
                 k_KD=param(None, zeros, (k, d), ("kv_heads", "head_dim"), param_dtype),
                 v_KD=param(None, zeros, (k, d), ("kv_heads", "head_dim"), param_dtype),
-                o_E=param(None, zeros, (e,), ("embed",), param_dtype),
+                **out,
             )
+        self.window = window  # attend's window: keys fewer than `window` positions from the query
         self.s_H = self.b_H = nnx.data(None)
         self.ssmax_learn_s = ssmax_learn_s
         if variant == "ssmax":
@@ -222,6 +226,8 @@ class Attention(nnx.Module):
             mask: dict[
                 str, Any
             ] = {}  # only what the caller gave, so a plain mask stays visibly plain (fused kernels, Mask.plain)
+            if self.window is not None:
+                mask.update(window=self.window)
             if positions_BT is not None:
                 mask.update(q_positions=positions_BT, kv_positions=positions_BT)
             if segment_ids_BT is not None:
@@ -245,6 +251,7 @@ class Attention(nnx.Module):
             q_segment_ids=segment_ids_BT,
             kv_segment_ids=cache.segment_ids_BS,
             kv_mask=cache.filled_BS(),
+            window=self.window,
         )
         return self._project_out(out_BTHD), cache
 
@@ -287,4 +294,4 @@ class Attention(nnx.Module):
 
     def _project_out(self, out_BTHD):
         y_BTE = together.dense("BTHD,HDE->BTE", out_BTHD, self.wo_HDE[...].astype(self.dtype))
-        return y_BTE if self.biases is None else y_BTE + self.biases["o_E"][...].astype(self.dtype)
+        return y_BTE if self.biases is None or "o_E" not in self.biases else y_BTE + self.biases["o_E"][...].astype(self.dtype)

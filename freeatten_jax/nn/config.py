@@ -78,6 +78,13 @@ class ModelConfig:
     )
     tie_embeddings: bool = option(True, help="the output projection is the embedding table", check=BOOL)
     use_bias: bool = option(False, help="biases in the projections", check=BOOL)
+    qkv_bias: bool = option(False, help="biases in the q, k and v projections only (Qwen2's)", check=BOOL)
+    window: int | None = option(
+        None,
+        help="sliding-window attention: a query sees the keys fewer than this many positions back (Mistral's "
+        "sliding_window); None: every earlier key",
+        check=optional(integer(1)),
+    )
     dropout: float = option(0.0, help="dropout rate", check=number(lambda v: 0 <= v < 1, "a rate in [0, 1)"))
     remat: Remat = option(
         "none", help="rematerialisation: none; dots (keep matmul outputs); full (keep nothing)", check=one_of(get_args(Remat))

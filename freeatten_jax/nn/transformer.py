@@ -113,6 +113,8 @@ class Block(nnx.Module):
             options=dict(cfg.attention_options),
             implementation=cfg.implementation,
             use_bias=cfg.use_bias,
+            qkv_bias=cfg.qkv_bias,
+            window=cfg.window,
             rope_theta=cfg.rope_theta,
             rope_scaling=cfg.rope_frequency_scaling,
             ssmax_s_init=cfg.initial_ssmax_s,

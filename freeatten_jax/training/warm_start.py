@@ -37,6 +37,8 @@ ARCHITECTURE = (
     "norm_eps",
     "tie_embeddings",
     "use_bias",
+    "qkv_bias",
+    "window",
     "rope_theta",
     "rope_scaling",
     "rope_factor",
