@@ -44,7 +44,14 @@ from decimal import ROUND_HALF_UP, Decimal
 from scripts import figures_data
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
-DOCUMENTS = {"docs/results.md": True, "README.md": False}  # path: whether text before the first marker is checked
+DOCUMENTS = {  # path: whether text before the first marker is checked
+    "docs/results.md": True,
+    "README.md": False,
+    "docs/reproduction.md": False,
+    "docs/kernels.md": False,
+    "docs/training.md": False,
+    "docs/context_parallel.md": False,
+}
 QUOTED = "results/quoted.csv"  # relative to docs/
 NUMBER = r"[+\-−]?\d+\.\d+"
 # a bracketed interval, or a number with decimals not inside a word or another number ("1.27-1.32x" is two)
