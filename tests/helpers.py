@@ -312,3 +312,13 @@ def write_hub_folder(folder, reference, tok, shards: int = 1):
         weight_map.update(dict.fromkeys(part, file))
     (folder / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
     return folder
+
+
+def import_hub(run_cli, folder, workdir, text_glob) -> list[str]:
+    """freeatten-import of the Hub folder into `workdir`, the test corpus as its data; its output lines (it succeeded)."""
+    from freeatten_jax.cli import import_hf
+
+    on_text = ["--config.mesh.shape=(1,1,1)", "--config.data.source=text", f"--config.data.path={text_glob}"]
+    code, lines = run_cli(import_hf.main, str(folder), f"--workdir={workdir}", *on_text)
+    assert code == 0, lines
+    return lines

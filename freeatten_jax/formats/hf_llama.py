@@ -1,12 +1,17 @@
-"""Hugging Face Llama-family checkpoints (Llama 2, 3 and 3.1+, SmolLM/SmolLM2, TinyLlama, Mistral without a sliding
-window) read without torch: config.json as a `ModelConfig`, model.safetensors (or its shards and their index) as this
-project's parameters, tokenizer.json as the run's tokenizer.
+"""Hugging Face Llama-family checkpoints (Llama 2, 3 and 3.1+, SmolLM/SmolLM2, TinyLlama, Mistral, Qwen2) read
+without torch: config.json as a `ModelConfig`, model.safetensors (or its shards and their index) as this project's
+parameters, tokenizer.json as the run's tokenizer.
 
 Glossary: E hidden_size, H heads, K kv heads, D head dim, F intermediate_size, V vocabulary.
 The Hub stores torch Linear weights [out, in]; ours are [in, ...]: q_proj [H*D, E] -> wq_EHD, k/v_proj [K*D, E] ->
 wk/wv_EKD, o_proj [E, H*D] -> wo_HDE, gate_proj [F, E] -> w_in_EF (SiLU's input), up_proj [F, E] -> w_gate_EF,
 down_proj [E, F] -> w_out_FE, lm_head [V, E] -> unembed_EV. Llama's RoPE rotates the halves of each head
 (pairs f, f + D/2) by position * theta^(-2f/D), as nn.rope does, so q and k are copied without a permutation.
+Qwen2 adds biases to q/k/v (not o): q_proj.bias [H*D] -> biases.q_HD, k/v_proj.bias [K*D] -> biases.k_KD / v_KD.
+Mistral's sliding_window is the model's window: transformers 4.57's Mistral mask (masking_utils'
+sliding_window_overlay) shows query i the keys j with i - window < j <= i, as attend's window does.
+Weights saved by transformers 4's Flax save_pretrained carry Flax names (a Linear's `kernel` [in, out], the embedding's
+`embedding`) and are read as the torch names they stand for.
 config.json's RoPE is read as transformers 5 reads it, in either layout: transformers 5 writes `rope_parameters` (a dict
 of rope_theta, rope_type and the scaling's fields), transformers 4 `rope_theta` and `rope_scaling` (the fields, with
 rope_type or its older name type). The scalings nn.rope implements (ROPE_TYPES) are imported; any other is refused.
@@ -22,7 +27,15 @@ import numpy as np
 from freeatten_jax.errors import UserError
 from freeatten_jax.nn.config import ModelConfig
 
-ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "llama", "mistral")  # config.json's, else its model_type
+# config.json's architecture (else its model_type) -> its family
+ARCHITECTURES = {
+    "LlamaForCausalLM": "llama",
+    "MistralForCausalLM": "mistral",
+    "Qwen2ForCausalLM": "qwen2",
+    "llama": "llama",
+    "mistral": "mistral",
+    "qwen2": "qwen2",
+}
 SINGLE_FILE, INDEX_FILE = "model.safetensors", "model.safetensors.index.json"
 MARKERS = ("config.json", SINGLE_FILE, INDEX_FILE)  # a folder holding any of them is a Hub folder, not a run
 IGNORED = (".rotary_emb.inv_freq",)  # buffers some older checkpoints saved: recomputed from the RoPE settings
@@ -34,6 +47,12 @@ DEFAULTS = {
     "hidden_act": "silu",
     "max_position_embeddings": 2048,
 }
+FAMILY_DEFAULTS = {  # MistralConfig's and Qwen2Config's defaults where they differ from LlamaConfig's
+    "llama": {},
+    "mistral": {"max_position_embeddings": 4096 * 32, "sliding_window": 4096},
+    "qwen2": {"max_position_embeddings": 32768},
+}
+FAMILY_NAMES = {"llama": "Llama without biases", "mistral": "Mistral without biases", "qwen2": "Qwen2 (biases in q/k/v only)"}
 # Hugging Face's rope_type -> (model.rope_scaling, {each field it needs: the ModelConfig field that takes it})
 ROPE_TYPES = {
     "default": ("none", {}),
@@ -58,12 +77,15 @@ UNSUPPORTED = (
         lambda c: c["rope_parameters"].get("partial_rotary_factor", c.get("partial_rotary_factor", 1.0)) != 1.0,
         lambda c: "partial_rotary_factor other than 1 (RoPE on part of each head)",
     ),
-    (lambda c: c.get("sliding_window") is not None, lambda c: f"sliding_window={c['sliding_window']} (windowed attention)"),
+    (
+        lambda c: c["family"] == "qwen2" and (c.get("use_sliding_window") or "sliding_attention" in (c.get("layer_types") or ())),
+        lambda c: "use_sliding_window=true (Qwen2's sliding window on some layers only)",
+    ),
     (lambda c: bool(c.get("attention_bias")), lambda c: "attention_bias=true (biases in q/k/v/o)"),
     (lambda c: bool(c.get("mlp_bias")), lambda c: "mlp_bias=true (biases in the MLP)"),
     (lambda c: c["hidden_act"] != "silu", lambda c: f"hidden_act={c['hidden_act']!r} (only SiLU-gated MLPs)"),
     (
-        lambda c: c.get("head_dim", c["hidden_size"] // c["num_attention_heads"]) * c["num_attention_heads"] != c["hidden_size"],
+        lambda c: c["head_dim"] * c["num_attention_heads"] != c["hidden_size"],
         lambda c: f"head_dim={c.get('head_dim')} (not hidden_size / num_attention_heads)",
     ),
 )
@@ -96,18 +118,22 @@ def rope_parameters(hub: dict) -> dict:
 
 
 def read_config(folder) -> dict:
-    """config.json with LlamaConfig's defaults filled in and its RoPE as `rope_parameters` (in transformers 5's layout,
-    whichever it was written in); an unsupported architecture or feature is a HubError."""
+    """config.json with its family's defaults filled in (its `family` added, head_dim null read as absent) and its RoPE
+    as `rope_parameters` (in transformers 5's layout, whichever it was written in); an unsupported architecture or
+    feature is a HubError."""
     path = pathlib.Path(folder).expanduser() / "config.json"
     if not path.is_file():
         raise HubError(f"{path} not found: a Hugging Face model folder has config.json and model.safetensors")
-    hub = {**DEFAULTS, **json.loads(path.read_text())}
-    hub["rope_parameters"] = rope_parameters(hub)
-    architectures = hub.get("architectures") or [hub.get("model_type", "none")]
+    written = json.loads(path.read_text())
+    architectures = written.get("architectures") or [written.get("model_type", "none")]
     if architectures[0] not in ARCHITECTURES:
         raise HubError(f"{path}: architecture {architectures[0]!r} is not supported; supported: {', '.join(ARCHITECTURES)}")
+    family = ARCHITECTURES[architectures[0]]
+    hub = {**DEFAULTS, **FAMILY_DEFAULTS[family], **written, "family": family}
+    hub["rope_parameters"] = rope_parameters(hub)
     if missing := [key for key in REQUIRED if key not in hub]:
         raise HubError(f"{path} lacks {missing[0]!r}")
+    hub["head_dim"] = hub.get("head_dim") or hub["hidden_size"] // hub["num_attention_heads"]  # transformers' reading
     for unsupported, what in UNSUPPORTED:
         if unsupported(hub):
             raise HubError(f"{path}: {what(hub)} is not supported by this import")
@@ -128,7 +154,9 @@ def rope_fields(rope: dict) -> dict:
 
 
 def model_config(hub: dict, max_len: int) -> ModelConfig:
-    """The ModelConfig of a Llama config.json (softmax attention, float32, trained at `max_len`)."""
+    """The ModelConfig of a Llama, Mistral or Qwen2 config.json (softmax attention, float32, trained at `max_len`):
+    Qwen2's q/k/v biases, Mistral's sliding window (Llama's and Qwen2's sliding_window keys go unread, as in
+    transformers)."""
     return ModelConfig(
         vocab_size=hub["vocab_size"],
         num_layers=hub["num_hidden_layers"],
@@ -141,12 +169,15 @@ def model_config(hub: dict, max_len: int) -> ModelConfig:
         norm="rmsnorm",
         norm_eps=float(hub["rms_norm_eps"]),
         tie_embeddings=bool(hub["tie_word_embeddings"]),
+        qkv_bias=hub["family"] == "qwen2",
+        window=hub.get("sliding_window") if hub["family"] == "mistral" else None,
         **rope_fields(hub["rope_parameters"]),
     )
 
 
 def layout(cfg: ModelConfig) -> dict[str, Tensor]:
-    """Every Hub tensor name of a model of `cfg` -> where it goes (lm_head only when untied)."""
+    """Every Hub tensor name of a model of `cfg` -> where it goes (lm_head only when untied, q/k/v biases with
+    qkv_bias)."""
     e, f, v, h = cfg.d_model, cfg.mlp_dim, cfg.vocab_size, cfg.num_heads
     k, d = cfg.num_kv_heads or h, cfg.d_model // h
     transpose = lambda w_OI: w_OI.T
@@ -161,6 +192,10 @@ def layout(cfg: ModelConfig) -> dict[str, Tensor]:
         "input_layernorm.weight": ("attn_norm.scale_E", (e,), np.asarray),
         "post_attention_layernorm.weight": ("mlp_norm.scale_E", (e,), np.asarray),
     }
+    if cfg.qkv_bias:
+        per_layer["self_attn.q_proj.bias"] = ("attn.biases.q_HD", (h * d,), lambda b_O: b_O.reshape(h, d))
+        per_layer["self_attn.k_proj.bias"] = ("attn.biases.k_KD", (k * d,), lambda b_O: b_O.reshape(k, d))
+        per_layer["self_attn.v_proj.bias"] = ("attn.biases.v_KD", (k * d,), lambda b_O: b_O.reshape(k, d))
     tensors = {
         f"model.layers.{i}.{name}": Tensor(f"blocks.{i}.{ours}", shape, convert)
         for i in range(cfg.num_layers)
@@ -171,6 +206,21 @@ def layout(cfg: ModelConfig) -> dict[str, Tensor]:
     if not cfg.tie_embeddings:
         tensors["lm_head.weight"] = Tensor("unembed_EV", (v, e), transpose)
     return tensors
+
+
+def flax_named(tensors: dict[str, Tensor]) -> dict[str, Tensor]:
+    """The layout under the names transformers 4's Flax save_pretrained writes: a Linear's `kernel` [in, out] (its
+    torch weight transposed), the embedding table's `embedding`; norms and biases keep theirs."""
+    renamed = {}
+    for name, tensor in tensors.items():
+        stem = name.removesuffix(".weight")
+        if name.endswith("embed_tokens.weight"):
+            renamed[f"{stem}.embedding"] = tensor
+        elif name.endswith(".weight") and len(tensor.hub_shape) == 2:
+            renamed[f"{stem}.kernel"] = Tensor(tensor.path, tensor.hub_shape[::-1], lambda w_IO, t=tensor: t.to_ours(w_IO.T))
+        else:
+            renamed[name] = tensor
+    return renamed
 
 
 def _files(folder: pathlib.Path) -> dict[str, pathlib.Path]:
@@ -220,15 +270,18 @@ class Checkpoint:
 
 def open_checkpoint(folder, max_len: int | None = None) -> Checkpoint:
     """A Hub folder, checked without reading its weights: the config is supported, every tensor is there with the shape
-    the config implies, and no tensor is left over (biases a Llama has none of). `max_len`: the model's training length
-    (default max_position_embeddings)."""
+    the config implies, and no tensor is left over (biases a Llama has none of), under torch's names or Flax's.
+    `max_len`: the model's training length (default max_position_embeddings)."""
     folder = pathlib.Path(folder).expanduser()
     hub = read_config(folder)
     model = model_config(hub, max_len or int(hub["max_position_embeddings"]))
     tensors, files = layout(model), _files(folder)
-    tied_head = ("lm_head.weight",) if model.tie_embeddings else ()
+    if any(name.endswith((".kernel", ".embedding")) for name in files):
+        tensors = flax_named(tensors)
+    tied_head = ("lm_head.weight", "lm_head.kernel") if model.tie_embeddings else ()
     if extra := sorted(n for n in files if n not in tensors and not n.endswith(IGNORED) and n not in tied_head):
-        raise HubError(f"{folder}: tensor {extra[0]!r} has no place in a {model.num_layers}-layer Llama without biases")
+        family = FAMILY_NAMES[hub["family"]]
+        raise HubError(f"{folder}: tensor {extra[0]!r} has no place in a {model.num_layers}-layer {family}")
     if missing := [n for n in tensors if n not in files]:
         raise HubError(f"{folder}: tensor {missing[0]!r} is missing ({len(missing)} of {len(tensors)} are)")
     from safetensors import safe_open
@@ -238,7 +291,7 @@ def open_checkpoint(folder, max_len: int | None = None) -> Checkpoint:
             for name in f.keys():
                 shape = tuple(f.get_slice(name).get_shape())
                 if name in tensors and shape != tensors[name].hub_shape:
-                    raise HubError(f"{path.name}: {name} has shape {shape} but config.json implies {tensors[name].hub_shape}")
+                    raise HubError(f"{path}: {name} has shape {shape} but config.json implies {tensors[name].hub_shape}")
     return Checkpoint(folder, hub, model, tensors, files)
 
 

@@ -293,7 +293,6 @@ BROKEN = {  # how the folder is broken -> what the one line must say
         "RoPE scaling 'llama3' lacks 'low_freq_factor'",
     ),
     "partial rotary": (_edit_config(partial_rotary_factor=0.5), "partial_rotary_factor other than 1 (RoPE on part of each head)"),
-    "sliding window": (_edit_config(sliding_window=4096), "sliding_window=4096 (windowed attention) is not supported"),
     "attention biases": (_edit_config(attention_bias=True), "attention_bias=true (biases in q/k/v/o) is not supported"),
     "a shape mismatch": (
         _edit_config(intermediate_size=64),
@@ -317,8 +316,26 @@ def test_an_unsupported_or_broken_folder_is_one_error_line_and_writes_nothing(ca
     break_it(tmp_path / "hub")
     before = {str(p): p.stat().st_mtime_ns for p in tmp_path.rglob("*")}
     code, lines = run_cli(import_cli.main, str(tmp_path / "hub"), f"--workdir={tmp_path / 'run'}", *_on_text(text_glob))
-    assert code == 1 and len(lines) == 1 and lines[0].startswith("error: ") and expected in lines[0], lines
+    assert code == 1 and len(lines) == 1 and lines[0].startswith(f"error: {tmp_path / 'hub'}") and expected in lines[0], lines
+    assert "config.init.path" not in lines[0]  # a field the user of freeatten-import never set
     assert {str(p): p.stat().st_mtime_ns for p in tmp_path.rglob("*")} == before and not (tmp_path / "run").exists()
+
+
+def test_a_refused_override_names_the_folder_not_config_init_path(hub, run_cli, text_glob, tmp_path):
+    """An override the Hub model cannot take (another tokenizer): the line names HF_DIR, as the user gave it."""
+    args = [str(hub[2]), f"--workdir={tmp_path / 'run'}", *_on_text(text_glob), "--config.data.tokenizer=byte"]
+    code, lines = run_cli(import_cli.main, *args)
+    expected = f"error: {hub[2]}: this run's data tokenizer (data.tokenizer=byte) is not the source's"
+    assert code == 1 and len(lines) == 1 and lines[0].startswith(expected), lines
+
+
+def test_head_dim_null_and_a_llamas_sliding_window_are_read_as_transformers_reads_them(hub, tmp_path):
+    """`"head_dim": null` (transformers 4.57 writes it for Mistral) is hidden_size / num_attention_heads; LlamaModel never
+    reads sliding_window, nor does the import (Mistral's is its window)."""
+    shutil.copytree(hub[2], tmp_path / "hub")
+    _edit_config(head_dim=None, sliding_window=16)(tmp_path / "hub")
+    model = hf_llama.open_checkpoint(tmp_path / "hub").model
+    assert (model.d_model // model.num_heads, model.window) == (8, None)
 
 
 def test_a_missing_shard_is_one_error_line(hub, run_cli, text_glob, tmp_path):
