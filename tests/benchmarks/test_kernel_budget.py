@@ -135,11 +135,13 @@ def test_gpu_budget_of_a_smaller_dkv_key_block():
 def test_mosaic_gpu_forward_budget():
     """The Mosaic GPU forward (LSSA) at T = 1024, D = 128 and 64: two HGMMA loops (interior, edge), each at 4·D tensor
     FLOP a score (QKᵀ and PV, one key block a body), no spill, one MUFU a score in the interior (exp2; the log on
-    the FMA pipes; 18.6 instructions a score with the degree-7 polynomial); the masked blocks cost more."""
+    the FMA pipes), the issue's gates on the interior: at most 15 instructions a score (14.5 with the degree-4
+    polynomial and paired bfloat16 rounding; 18.5 with degree 7, 15.5 with Mosaic's own rounding) and 1.5 MUFU;
+    the masked blocks cost more."""
     table = budget_table("--kernels", "mosaic_gpu", "--mosaic_shapes", "1024x128,1024x64")
     for d in (128, 64):
         interior, edge = (table[f"lssa fwd mosaic_gpu T=1024 D={d} {part}"] for part in ("interior", "edge"))
         for row in (interior, edge):
             assert (int(row[0]), row[5], row[6].split(", ")[1], row[8]) == (4 * d, "0", "0", "1.00"), d
-        assert 0.99 <= float(interior[1]) <= 1.5 and float(interior[4]) <= 18.6, interior
+        assert 0.99 <= float(interior[1]) <= 1.5 and float(interior[4]) <= 15.0, interior
         assert float(edge[4]) > float(interior[4])

@@ -171,8 +171,8 @@ MUTANTS = [
     Mutant(
         "kernels: log2(1 + t)'s polynomial one coefficient short",
         RULES_PY,
-        "    for c in LOG2_1P[2:]:",
-        "    for c in LOG2_1P[3:]:",
+        "    for c in coeffs[2:]:",
+        "    for c in coeffs[3:]:",
         ("tests/attention/test_degenerate.py", "-k", "base_2"),
     ),
     Mutant(
