@@ -1,6 +1,8 @@
-"""`freeatten-export`: a run's checkpoint as a Hugging Face Llama folder (config.json, model.safetensors and, when the
-run has a Hugging Face tokenizer, tokenizer.json), which transformers loads as a LlamaForCausalLM; the reverse of
-freeatten-import. Llama-shaped models only (swiglu MLP, rmsnorm, no biases: the ssmax_162m preset, an import).
+"""`freeatten-export`: a run's checkpoint as a Hugging Face Llama folder (config.json, model.safetensors,
+generation_config.json and, when the run has a Hugging Face tokenizer, tokenizer.json), which transformers loads as a
+LlamaForCausalLM (Mistral with a window, Qwen2 with q/k/v biases); the reverse of freeatten-import. Llama-shaped models
+only (swiglu MLP, rmsnorm, no biases but Qwen2's: the ssmax_162m preset, an import). The special token ids are those of
+the Hugging Face folder the run's weights came from (null for a run trained here).
 
     freeatten-export runs/smollm2-lssar OUT_DIR        # the latest checkpoint; WORKDIR@STEP for another
 
@@ -21,7 +23,7 @@ def main() -> None:
 
     def run(_):
         from freeatten_jax.data.tokenizer import FileTokenizer
-        from freeatten_jax.formats import hf_export
+        from freeatten_jax.formats import hf_export, hf_tokens
         from freeatten_jax.training import run_dir, warm_start
 
         if len(paths) != 2:
@@ -30,7 +32,8 @@ def main() -> None:
         model = loaded.config.model
         tokenizer_json = loaded.tokenizer.to_str() if isinstance(loaded.tokenizer, FileTokenizer) else None
         params = warm_start.flat_params(loaded.model)
-        written = hf_export.export(model, loaded.config.train.seq_len, params, tokenizer_json, out)
+        special = hf_tokens.special_tokens(loaded.workdir)
+        written = hf_export.export(model, loaded.config.train.seq_len, params, tokenizer_json, out, special)
         print(f"exported {loaded.workdir}@{loaded.step} ({model.variant_name}) to {out}: {', '.join(written)}")
         if tokenizer_json is None:
             tokenizer = loaded.config.data.tokenizer

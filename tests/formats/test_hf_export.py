@@ -1,6 +1,7 @@
 """freeatten-export: a tiny random `FlaxLlamaForCausalLM` (transformers, test-only; GQA, untied) in the Hub's layout,
 imported with freeatten-import and exported again, gives back its tensors bit for bit, its config.json as transformers
-reads it (RoPE scaling included) and its tokenizer, and imports again to the same run; a Llama-shaped model trained
+reads it (RoPE scaling included), the Hub model's bos/eos in config.json and generation_config.json, and its tokenizer,
+and imports again to the same run; a Llama-shaped model trained
 here loads in transformers with our logits; LSSAR and SSMax exports keep Llama's tensors and record the attention in
 config.json, with a note; a model that is not Llama-shaped, or a folder already holding a model, is one error line that
 writes nothing.
@@ -13,7 +14,7 @@ import numpy as np
 import pytest
 from helpers import HUB, hub_tokenizer, tiny_config, write_hub_folder
 from safetensors.numpy import load_file
-from transformers import FlaxLlamaForCausalLM, LlamaConfig, PreTrainedTokenizerFast
+from transformers import AutoConfig, FlaxLlamaForCausalLM, GenerationConfig, LlamaConfig, PreTrainedTokenizerFast
 
 from freeatten_jax.cli import export_hf as export_cli
 from freeatten_jax.cli import import_hf as import_cli
@@ -87,7 +88,7 @@ def test_import_export_import_gives_back_the_tensors_config_and_tokenizer_exactl
     folder = hub[2] if rope == "default" else hub[3]
     _import(run_cli, folder, tmp_path / "run", text_glob)
     lines = _export(run_cli, tmp_path / "run", tmp_path / "out")
-    written = "model.safetensors, config.json, tokenizer.json, tokenizer_config.json"
+    written = "model.safetensors, config.json, generation_config.json, tokenizer.json, tokenizer_config.json"
     assert lines == [f"exported {tmp_path / 'run'}@0 (softmax) to {tmp_path / 'out'}: {written}"]
     _assert_same_tensors(tmp_path / "out", folder)
     exported, original = LlamaConfig.from_pretrained(tmp_path / "out"), LlamaConfig.from_pretrained(folder)
@@ -113,9 +114,10 @@ def test_a_llama_shaped_run_loads_in_transformers_with_our_logits(run_cli, text_
     loop.train_and_evaluate(tiny_config("softmax", text_glob, **llama), tmp_path / "run")
     lines = _export(run_cli, f"{tmp_path / 'run'}@6", tmp_path / "out")
     assert lines == [
-        f"exported {tmp_path / 'run'}@6 (softmax) to {tmp_path / 'out'}: model.safetensors, config.json",
+        f"exported {tmp_path / 'run'}@6 (softmax) to {tmp_path / 'out'}: model.safetensors, config.json, generation_config.json",
         f"{tmp_path / 'run'} has no Hugging Face tokenizer (data.tokenizer=byte): {tmp_path / 'out'} has none",
     ]
+    assert GenerationConfig.from_pretrained(tmp_path / "out").eos_token_id is None  # no Hub model behind it
     run = load_run(tmp_path / "run")
     reference = FlaxLlamaForCausalLM.from_pretrained(tmp_path / "out")
     tokens_T = run.encode(TEXT)[:16]  # FlaxLlama's mask spans max_position_embeddings, the training length
@@ -124,6 +126,31 @@ def test_a_llama_shaped_run_loads_in_transformers_with_our_logits(run_cli, text_
     error = float(np.abs(ours_BTV - theirs_BTV).max())
     print(f"max |logit difference| vs FlaxLlamaForCausalLM.from_pretrained: {error:.2e}")
     assert error <= 1e-4 and np.abs(theirs_BTV).max() > 1e-2
+
+
+def test_the_export_carries_the_hub_models_special_tokens_and_generation_config(hub, run_cli, text_glob, tmp_path):
+    """bos/eos of the Hub folder the run's weights came from (an import; an LSSAR run started from that import, through
+    its init.json) in config.json and generation_config.json, as transformers reads them; a Hub folder's own
+    generation_config.json is kept whole."""
+    _, _, folder, _ = hub
+    original = LlamaConfig.from_pretrained(folder)
+    _import(run_cli, folder, tmp_path / "run", text_glob)
+    lssar = _warm_start("lssar", tmp_path / "run", tmp_path / "lssar", text_glob)
+    for run in (tmp_path / "run", lssar):
+        _export(run_cli, run, tmp_path / f"out-{run.name}")
+        config, generation = (
+            AutoConfig.from_pretrained(tmp_path / f"out-{run.name}"),
+            GenerationConfig.from_pretrained(tmp_path / f"out-{run.name}"),
+        )
+        assert (config.bos_token_id, config.eos_token_id) == (original.bos_token_id, original.eos_token_id) == (1, 2)
+        assert (generation.bos_token_id, generation.eos_token_id) == (1, 2)
+
+    shutil.copytree(folder, tmp_path / "hub")
+    GenerationConfig(bos_token_id=1, eos_token_id=[2, 3], temperature=0.7, do_sample=True).save_pretrained(tmp_path / "hub")
+    _import(run_cli, tmp_path / "hub", tmp_path / "own", text_glob)
+    _export(run_cli, tmp_path / "own", tmp_path / "out-own")
+    generation = GenerationConfig.from_pretrained(tmp_path / "out-own")
+    assert (generation.eos_token_id, generation.temperature, generation.do_sample) == ([2, 3], 0.7, True)
 
 
 def test_an_imported_runs_export_loads_in_transformers_with_its_tokenizer(hub, run_cli, text_glob, tmp_path):
