@@ -102,7 +102,7 @@ def test_gpu_budget_keeps_the_lssa_kernels_fused():
     0.85 is 18.8 instructions a score); LSSAR's forward at 8·D (QKᵀ twice, two passes) + 2 row sums, 6·D + 1 without
     a gradient (no y), and its dq and dK/dV kernels (6·D and 8·D) spill nothing at its default 64 x 32 blocks
     (gpu.GPU_BLOCKS, from the device check) and stay at their 0.38."""
-    table = budget_table("--variants", "lssa,lssar", "--seq_len", "1024")
+    table = budget_table("--variants", "lssa,lssar", "--seq_len", "1024", "--kernels", "triton")
     fwd, dq, dkv = (table[f"lssa {kind} interior"] for kind in ("fwd", "dq", "dkv"))
     assert [int(x[0]) for x in (fwd, dq, dkv)] == [4 * 128 + 32, 6 * 128, 8 * 128]
     assert float(fwd[1]) == 1.0
@@ -126,7 +126,7 @@ def test_gpu_budget_keeps_the_lssa_kernels_fused():
 def test_gpu_budget_of_a_smaller_dkv_key_block():
     """--block_k_dkv 32: the dK/dV kernel's loop covers 64 queries x 32 keys (tensor FLOP a score still 8·D for LSSA)
     and its accumulators fit in the registers: no spill (64 keys spill 1,400 bytes)."""
-    table = budget_table("--variants", "lssa", "--seq_len", "1024", "--block_k_dkv", "32")
+    table = budget_table("--variants", "lssa", "--seq_len", "1024", "--block_k_dkv", "32", "--kernels", "triton")
     dkv = table["lssa dkv interior"]
     assert (int(dkv[0]), dkv[6].split(", ")[1], dkv[5]) == (8 * 128, "0", "0")
 
