@@ -174,9 +174,12 @@ def test_the_compiled_step_is_the_one_training_runs(tmp_path, monkeypatch):
 
 
 def _readme_command(target: str) -> list[str]:
-    """The README's `freeatten-compile --target=TARGET --config=...:gpt2_small ...` command (continuation lines joined)."""
-    readme = (pathlib.Path(__file__).resolve().parents[2] / "README.md").read_text().replace("\\\n", " ")
-    (command,) = re.findall(rf"^freeatten-compile --target={target} --config=\S+:gpt2_small.*$", readme, flags=re.M)
+    """The documents' one `freeatten-compile --target=TARGET --config=...:gpt2_small ...` command (continuation lines
+    joined): v5p-8's in docs/training.md, v5p-32's in docs/context_parallel.md."""
+    root = pathlib.Path(__file__).resolve().parents[2]
+    documents = [root / "README.md", *sorted((root / "docs").glob("*.md"))]
+    text = "\n".join(d.read_text() for d in documents).replace("\\\n", " ")
+    (command,) = re.findall(rf"^freeatten-compile --target={target} --config=\S+:gpt2_small.*$", text, flags=re.M)
     return shlex.split(command)[1:]
 
 
@@ -193,8 +196,8 @@ def _lowered_only(monkeypatch) -> list:
 
 
 def test_the_readmes_million_token_command_lowers_the_kernels_on_each_chips_chunk(run_cli, monkeypatch):
-    """The README's v5p-32 command (--context=16 --seq_len=1048576): every kernel call (LSSAR's two passes, dq, dkv,
-    one block instead of 12) on the chip's 65,536 tokens."""
+    """The v5p-32 command of docs/context_parallel.md (--context=16 --seq_len=1048576): every kernel call (LSSAR's two
+    passes, dq, dkv, one block instead of 12) on the chip's 65,536 tokens."""
     lowered = _lowered_only(monkeypatch)
     code, lines = run_cli(compile_cli.main, *_readme_command("v5p-32"), "--config.model.num_layers=1")
     assert code == 0 and lines[-2].startswith("target v5p-32: per device"), lines
@@ -204,9 +207,9 @@ def test_the_readmes_million_token_command_lowers_the_kernels_on_each_chips_chun
 
 
 def test_the_readmes_compile_command_needs_no_data(run_cli, monkeypatch):
-    """The README's `freeatten-compile --config=lssar:gpt2_small ...` (.bin shards, no data.path) gets to a lowered
-    program, its kernels on each chip's share of the README's batch. The test adds one block instead of 12 and stops
-    before XLA's compile (half a minute to fail for HBM, two to fit), which the tests above run on tiny."""
+    """The `freeatten-compile --config=lssar:gpt2_small ...` of docs/training.md (.bin shards, no data.path) gets to a
+    lowered program, its kernels on each chip's share of the documented batch. The test adds one block instead of 12
+    and stops before XLA's compile (half a minute to fail for HBM, two to fit), which the tests above run on tiny."""
     lowered = _lowered_only(monkeypatch)
     code, lines = run_cli(compile_cli.main, *_readme_command("v5p-8"), "--config.model.num_layers=1")
     assert code == 0 and lines[-2].startswith("target v5p-8: per device"), lines
