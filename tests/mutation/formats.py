@@ -156,7 +156,7 @@ MUTANTS = [
         "freeatten-import: the folder not checked first (its errors named config.init.path=...)",
         IMPORT_CLI_PY,
         "        _check_folder(folders[0])\n",
-        "",
+        "        pass\n",
         (BROKEN_HUB, "-k", "gpt2"),
     ),
     Mutant(
