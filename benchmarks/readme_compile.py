@@ -1,5 +1,5 @@
-"""The README's `freeatten-compile` example run as a user runs it: gpt2_small LSSAR's training step on a v5p-8 at its
-default batch and at batch 32, each command's peak per chip and wall time written to a CSV the README cites.
+"""docs/training.md's `freeatten-compile` example run as a user runs it: gpt2_small LSSAR's training step on a v5p-8 at its
+default batch and at batch 32, each command's peak per chip and wall time written to a CSV that page cites.
 
     python benchmarks/readme_compile.py [--out benchmarks/readme_compile.csv] [--loaded]
 
