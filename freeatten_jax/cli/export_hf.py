@@ -23,8 +23,8 @@ def main() -> None:
 
     def run(_):
         from freeatten_jax.data.tokenizer import FileTokenizer
-        from freeatten_jax.formats import hf_export, hf_tokens
-        from freeatten_jax.training import run_dir, warm_start
+        from freeatten_jax.formats import hf_export
+        from freeatten_jax.training import hub_tokens, run_dir, warm_start
 
         if len(paths) != 2:
             raise UserError(f"give a run and an output folder (got {len(paths)} paths): freeatten-export WORKDIR[@STEP] OUT")
@@ -32,7 +32,7 @@ def main() -> None:
         model = loaded.config.model
         tokenizer_json = loaded.tokenizer.to_str() if isinstance(loaded.tokenizer, FileTokenizer) else None
         params = warm_start.flat_params(loaded.model)
-        special = hf_tokens.special_tokens(loaded.workdir)
+        special = hub_tokens.special_tokens(loaded.workdir)
         written = hf_export.export(model, loaded.config.train.seq_len, params, tokenizer_json, out, special)
         print(f"exported {loaded.workdir}@{loaded.step} ({model.variant_name}) to {out}: {', '.join(written)}")
         if tokenizer_json is None:

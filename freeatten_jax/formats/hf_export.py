@@ -7,7 +7,7 @@ Face tokenizer, its tokenizer.json.
 
 Another attention than softmax keeps Llama's tensors; config.json records the variant under ATTENTION_KEY (the
 ModelConfig fields that describe it, with SSMax's learned s and b of each layer), a key transformers ignores: it would
-run such a model with softmax attention. The special token ids are those of the Hub folder behind the run (hf_tokens).
+run such a model with softmax attention. The special token ids are those of the Hub folder behind the run (training.hub_tokens).
 """
 
 import json

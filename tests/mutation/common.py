@@ -28,5 +28,6 @@ def misplaced(mutants, root: pathlib.Path) -> list[str]:
 
 
 HF_IMPORT = "tests/formats/test_hf_llama.py"
+HF_EXPORT = "tests/formats/test_hf_export.py"
 SWITCHES = "tests/evaluation/test_loss.py::test_each_switch_gives_the_model_it_names"
 FAULTS = "tests/training/test_faults.py"

@@ -1,16 +1,14 @@
 """The curated mutants of freeatten_jax/formats/ (Hugging Face import and export)."""
 
-from .common import HF_IMPORT, Mutant
+from .common import HF_EXPORT, HF_IMPORT, Mutant
 
 HF_LLAMA_PY = "freeatten_jax/formats/hf_llama.py"
 HF_EXPORT_PY = "freeatten_jax/formats/hf_export.py"
-HF_TOKENS_PY = "freeatten_jax/formats/hf_tokens.py"
 IMPORT_CLI_PY = "freeatten_jax/cli/import_hf.py"
 EXPORT_CLI_PY = "freeatten_jax/cli/export_hf.py"
 ATTENTION_LAYER_PY = "freeatten_jax/nn/attention_layer.py"
 MISTRAL = "tests/formats/test_hf_mistral.py"
 QWEN2 = "tests/formats/test_hf_qwen2.py"
-HF_EXPORT = "tests/formats/test_hf_export.py"
 MISTRAL_LOGITS = f"{MISTRAL}::test_an_imported_mistral_gives_the_references_windowed_logits_and_greedy_tokens"
 ROPE_READINGS = f"{HF_IMPORT}::test_config_jsons_rope_is_read_as_transformers_5_reads_it"
 BROKEN_HUB = f"{HF_IMPORT}::test_an_unsupported_or_broken_folder_is_one_error_line_and_writes_nothing"
@@ -170,22 +168,8 @@ MUTANTS = [
     Mutant(
         "hf export: no special token ids (null, as before)",
         EXPORT_CLI_PY,
-        "special = hf_tokens.special_tokens(loaded.workdir)",
+        "special = hub_tokens.special_tokens(loaded.workdir)",
         "special = ({}, {})",
-        (f"{HF_EXPORT}::test_the_export_carries_the_hub_models_special_tokens_and_generation_config",),
-    ),
-    Mutant(
-        "hf export: a warm start's source run not followed back to its Hub folder",
-        HF_TOKENS_PY,
-        "if step is None:  # a Hub folder (a run's source is WORKDIR@STEP)",
-        "if True:",
-        (f"{HF_EXPORT}::test_the_export_carries_the_hub_models_special_tokens_and_generation_config",),
-    ),
-    Mutant(
-        "hf export: the Hub folder's own generation_config.json not kept",
-        HF_TOKENS_PY,
-        "if generation.is_file():",
-        "if False:",
         (f"{HF_EXPORT}::test_the_export_carries_the_hub_models_special_tokens_and_generation_config",),
     ),
     Mutant(

@@ -1,6 +1,6 @@
 """The curated mutants of freeatten_jax/training/ (the loop, configs, checkpoints and the reliability rules)."""
 
-from .common import FAULTS, HF_IMPORT, Mutant
+from .common import FAULTS, HF_EXPORT, HF_IMPORT, Mutant
 
 ROLLBACK_PY = "freeatten_jax/training/rollback.py"
 
@@ -9,6 +9,8 @@ def rollback_test(name: str) -> tuple[str, ...]:
     """One test of tests/training/test_rollback.py (rollback.py's rules, called directly)."""
     return (f"tests/training/test_rollback.py::{name}",)
 
+
+HUB_TOKENS_PY = "freeatten_jax/training/hub_tokens.py"
 
 MUTANTS = [
     Mutant(
@@ -456,5 +458,20 @@ MUTANTS = [
         "        self._wait_for_the_one_before(step)\n",
         "",
         ("tests/training/test_checkpoint.py",),
+    ),
+    # --- training/hub_tokens.py: the export's special tokens, from the Hub folder behind a run
+    Mutant(
+        "hf export: a warm start's source run not followed back to its Hub folder",
+        HUB_TOKENS_PY,
+        "if step is None:  # a Hub folder (a run's source is WORKDIR@STEP)",
+        "if True:",
+        (f"{HF_EXPORT}::test_the_export_carries_the_hub_models_special_tokens_and_generation_config",),
+    ),
+    Mutant(
+        "hf export: the Hub folder's own generation_config.json not kept",
+        HUB_TOKENS_PY,
+        "if generation.is_file():",
+        "if False:",
+        (f"{HF_EXPORT}::test_the_export_carries_the_hub_models_special_tokens_and_generation_config",),
     ),
 ]
